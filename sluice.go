@@ -1,0 +1,35 @@
+// Package sluice is the shared vocabulary of every limiter in this module:
+// the distributed ones backed by Redis (packages bucket and semaphore) and the
+// in-process ones (package local). Code that only needs "run this within the
+// limit" depends on the Limiter interface and can swap one limiter for another,
+// or for local.Noop in tests, without touching its call sites.
+//
+// This package imports nothing else from the module, so every limiter package
+// can import it.
+package sluice
+
+import (
+	"context"
+	"errors"
+)
+
+// ErrLimited is the parent of every refusal a limiter makes without waiting
+// (a full queue, a wait longer than allowed, an acquire timeout). Test for it
+// with errors.Is; each package's own sentinels wrap it.
+var ErrLimited = errors.New("sluice: limited")
+
+// Limiter runs functions within a limit. Do waits for the caller's turn, runs
+// fn, and for concurrency limiters releases the place after fn returns (even
+// when fn panics). Do returns the limiter's error if it could not enter (an
+// error matching ctx.Err() when ctx ended first), or else fn's error.
+// Implementations are safe for concurrent use.
+type Limiter interface {
+	Do(ctx context.Context, fn func(ctx context.Context) error) error
+}
+
+// RateLimiter is a Limiter that limits how often work starts. Enter returns
+// when the caller may start one unit of work; nothing needs to be released.
+type RateLimiter interface {
+	Limiter
+	Enter(ctx context.Context) error
+}
