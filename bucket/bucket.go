@@ -1,0 +1,413 @@
+// Package bucket is a distributed token bucket on Redis: every process that
+// uses the same Name shares one quota, and callers start in their order of
+// arrival at Redis, each at the moment its token is really there.
+//
+// A bucket holds at most Capacity tokens and gains RefillAmount tokens every
+// RefillFrequency. The guarantee: in any window of length T, at most
+// Capacity + RefillAmount × (⌊T / RefillFrequency⌋ + 1) callers are granted.
+//
+// How Enter works: the caller's fresh ID arrives at Redis in one script.
+// When nobody waits and a token is due within the lookahead, that is the
+// whole story (one round trip). Otherwise the ID joins a Redis list and the
+// caller sleeps the estimate of its wait that the script computed from its
+// place in the list. Whichever process holds a short-lived lock runs the
+// scheduler (package scheduler), which pops IDs in arrival order and writes
+// each one's slot (package queue); the caller wakes, polls once, finds its
+// slot and sleeps until it. Redis TIME is the only clock. See docs/design.md.
+package bucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler"
+)
+
+// Errors. Refusals (ErrQueueFull, ErrWaitTooLong) consume nothing and match
+// sluice.ErrLimited.
+var (
+	ErrClosed      = errors.New("bucket: closed")
+	ErrQueueFull   = fmt.Errorf("bucket: queue full: %w", sluice.ErrLimited)
+	ErrWaitTooLong = fmt.Errorf("bucket: wait too long: %w", sluice.ErrLimited)
+	ErrConfig      = errors.New("bucket: invalid config")
+)
+
+// Defaults of the optional Config fields.
+const (
+	DefaultKeyPrefix   = "sluice"
+	DefaultLockTTL     = time.Second
+	DefaultLookahead   = 20 * time.Millisecond
+	DefaultMaxLateness = 25 * time.Millisecond
+	connectTimeout     = 5 * time.Second
+)
+
+// Config describes a bucket. Every process sharing a bucket must use the
+// same Name, KeyPrefix, Capacity, RefillAmount and RefillFrequency.
+type Config struct {
+	// Name identifies the shared quota. Any non-empty byte string is valid.
+	Name string
+	// Capacity is the most tokens the bucket holds: the largest burst. ≥ 1.
+	Capacity int
+	// RefillAmount tokens are added every RefillFrequency, up to Capacity.
+	// 1 ≤ RefillAmount ≤ Capacity.
+	RefillAmount int
+	// RefillFrequency is the time between refills; a whole number of
+	// microseconds, at least one.
+	RefillFrequency time.Duration
+
+	// KeyPrefix starts every Redis key of the bucket; "" means "sluice".
+	// It may not contain '{' or '}' (they would break the hash tag).
+	KeyPrefix string
+	// LockTTL is the scheduler lock's lifetime, renewed while it works. When
+	// the scheduler's process dies, waiting callers take over within about
+	// LockTTL. 0 means 1 s; otherwise at least 10 ms.
+	LockTTL time.Duration
+	// MaxQueue refuses Enter with ErrQueueFull when this many callers
+	// already wait. 0 means unbounded.
+	MaxQueue int
+	// MaxWait refuses Enter with ErrWaitTooLong when the estimated wait is
+	// longer. 0 means unbounded.
+	MaxWait time.Duration
+	// Lookahead is how far ahead slots are handed out: a caller whose token
+	// is due within it gets it without queueing, and the scheduler assigns
+	// slots this far ahead. A caller that cancels after its slot was
+	// assigned spends that token. 0 means 20 ms; otherwise at least 1 ms
+	// and at most LockTTL/2.
+	Lookahead time.Duration
+	// MaxLateness is how late after its slot a caller may still start. A
+	// caller that wakes later (its process was frozen or starved of CPU)
+	// does not start on its stale slot, which would bunch starts together
+	// at the upstream: it enters again at the back of the queue, and its
+	// old token is spent. 0 means 25 ms; negative means never re-enter.
+	MaxLateness time.Duration
+}
+
+// Bucket is a handle on a shared bucket. It is safe for concurrent use by
+// any number of goroutines.
+type Bucket struct {
+	cfg   Config
+	q     *queue.Queue
+	sched *scheduler.Scheduler
+	lead  time.Duration // wake this long before the estimated slot to poll
+	done  chan struct{} // closed by Close
+	once  sync.Once
+}
+
+// New validates cfg, checks that Redis answers (loading the scripts), and
+// returns a Bucket. It starts no goroutine until a caller has to wait.
+// rdb should have ContextTimeoutEnabled set, so that go-redis honours
+// deadlines shorter than its read timeout.
+func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
+	if err := checkClient(rdb); err != nil {
+		return nil, err
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	q := queue.New(rdb, cfg.KeyPrefix, cfg.Name, []queue.Policy{{
+		Capacity: int64(cfg.Capacity),
+		Amount:   int64(cfg.RefillAmount),
+		Every:    cfg.RefillFrequency,
+	}}, queue.Options{
+		Lookahead: cfg.Lookahead,
+		LockTTL:   cfg.LockTTL,
+		Grace:     grace(cfg),
+		Tolerance: cfg.MaxLateness,
+		MaxQueue:  cfg.MaxQueue,
+		MaxWait:   cfg.MaxWait,
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
+	defer cancel()
+	if err := q.Load(ctx); err != nil {
+		return nil, fmt.Errorf("bucket: redis unreachable: %w", err)
+	}
+	return &Bucket{
+		cfg:   cfg,
+		q:     q,
+		sched: scheduler.New(rdb, q, cfg.LockTTL, cfg.Lookahead),
+		lead:  cfg.Lookahead / 4,
+		done:  make(chan struct{}),
+	}, nil
+}
+
+// grace is how long keys outlive what they describe, and how long an
+// uncollected slot is kept: long enough for a caller that polls late to
+// still learn that its slot went stale.
+func grace(cfg Config) time.Duration {
+	return max(10*time.Second, 10*cfg.LockTTL)
+}
+
+func checkClient(rdb redis.UniversalClient) error {
+	switch c := rdb.(type) {
+	case nil:
+		return fmt.Errorf("%w: nil redis client", ErrConfig)
+	case *redis.Client:
+		if c == nil {
+			return fmt.Errorf("%w: nil redis client", ErrConfig)
+		}
+	case *redis.ClusterClient:
+		if c == nil {
+			return fmt.Errorf("%w: nil redis client", ErrConfig)
+		}
+	case *redis.Ring:
+		if c == nil {
+			return fmt.Errorf("%w: nil redis client", ErrConfig)
+		}
+	}
+	return nil
+}
+
+func (c Config) withDefaults() (Config, error) {
+	bad := func(format string, a ...any) (Config, error) {
+		return c, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, a...)...)
+	}
+	if c.Name == "" {
+		return bad("empty Name")
+	}
+	if c.Capacity < 1 {
+		return bad("Capacity %d, want ≥ 1", c.Capacity)
+	}
+	if c.RefillAmount < 1 {
+		return bad("RefillAmount %d, want ≥ 1", c.RefillAmount)
+	}
+	if c.RefillAmount > c.Capacity {
+		return bad("RefillAmount %d above Capacity %d: tokens beyond Capacity are never usable", c.RefillAmount, c.Capacity)
+	}
+	if c.RefillFrequency < time.Microsecond {
+		return bad("RefillFrequency %v, want ≥ 1µs", c.RefillFrequency)
+	}
+	if c.RefillFrequency%time.Microsecond != 0 {
+		return bad("RefillFrequency %v is not a whole number of microseconds", c.RefillFrequency)
+	}
+	const maxCount = 1 << 40 // Lua numbers are doubles: keep every sum exact
+	if c.Capacity > maxCount {
+		return bad("Capacity %d above %d", c.Capacity, maxCount)
+	}
+	if c.RefillFrequency > 100*365*24*time.Hour {
+		return bad("RefillFrequency %v above 100 years", c.RefillFrequency)
+	}
+	if c.KeyPrefix == "" {
+		c.KeyPrefix = DefaultKeyPrefix
+	}
+	for _, r := range c.KeyPrefix {
+		if r == '{' || r == '}' {
+			return bad("KeyPrefix %q contains a brace", c.KeyPrefix)
+		}
+	}
+	switch {
+	case c.LockTTL == 0:
+		c.LockTTL = DefaultLockTTL
+	case c.LockTTL < 10*time.Millisecond:
+		return bad("LockTTL %v, want 0 (default) or ≥ 10ms", c.LockTTL)
+	}
+	switch {
+	case c.Lookahead == 0:
+		c.Lookahead = min(DefaultLookahead, c.LockTTL/2)
+	case c.Lookahead < time.Millisecond || c.Lookahead > c.LockTTL/2:
+		return bad("Lookahead %v, want 0 (default) or between 1ms and LockTTL/2 (%v)", c.Lookahead, c.LockTTL/2)
+	}
+	if c.MaxQueue < 0 {
+		return bad("MaxQueue %d, want ≥ 0", c.MaxQueue)
+	}
+	if c.MaxWait < 0 {
+		return bad("MaxWait %v, want ≥ 0", c.MaxWait)
+	}
+	if c.MaxLateness == 0 {
+		c.MaxLateness = DefaultMaxLateness
+	}
+	return c, nil
+}
+
+// Config returns the bucket's configuration with defaults filled in.
+func (b *Bucket) Config() Config { return b.cfg }
+
+// Keys returns the Redis keys of the bucket.
+func (b *Bucket) Keys() queue.Keys { return b.q.Keys() }
+
+// SchedulerStats returns the counters of this process's scheduler.
+func (b *Bucket) SchedulerStats() scheduler.Stats { return b.sched.Stats() }
+
+// Close stops this process's scheduler goroutine, waits for it and releases
+// its lock; callers still waiting in Enter return ErrClosed. Other processes
+// go on using the bucket. Close is safe to call more than once.
+func (b *Bucket) Close() error {
+	b.once.Do(func() { close(b.done) })
+	return b.sched.Close()
+}
+
+// Do enters the bucket, then runs fn. It returns Enter's error, or else fn's.
+func (b *Bucket) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	if err := b.Enter(ctx); err != nil {
+		return err
+	}
+	return fn(ctx)
+}
+
+var _ sluice.RateLimiter = (*Bucket)(nil)
+
+// Enter returns when the caller may start one unit of work, in its turn.
+// It returns an error matching ctx.Err() when ctx ends first, ErrQueueFull
+// or ErrWaitTooLong when refused, ErrClosed after Close, or a Redis error.
+//
+// Cancellation: a caller still in the queue leaves it and spends no token;
+// one whose slot was already assigned (its token due within the lookahead)
+// spends that token, which nobody else then uses.
+func (b *Bucket) Enter(ctx context.Context) error {
+	_, err := b.EnterReport(ctx)
+	return err
+}
+
+// Report tells what one Enter did.
+type Report struct {
+	Ticket     int64         // arrival order at Redis among this bucket's callers
+	Position   int           // place in the queue at arrival (0: not queued)
+	Wait       time.Duration // from the call to the return of Enter
+	Polls      int           // polls for a slot (1 in the normal queued case)
+	RoundTrips int           // Redis round trips made by this caller
+	Late       time.Duration // return of Enter minus the slot, on the local clock
+	Reentries  int           // times the caller entered again (stale or lost slot)
+}
+
+// EnterReport is Enter that also reports what happened.
+func (b *Bucket) EnterReport(ctx context.Context) (Report, error) {
+	var rep Report
+	start := time.Now()
+	defer func() { rep.Wait = time.Since(start) }()
+	for {
+		select {
+		case <-b.done:
+			return rep, ErrClosed
+		default:
+		}
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+		again, err := b.enterOnce(ctx, &rep)
+		if !again {
+			rep.Wait = time.Since(start)
+			return rep, err
+		}
+		rep.Reentries++
+	}
+}
+
+// enterOnce makes one arrival with a fresh ID. It reports again when the
+// caller must arrive anew (its slot went stale or was lost).
+func (b *Bucket) enterOnce(ctx context.Context, rep *Report) (again bool, err error) {
+	id := uuid.NewString()
+	er, err := b.q.Enqueue(ctx, id)
+	rep.RoundTrips++
+	if err != nil {
+		return false, b.redisErr(ctx, err)
+	}
+	rep.Ticket, rep.Position = er.Ticket, er.Position
+	switch er.Kind {
+	case queue.Granted:
+		return false, nil
+	case queue.Assigned:
+		return b.sleepToSlot(ctx, time.Now(), er.Delay, rep)
+	case queue.QueueFull:
+		return false, fmt.Errorf("%w (%d waiting)", ErrQueueFull, er.Position)
+	case queue.WaitTooLong:
+		return false, fmt.Errorf("%w (estimated %v, MaxWait %v)", ErrWaitTooLong, er.Delay, b.cfg.MaxWait)
+	}
+	if !er.SchedulerRunning {
+		b.sched.Ensure()
+	}
+	return b.awaitSlot(ctx, id, er.Delay, rep)
+}
+
+// awaitSlot sleeps until shortly before the estimated slot, then polls for
+// the slot; a poll that finds none backs off and, when no scheduler holds the
+// lock, starts one here.
+func (b *Bucket) awaitSlot(ctx context.Context, id string, est time.Duration, rep *Report) (bool, error) {
+	backoff := time.Millisecond
+	wait := est - b.lead
+	for {
+		if err := b.sleep(ctx, wait); err != nil {
+			b.cancel(id)
+			return false, err
+		}
+		pr, err := b.q.Poll(ctx, id)
+		rep.Polls++
+		rep.RoundTrips++
+		if err != nil {
+			b.cancel(id)
+			return false, b.redisErr(ctx, err)
+		}
+		switch pr.Kind {
+		case queue.Slot:
+			return b.sleepToSlot(ctx, time.Now(), pr.Delay, rep)
+		case queue.Stale, queue.Lost:
+			return true, nil
+		}
+		rep.Position = pr.Position
+		if pr.LockTTL < 0 {
+			b.sched.Ensure()
+		}
+		wait = max(pr.Delay-b.lead, backoff)
+		if pr.LockTTL > 0 {
+			wait = min(wait, pr.LockTTL+time.Millisecond)
+		}
+		backoff = min(2*backoff, b.cfg.LockTTL/4)
+	}
+}
+
+// sleepToSlot sleeps until a slot delay after the reply arrived at from,
+// then checks that the caller is not so late that its start would bunch
+// with later ones.
+func (b *Bucket) sleepToSlot(ctx context.Context, from time.Time, delay time.Duration, rep *Report) (bool, error) {
+	at := from.Add(delay)
+	if err := b.sleep(ctx, time.Until(at)); err != nil {
+		return false, err // the slot's token is spent; nobody else gets it
+	}
+	rep.Late = time.Since(at)
+	if b.cfg.MaxLateness >= 0 && rep.Late > b.cfg.MaxLateness {
+		return true, nil
+	}
+	return false, nil
+}
+
+// sleep waits d, or until ctx ends or the bucket closes.
+func (b *Bucket) sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-b.done:
+		return ErrClosed
+	}
+}
+
+// cancel takes a caller that gives up out of the queue. Its own ctx has
+// ended, so it runs on a short detached one; if Redis cannot be reached the
+// ID stays queued and the scheduler gives it a slot nobody collects.
+func (b *Bucket) cancel(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.LockTTL)
+	defer cancel()
+	_, _ = b.q.Cancel(ctx, id)
+}
+
+// redisErr prefers the caller's ctx error, so that errors.Is(err,
+// ctx.Err()) holds when the caller's deadline is what cut the call short.
+func (b *Bucket) redisErr(ctx context.Context, err error) error {
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return fmt.Errorf("bucket: %w (%v)", ctxErr, err)
+	}
+	return fmt.Errorf("bucket: redis: %w", err)
+}

@@ -1,0 +1,36 @@
+-- poll.lua: a queued caller asks for its slot. A slot is consumed by the
+-- poll that finds it: it cannot be used twice.
+--
+-- KEYS[1] queue, KEYS[2] state, KEYS[3] slots, KEYS[4] lock (as in enqueue.lua)
+-- ARGV[1] caller ID
+-- ARGV[2] tolerance µs: a slot older than this is stale and not handed out
+-- ARGV[3..] policies: n, then cap, amount, freq µs for each
+--
+-- Reply {kind, delay µs, position, lock TTL ms}:
+--   kind 1 slot found: start after delay (may be negative: late);
+--   2 still queued: delay = estimate of the slot, lock TTL as PTTL (-2: no
+--   scheduler); 3 stale: the slot passed more than tolerance ago, the token
+--   is spent, enter again; 4 lost: neither queued nor scheduled (expired, or
+--   Redis lost its data), enter again.
+local now = now_us()
+local id = ARGV[1]
+local tolerance = tonumber(ARGV[2])
+
+local slot = redis.call('ZSCORE', KEYS[3], id)
+if slot then
+  redis.call('ZREM', KEYS[3], id)
+  local d = tonumber(slot) - now
+  if d < -tolerance then
+    return {3, d, 0, 0}
+  end
+  return {1, d, 0, 0}
+end
+
+local pos = redis.call('LPOS', KEYS[1], id)
+if not pos then
+  return {4, 0, 0, 0}
+end
+local ps = read_policies(ARGV, 3)
+local st = load(KEYS[2], ps, now)
+local est = slot_all(st, ps, now, pos + 1)
+return {2, est - now, pos + 1, redis.call('PTTL', KEYS[4])}

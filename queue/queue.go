@@ -1,0 +1,229 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Policy is one limit of a bucket: it holds at most Capacity tokens and gains
+// Amount tokens every Every. Every is used in whole microseconds.
+type Policy struct {
+	Capacity int64
+	Amount   int64
+	Every    time.Duration
+}
+
+// Options tune a Queue. Durations are used in whole microseconds.
+type Options struct {
+	Lookahead time.Duration // slots within this are given at once; the scheduler schedules this far ahead
+	LockTTL   time.Duration // the scheduler lock's TTL, renewed by every step
+	Grace     time.Duration // added to every key's TTL; uncollected slots are dropped after it
+	Tolerance time.Duration // a slot older than this when polled is stale; < 0: never
+	MaxQueue  int           // refuse new callers when this many wait; 0: unbounded
+	MaxWait   time.Duration // refuse new callers whose estimated wait exceeds it; 0: unbounded
+	MaxBatch  int           // most callers one step schedules; 0: 1000
+}
+
+// ErrReply reports a script reply of an unexpected shape.
+var ErrReply = errors.New("queue: unexpected script reply")
+
+// Queue runs the scripts of one bucket. It is safe for concurrent use.
+type Queue struct {
+	rdb  redis.Scripter
+	keys Keys
+	opt  Options
+
+	policyArgs []any // "n, cap, amount, freq µs, ..." as the scripts read them
+}
+
+// New returns the Queue of the bucket name under prefix. It does not talk to
+// Redis; see Load.
+func New(rdb redis.Scripter, prefix, name string, policies []Policy, opt Options) *Queue {
+	if opt.MaxBatch <= 0 {
+		opt.MaxBatch = 1000
+	}
+	args := []any{len(policies)}
+	for _, p := range policies {
+		args = append(args, p.Capacity, p.Amount, p.Every.Microseconds())
+	}
+	return &Queue{rdb: rdb, keys: NewKeys(prefix, name), opt: opt, policyArgs: args}
+}
+
+// Keys returns the bucket's keys.
+func (q *Queue) Keys() Keys { return q.keys }
+
+// Load loads every script into Redis, so that later calls need one round
+// trip each, and reports whether Redis is reachable.
+func (q *Queue) Load(ctx context.Context) error {
+	for _, s := range allScripts {
+		if err := s.Load(ctx, q.rdb).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func us(d time.Duration) int64 { return d.Microseconds() }
+
+// Outcome of Enqueue.
+type EnqueueKind int
+
+const (
+	Granted     EnqueueKind = iota // start now
+	Assigned                       // start after Delay
+	Queued                         // wait in the queue; Delay estimates the slot
+	QueueFull                      // refused: MaxQueue callers wait already
+	WaitTooLong                    // refused: Delay, the estimated wait, exceeds MaxWait
+)
+
+// EnqueueReply is what Enqueue learned.
+type EnqueueReply struct {
+	Kind             EnqueueKind
+	Delay            time.Duration // see Kind; relative to Redis time when the script ran
+	Position         int           // 1-based place in the queue (Queued and WaitTooLong)
+	SchedulerRunning bool          // Queued: the scheduler lock was held
+	Ticket           int64         // arrival order at Redis (granted and queued callers)
+}
+
+// Enqueue makes caller id arrive at the bucket.
+func (q *Queue) Enqueue(ctx context.Context, id string) (EnqueueReply, error) {
+	args := append([]any{id, us(q.opt.Lookahead), q.opt.MaxQueue, us(q.opt.MaxWait), us(q.opt.Grace)}, q.policyArgs...)
+	v, err := ints(enqueueScript.Run(ctx, q.rdb, q.keys.list(), args...).Result())
+	if err != nil {
+		return EnqueueReply{}, err
+	}
+	if len(v) != 5 || v[0] < 0 || v[0] > int64(WaitTooLong) {
+		return EnqueueReply{}, fmt.Errorf("%w: enqueue %v", ErrReply, v)
+	}
+	return EnqueueReply{
+		Kind:             EnqueueKind(v[0]),
+		Delay:            time.Duration(v[1]) * time.Microsecond,
+		Position:         int(v[2]),
+		SchedulerRunning: v[3] == 1,
+		Ticket:           v[4],
+	}, nil
+}
+
+// StepStatus is what a scheduler step decided.
+type StepStatus int
+
+const (
+	Fenced   StepStatus = -1 // the lock is not held by this token: stop
+	Released StepStatus = 0  // the queue is empty and the lock was released
+	Running  StepStatus = 1  // callers still wait: step again after Next
+)
+
+// StepReply is what Step did.
+type StepReply struct {
+	Status    StepStatus
+	Next      time.Duration // Running: when the next caller enters the lookahead
+	Waiting   int           // callers still queued
+	Scheduled int           // callers given a slot by this step
+}
+
+// Step runs one scheduler step as the holder of the lock token.
+func (q *Queue) Step(ctx context.Context, token string) (StepReply, error) {
+	args := append([]any{token, q.opt.LockTTL.Milliseconds(), us(q.opt.Lookahead), q.opt.MaxBatch, us(q.opt.Grace)}, q.policyArgs...)
+	v, err := ints(stepScript.Run(ctx, q.rdb, q.keys.list(), args...).Result())
+	if err != nil {
+		return StepReply{}, err
+	}
+	if len(v) != 4 || v[0] < -1 || v[0] > 1 {
+		return StepReply{}, fmt.Errorf("%w: step %v", ErrReply, v)
+	}
+	return StepReply{
+		Status:    StepStatus(v[0]),
+		Next:      time.Duration(v[1]) * time.Microsecond,
+		Waiting:   int(v[2]),
+		Scheduled: int(v[3]),
+	}, nil
+}
+
+// PollKind is what a poll found.
+type PollKind int
+
+const (
+	Slot    PollKind = 1 // a slot: start after Delay (negative: late)
+	Waiting PollKind = 2 // still queued; Delay estimates the slot
+	Stale   PollKind = 3 // the slot passed more than Tolerance ago; the token is spent
+	Lost    PollKind = 4 // the ID is neither queued nor scheduled
+)
+
+// PollReply is what Poll found.
+type PollReply struct {
+	Kind     PollKind
+	Delay    time.Duration // see Kind
+	Position int           // Waiting: 1-based place in the queue
+	LockTTL  time.Duration // Waiting: the scheduler lock's remaining TTL, < 0 if none
+}
+
+// Poll asks for caller id's slot, consuming it if found.
+func (q *Queue) Poll(ctx context.Context, id string) (PollReply, error) {
+	tol := us(q.opt.Tolerance)
+	if q.opt.Tolerance < 0 {
+		tol = 1 << 52 // never stale
+	}
+	args := append([]any{id, tol}, q.policyArgs...)
+	v, err := ints(pollScript.Run(ctx, q.rdb, q.keys.list(), args...).Result())
+	if err != nil {
+		return PollReply{}, err
+	}
+	if len(v) != 4 || v[0] < 1 || v[0] > 4 {
+		return PollReply{}, fmt.Errorf("%w: poll %v", ErrReply, v)
+	}
+	r := PollReply{
+		Kind:     PollKind(v[0]),
+		Delay:    time.Duration(v[1]) * time.Microsecond,
+		Position: int(v[2]),
+		LockTTL:  time.Duration(v[3]) * time.Millisecond,
+	}
+	if v[3] < 0 {
+		r.LockTTL = -1
+	}
+	return r, nil
+}
+
+// CancelResult is what Cancel found.
+type CancelResult int
+
+const (
+	Removed  CancelResult = 0 // left the queue before it had a slot: no token spent
+	Forfeit  CancelResult = 1 // it had a slot: that token is spent
+	NotFound CancelResult = 2 // unknown ID
+)
+
+// Cancel takes caller id out of the bucket.
+func (q *Queue) Cancel(ctx context.Context, id string) (CancelResult, error) {
+	v, err := cancelScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.Slots}, id).Int64()
+	if err != nil {
+		return 0, err
+	}
+	if v < 0 || v > 2 {
+		return 0, fmt.Errorf("%w: cancel %d", ErrReply, v)
+	}
+	return CancelResult(v), nil
+}
+
+// ints checks that a script reply is a list of integers.
+func ints(v any, err error) ([]int64, error) {
+	if err != nil {
+		return nil, err
+	}
+	list, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("%w: %T", ErrReply, v)
+	}
+	out := make([]int64, len(list))
+	for i, e := range list {
+		n, ok := e.(int64)
+		if !ok {
+			return nil, fmt.Errorf("%w: element %d is %T", ErrReply, i, e)
+		}
+		out[i] = n
+	}
+	return out, nil
+}

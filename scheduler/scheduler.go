@@ -1,0 +1,208 @@
+// Package scheduler runs the loop that gives waiting callers their slots.
+//
+// Any process may run it; a short-lived Redis lock (github.com/bsm/redislock)
+// elects one at a time, so usually one loop works per bucket. Each turn of
+// the loop is one atomic queue.Step, fenced by the lock's token: a loop whose
+// lock has expired (its process stalled) is refused and stops. The bucket's
+// state lives in Redis, never here, so the rate holds even when two loops
+// overlap; the lock only saves work. When the queue is empty the step itself
+// releases the lock and the loop ends.
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/bsm/redislock"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/queue"
+)
+
+// Scheduler starts and owns at most one scheduler goroutine of one bucket in
+// this process. The zero value is not usable; call New. It is safe for
+// concurrent use.
+type Scheduler struct {
+	q       *queue.Queue
+	locker  *redislock.Client
+	lockTTL time.Duration
+	minRest time.Duration // shortest pause between steps, to batch callers
+
+	ctx    context.Context // ends at Close; owned here, never passed in
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	running bool // a goroutine is live
+	kicked  bool // someone asked for a scheduler while it was live
+	closed  bool
+
+	steps  atomic.Int64
+	fenced atomic.Int64
+	errs   atomic.Int64
+}
+
+// New returns a Scheduler for q. lockTTL bounds how long callers wait for a
+// new scheduler when this one's process dies; lookahead is q's lookahead:
+// the loop rests at least half of it between steps.
+func New(rdb redis.UniversalClient, q *queue.Queue, lockTTL, lookahead time.Duration) *Scheduler {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Scheduler{
+		q:       q,
+		locker:  redislock.New(rdb),
+		lockTTL: lockTTL,
+		minRest: lookahead / 2,
+		ctx:     ctx,
+		cancel:  cancel,
+	}
+}
+
+// Ensure makes sure this process tries to run the scheduler: it starts the
+// goroutine unless one is live, in which case that one tries again to take
+// the lock before it ends. It never blocks.
+func (s *Scheduler) Ensure() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	if s.running {
+		s.kicked = true
+		return
+	}
+	s.running = true
+	s.wg.Add(1)
+	go s.run()
+}
+
+// Running reports whether this process's scheduler goroutine is live.
+func (s *Scheduler) Running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.running
+}
+
+// Stats are counters since New.
+type Stats struct {
+	Steps  int64 // steps run
+	Fenced int64 // steps refused because the lock was not ours
+	Errors int64 // steps or lock requests that failed
+}
+
+// Stats returns the counters.
+func (s *Scheduler) Stats() Stats {
+	return Stats{Steps: s.steps.Load(), Fenced: s.fenced.Load(), Errors: s.errs.Load()}
+}
+
+// Close stops the goroutine, waits for it, and releases the lock if it held
+// it. Later Ensure calls do nothing.
+func (s *Scheduler) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+	return nil
+}
+
+// run takes the lock and steps until the queue is empty, the lock is lost,
+// or Close; then it ends unless Ensure was called meanwhile.
+func (s *Scheduler) run() {
+	defer s.wg.Done()
+	for {
+		s.lead()
+		if s.finish() {
+			return
+		}
+	}
+}
+
+// finish decides under the mutex whether the goroutine ends; a kick since
+// the last attempt means a caller may have found no lock: try once more.
+func (s *Scheduler) finish() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.kicked && !s.closed {
+		s.kicked = false
+		return false
+	}
+	s.running = false
+	return true
+}
+
+// lead takes the lock, if free, and runs steps while it holds it.
+func (s *Scheduler) lead() {
+	s.mu.Lock()
+	s.kicked = false
+	s.mu.Unlock()
+	lock, err := s.locker.Obtain(s.ctx, s.q.Keys().Lock, s.lockTTL, nil)
+	if err != nil {
+		if !errors.Is(err, redislock.ErrNotObtained) {
+			s.errs.Add(1)
+		}
+		return
+	}
+	defer func() {
+		if s.ctx.Err() != nil {
+			// Close: hand the lock over at once rather than after its TTL.
+			ctx, cancel := context.WithTimeout(context.Background(), s.lockTTL)
+			defer cancel()
+			_ = lock.Release(ctx)
+		}
+	}()
+	lastOK := time.Now()
+	backoff := time.Millisecond
+	for {
+		r, err := s.q.Step(s.ctx, lock.Token())
+		if err != nil {
+			if s.ctx.Err() != nil {
+				return
+			}
+			s.errs.Add(1)
+			// Redis is unreachable or slow. Past the lock's TTL the lock is
+			// surely gone; fencing would refuse us anyway.
+			if time.Since(lastOK) > s.lockTTL {
+				return
+			}
+			if !s.rest(backoff) {
+				return
+			}
+			backoff = min(2*backoff, s.lockTTL/4)
+			continue
+		}
+		s.steps.Add(1)
+		lastOK, backoff = time.Now(), time.Millisecond
+		switch r.Status {
+		case queue.Fenced:
+			s.fenced.Add(1)
+			return
+		case queue.Released:
+			return
+		}
+		rest := r.Next
+		if r.Next > 0 || r.Scheduled == 0 {
+			// Batch: let a few slots come into the lookahead at once, but
+			// step often enough to renew the lock.
+			rest = max(rest, s.minRest)
+		}
+		rest = min(rest, s.lockTTL/3)
+		if rest > 0 && !s.rest(rest) {
+			return
+		}
+	}
+}
+
+// rest sleeps d or until Close; it reports false on Close.
+func (s *Scheduler) rest(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-s.ctx.Done():
+		return false
+	}
+}
