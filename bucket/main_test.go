@@ -1,0 +1,110 @@
+package bucket_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/guarantee"
+	"github.com/sluicehq/sluice/internal/loadgen"
+)
+
+func TestMain(m *testing.M) {
+	loadgen.MaybeWorker() // worker processes of the multi-process tests
+	goleak.VerifyTestMain(m)
+}
+
+// newBucket makes a bucket with a name unique to the test and closes it at
+// cleanup.
+func newBucket(t *testing.T, rdb redis.UniversalClient, cfg bucket.Config) *bucket.Bucket {
+	t.Helper()
+	if cfg.Name == "" {
+		cfg.Name = t.Name()
+	}
+	b, err := bucket.New(rdb, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func limitOf(cfg bucket.Config) guarantee.Limit {
+	return guarantee.Limit{Capacity: cfg.Capacity, Amount: cfg.RefillAmount, Every: cfg.RefillFrequency}
+}
+
+// enterAll runs callers goroutines, each entering n times, and returns the
+// grants.
+func enterAll(ctx context.Context, b *bucket.Bucket, callers, n int) []loadgen.Grant {
+	var mu sync.Mutex
+	var out []loadgen.Grant
+	loadgen.Run(ctx, b, loadgen.Spec{Callers: callers, Enters: n}, func(g loadgen.Grant) {
+		mu.Lock()
+		out = append(out, g)
+		mu.Unlock()
+	})
+	return out
+}
+
+// checkGrants fails t if any Enter failed or the guarantee was broken, and
+// returns the grant times.
+func checkGrants(t *testing.T, grants []loadgen.Grant, l guarantee.Limit) guarantee.Result {
+	t.Helper()
+	var times []time.Time
+	var errs []string
+	for _, g := range grants {
+		if !g.OK() {
+			errs = append(errs, g.Err)
+			continue
+		}
+		times = append(times, g.Time())
+	}
+	if len(errs) > 0 {
+		t.Errorf("%d of %d Enters failed, first: %s", len(errs), len(grants), errs[0])
+	}
+	res := guarantee.Check(times, l)
+	if !res.OK() {
+		t.Errorf("guarantee broken: %v", res)
+	}
+	return res
+}
+
+// waitFor polls cond every few ms until it holds or the deadline passes.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// keysOf lists the Redis keys of a bucket.
+func keysOf(t *testing.T, rdb *redis.Client, b *bucket.Bucket) []string {
+	t.Helper()
+	prefix, _, _ := strings.Cut(b.Keys().Queue, "}")
+	keys, err := rdb.Keys(context.Background(), escapeGlob(prefix)+"}*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+func escapeGlob(s string) string {
+	r := strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`)
+	return r.Replace(s)
+}
+
+var _ = fmt.Sprint
+var _ = os.Getenv

@@ -1,0 +1,251 @@
+// Package loadgen drives callers through a bucket and records every grant,
+// in one process or in worker processes that re-exec the running binary.
+// Tests and cmd/bench share it, so both judge the same records with the
+// same checker (internal/guarantee).
+package loadgen
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/bucket"
+)
+
+// Grant is the record of one Enter.
+type Grant struct {
+	Proc       int    `json:"p"`
+	Caller     int    `json:"c"`
+	Ticket     int64  `json:"t"`
+	Start      int64  `json:"s"` // unix ns when Enter was called
+	End        int64  `json:"e"` // unix ns when Enter returned
+	Position   int    `json:"pos,omitempty"`
+	Polls      int    `json:"po,omitempty"`
+	RoundTrips int    `json:"rt"`
+	Late       int64  `json:"l,omitempty"` // ns
+	Reentries  int    `json:"re,omitempty"`
+	Err        string `json:"err,omitempty"`
+}
+
+// OK reports whether the Enter succeeded.
+func (g Grant) OK() bool { return g.Err == "" }
+
+// Time is when Enter returned: the grant as the caller's work sees it.
+func (g Grant) Time() time.Time { return time.Unix(0, g.End) }
+
+// Wait is how long Enter took.
+func (g Grant) Wait() time.Duration { return time.Duration(g.End - g.Start) }
+
+// Spec is the work of one process.
+type Spec struct {
+	Proc    int           `json:"proc"`
+	Addr    string        `json:"addr"`
+	Bucket  bucket.Config `json:"bucket"`
+	Callers int           `json:"callers"` // goroutines
+	Enters  int           `json:"enters"`  // Enters per goroutine; 0: until Until
+	Until   time.Duration `json:"until"`   // stop starting Enters after this; 0: none
+	Timeout time.Duration `json:"timeout"` // per Enter; 0: none
+	// Stagger spreads the callers' first arrival over this long.
+	Stagger time.Duration `json:"stagger"`
+}
+
+// Run runs spec's callers through b and sends every grant to out. It
+// returns when all callers are done or ctx ends.
+func Run(ctx context.Context, b *bucket.Bucket, spec Spec, out func(Grant)) {
+	var wg sync.WaitGroup
+	begin := time.Now()
+	for c := 0; c < spec.Callers; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if spec.Stagger > 0 && spec.Callers > 1 {
+				d := spec.Stagger * time.Duration(c) / time.Duration(spec.Callers-1)
+				t := time.NewTimer(d)
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					t.Stop()
+					return
+				}
+			}
+			for n := 0; spec.Enters == 0 || n < spec.Enters; n++ {
+				if ctx.Err() != nil || (spec.Until > 0 && time.Since(begin) > spec.Until) {
+					return
+				}
+				ectx, cancel := ctx, context.CancelFunc(func() {})
+				if spec.Timeout > 0 {
+					ectx, cancel = context.WithTimeout(ctx, spec.Timeout)
+				}
+				start := time.Now()
+				rep, err := b.EnterReport(ectx)
+				end := time.Now()
+				cancel()
+				g := Grant{Proc: spec.Proc, Caller: c, Ticket: rep.Ticket, Start: start.UnixNano(), End: end.UnixNano(),
+					Position: rep.Position, Polls: rep.Polls, RoundTrips: rep.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries}
+				if err != nil {
+					g.Err = err.Error()
+				}
+				out(g)
+				if err != nil && ctx.Err() != nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// EnvSpec is the environment variable that makes a binary a worker.
+const EnvSpec = "SLUICE_LOADGEN_SPEC"
+
+// MaybeWorker turns this process into a worker when EnvSpec is set: it runs
+// the spec against Redis, writes one JSON line per grant to stdout, and
+// exits. Call it first in TestMain or main. A worker stops at SIGTERM or
+// when its stdin closes (the parent died).
+func MaybeWorker() {
+	raw := os.Getenv(EnvSpec)
+	if raw == "" {
+		return
+	}
+	if err := worker(raw); err != nil {
+		fmt.Fprintln(os.Stderr, "loadgen worker:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+func worker(raw string) error {
+	var spec Spec
+	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
+		return err
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: spec.Addr, ContextTimeoutEnabled: true, PoolSize: spec.Callers + 10, MaxRetries: -1})
+	defer rdb.Close()
+	b, err := bucket.New(rdb, spec.Bucket)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { // the parent closes our stdin to stop us, or dies
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		cancel()
+	}()
+	w := bufio.NewWriter(os.Stdout)
+	var mu sync.Mutex
+	fmt.Fprintln(w, `{"ready":true}`)
+	w.Flush()
+	Run(ctx, b, spec, func(g Grant) {
+		line, _ := json.Marshal(g)
+		mu.Lock()
+		w.Write(append(line, '\n'))
+		w.Flush()
+		mu.Unlock()
+	})
+	return nil
+}
+
+// Proc is a running worker process.
+type Proc struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	done  chan struct{}
+	ready chan struct{}
+	err   error
+
+	mu     sync.Mutex
+	grants []Grant
+	n      int
+}
+
+// Start starts a worker process running spec: the current binary re-executed
+// with args (for a test binary, "-test.run=^$" keeps it from running tests).
+func Start(spec Spec, args ...string) (*Proc, error) {
+	raw, err := json.Marshal(spec)
+	if err != nil {
+		return nil, err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Env = append(os.Environ(), EnvSpec+"="+string(raw))
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &Proc{cmd: cmd, stdin: stdin, done: make(chan struct{}), ready: make(chan struct{})}
+	go p.read(stdout)
+	return p, nil
+}
+
+func (p *Proc) read(r io.Reader) {
+	defer close(p.done)
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	readyOnce := sync.OnceFunc(func() { close(p.ready) })
+	defer readyOnce()
+	for sc.Scan() {
+		line := sc.Bytes()
+		if string(line) == `{"ready":true}` {
+			readyOnce()
+			continue
+		}
+		var g Grant
+		if err := json.Unmarshal(line, &g); err != nil {
+			p.err = fmt.Errorf("worker output %q: %w", line, err)
+			continue
+		}
+		p.mu.Lock()
+		p.grants = append(p.grants, g)
+		p.n++
+		p.mu.Unlock()
+	}
+	p.err = errors.Join(p.err, p.cmd.Wait())
+}
+
+// Pid is the worker's process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Ready is closed once the worker has made its bucket (or exited).
+func (p *Proc) Ready() <-chan struct{} { return p.ready }
+
+// Done is closed when the worker has exited and its output is read.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Count is the number of grant records received so far.
+func (p *Proc) Count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.n
+}
+
+// Stop asks the worker to stop starting Enters (it closes its stdin).
+func (p *Proc) Stop() { p.stdin.Close() }
+
+// Wait waits for the worker to exit and returns its grants.
+func (p *Proc) Wait() ([]Grant, error) {
+	<-p.done
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.grants, p.err
+}
