@@ -1,0 +1,97 @@
+package semaphore
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Defaults for the optional Config fields.
+const (
+	DefaultLeaseTTL  = 10 * time.Second
+	DefaultQueueTTL  = 2 * time.Second
+	DefaultKeyPrefix = "sluice"
+)
+
+// Bounds on the TTLs: below minTTL the renewals (every third of a TTL) would
+// flood Redis, above maxTTL a crashed holder would block its place for days.
+const (
+	minTTL = 10 * time.Millisecond
+	maxTTL = 24 * time.Hour
+)
+
+// Config describes a semaphore. Name and Capacity are required; the zero
+// value of every other field picks its default. Every process sharing a
+// semaphore must use the same Name, Capacity and KeyPrefix.
+type Config struct {
+	// Name identifies the semaphore. Any non-empty byte string is valid,
+	// including ones with '{', '}', '%' or ':'; different names never share
+	// keys.
+	Name string
+
+	// Capacity is the most permits held at any instant, across all
+	// processes. It must be at least 1.
+	Capacity int
+
+	// LeaseTTL is how long a permit stays valid without renewal. A
+	// background goroutine renews held permits every LeaseTTL/3 (or
+	// QueueTTL/3 if shorter), so a holder whose process dies frees its
+	// place within LeaseTTL. Zero means DefaultLeaseTTL; otherwise it must
+	// be between 10ms and 24h.
+	LeaseTTL time.Duration
+
+	// QueueTTL is how long a waiter keeps its place in the queue without
+	// refreshing it. A waiter whose process dies leaves the queue within
+	// QueueTTL, and a place granted to it returns within QueueTTL. Zero
+	// means DefaultQueueTTL; otherwise between 10ms and 24h.
+	QueueTTL time.Duration
+
+	// MaxQueue bounds the number of waiters across all processes; an
+	// Acquire that would exceed it fails with ErrQueueFull. Zero means no
+	// bound.
+	MaxQueue int
+
+	// KeyPrefix starts every key, "<KeyPrefix>:{<name>}:<suffix>". Empty
+	// means DefaultKeyPrefix. It must not contain '{' or '}'.
+	KeyPrefix string
+}
+
+// withDefaults validates c and fills in the defaults.
+func (c Config) withDefaults() (Config, error) {
+	if c.Name == "" {
+		return c, fmt.Errorf("semaphore: empty Name")
+	}
+	if c.Capacity < 1 {
+		return c, fmt.Errorf("semaphore: Capacity %d, want at least 1", c.Capacity)
+	}
+	if c.MaxQueue < 0 {
+		return c, fmt.Errorf("semaphore: MaxQueue %d, want 0 (no bound) or more", c.MaxQueue)
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.QueueTTL == 0 {
+		c.QueueTTL = DefaultQueueTTL
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"LeaseTTL", c.LeaseTTL}, {"QueueTTL", c.QueueTTL}} {
+		if d.v < minTTL || d.v > maxTTL {
+			return c, fmt.Errorf("semaphore: %s %v, want 0 (default) or between %v and %v", d.name, d.v, minTTL, maxTTL)
+		}
+	}
+	if c.KeyPrefix == "" {
+		c.KeyPrefix = DefaultKeyPrefix
+	}
+	if strings.ContainsAny(c.KeyPrefix, "{}") {
+		return c, fmt.Errorf("semaphore: KeyPrefix %q contains '{' or '}', which would break the hash tag", c.KeyPrefix)
+	}
+	return c, nil
+}
+
+// beat is the renewal and refresh period: a third of the shorter TTL, so
+// two consecutive renewals can fail before a lease lapses.
+func (c Config) beat() time.Duration {
+	return min(c.LeaseTTL, c.QueueTTL) / 3
+}

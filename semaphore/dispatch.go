@@ -1,0 +1,312 @@
+package semaphore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed sync.lua
+var syncSource string
+
+var syncScript = redis.NewScript(syncSource)
+
+// batch is everything one exchange with Redis carries.
+type batch struct {
+	releases []releaseOp
+	leaves   []leaveOp
+	renews   []*Permit
+	refresh  []*waiter
+	acquires []*waiter
+}
+
+func (b *batch) empty() bool {
+	return len(b.releases)+len(b.leaves)+len(b.renews)+len(b.refresh)+len(b.acquires) == 0
+}
+
+// dispatch runs the exchanges with Redis one at a time: whatever callers
+// ask for while one is in flight goes out together in the next.
+func (s *Semaphore) dispatch() {
+	defer s.dispatchWG.Done()
+	beat := time.NewTicker(s.cfg.beat())
+	defer beat.Stop()
+	// poke fires when the first held lease would expire while this
+	// process waits, so a dead holder's place is handed on at once rather
+	// than at the next beat.
+	poke := time.NewTimer(time.Hour)
+	poke.Stop()
+	defer poke.Stop()
+	for {
+		select {
+		case <-s.kickCh:
+		case <-beat.C:
+			s.requestBeat()
+		case <-poke.C:
+			s.requestBeat()
+		}
+		for {
+			b, closed := s.take()
+			if b.empty() {
+				if closed {
+					return
+				}
+				break
+			}
+			if d, ok := s.exchange(b); ok {
+				poke.Reset(d)
+			}
+		}
+	}
+}
+
+// take collects the next batch.
+func (s *Semaphore) take() (batch, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	var b batch
+	b.releases, s.pendRelease = s.pendRelease, nil
+	b.leaves, s.pendLeave = s.pendLeave, nil
+	if s.beatDue && !s.closed {
+		s.beatDue = false
+		b.releases = append(b.releases, s.retryRelease...)
+		b.leaves = append(b.leaves, s.retryLeave...)
+		s.retryRelease, s.retryLeave = nil, nil
+		for _, p := range s.holders {
+			if !now.Before(p.deadline) {
+				s.loseLocked(p)
+				continue
+			}
+			b.renews = append(b.renews, p)
+		}
+		// loseLocked queued releases.
+		b.releases = append(b.releases, s.pendRelease...)
+		s.pendRelease = nil
+		for _, w := range s.waiters {
+			if w.sent {
+				b.refresh = append(b.refresh, w)
+			}
+		}
+	}
+	b.acquires, s.pendAcquire = s.pendAcquire, nil
+	for _, w := range b.acquires {
+		w.sent = true
+		w.deadline = now.Add(s.cfg.QueueTTL)
+	}
+	return b, s.closed
+}
+
+// exchange sends b to Redis and applies the reply. It returns when to poke
+// Redis again, if this process waits on a full semaphore.
+func (s *Semaphore) exchange(b batch) (time.Duration, bool) {
+	args := make([]interface{}, 0, 11+len(b.releases)+len(b.leaves)+len(b.renews)+2*len(b.refresh)+len(b.acquires))
+	args = append(args,
+		s.cfg.Capacity,
+		micros(s.cfg.LeaseTTL),
+		micros(s.cfg.QueueTTL),
+		s.cfg.MaxQueue,
+		s.chanPrefix,
+		s.proc,
+		len(b.releases), len(b.leaves), len(b.renews), len(b.refresh), len(b.acquires),
+	)
+	for _, r := range b.releases {
+		args = append(args, r.id)
+	}
+	for _, l := range b.leaves {
+		args = append(args, l.id)
+	}
+	for _, p := range b.renews {
+		args = append(args, p.id)
+	}
+	s.mu.Lock()
+	for _, w := range b.refresh {
+		args = append(args, w.id, strconv.FormatInt(w.ticket, 10))
+	}
+	s.mu.Unlock()
+	for _, w := range b.acquires {
+		args = append(args, w.id)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), s.callTimeout)
+	defer cancel()
+	sent := time.Now()
+	v, err := syncScript.Run(ctx, s.rdb, s.keys, args...).Result()
+	var r reply
+	if err == nil {
+		r, err = parseReply(v, &b)
+	}
+	if err != nil {
+		s.failed(b, fmt.Errorf("semaphore: %w", err))
+		return 0, false
+	}
+	return s.apply(b, r, sent)
+}
+
+// failed handles a batch Redis did not answer. Its effects are unknown, so
+// releases and leaves are retried while they can still matter, and
+// arrivals fail (and leave, in case they were recorded).
+func (s *Semaphore) failed(b batch, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	for _, r := range b.releases {
+		if r.done != nil {
+			r.done <- err
+		}
+		if now.Before(r.until) {
+			s.retryRelease = append(s.retryRelease, releaseOp{id: r.id, until: r.until})
+		}
+	}
+	for _, l := range b.leaves {
+		if now.Before(l.until) {
+			s.retryLeave = append(s.retryLeave, l)
+		}
+	}
+	for _, w := range b.acquires {
+		s.retryLeave = append(s.retryLeave, leaveOp{id: w.id, until: w.deadline})
+		if !w.done {
+			w.err = err
+			s.finishLocked(w)
+		}
+	}
+}
+
+// apply applies a reply to the local state. sent is when the batch left:
+// a lease of d reported by Redis lasts at least until sent+d.
+func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, op := range b.releases {
+		if op.done == nil {
+			continue
+		}
+		if r.released[i] == 1 {
+			op.done <- nil
+		} else {
+			op.done <- ErrLeaseLost
+		}
+	}
+	for i, p := range b.renews {
+		if p.state != held {
+			continue // released or lost meanwhile; a release follows
+		}
+		if us := r.renewed[i]; us > 0 {
+			p.deadline = sent.Add(time.Duration(us) * time.Microsecond)
+			p.timer.Reset(time.Until(p.deadline))
+		} else {
+			s.loseLocked(p)
+		}
+	}
+	for i, w := range b.refresh {
+		if w.done {
+			continue
+		}
+		if us := r.refreshed[i]; us > 0 {
+			s.grantLocked(w, sent.Add(time.Duration(us)*time.Microsecond))
+		} else {
+			w.deadline = sent.Add(s.cfg.QueueTTL)
+		}
+	}
+	for i, w := range b.acquires {
+		status, val := r.acquired[2*i], r.acquired[2*i+1]
+		if w.done {
+			continue // abandoned or granted by a notification
+		}
+		switch status {
+		case 1:
+			s.grantLocked(w, sent.Add(time.Duration(val)*time.Microsecond))
+		case 0:
+			w.ticket = val
+		default:
+			w.err = ErrQueueFull
+			s.finishLocked(w)
+		}
+	}
+	for _, g := range r.granted {
+		if w := s.waiters[g.id]; w != nil && w.sent {
+			s.grantLocked(w, sent.Add(time.Duration(g.us)*time.Microsecond))
+		}
+	}
+	if s.beatDue || len(s.pendRelease) > 0 {
+		s.kick()
+	}
+	if r.wait >= 0 && len(s.waiters) > 0 {
+		return time.Duration(r.wait)*time.Microsecond + time.Millisecond, true
+	}
+	return 0, false
+}
+
+func micros(d time.Duration) int64 { return int64(d / time.Microsecond) }
+
+// reply is sync.lua's answer; see its header.
+type reply struct {
+	released, left, renewed, refreshed []int64
+	acquired                           []int64
+	granted                            []grant
+	wait                               int64
+}
+
+type grant struct {
+	id string
+	us int64
+}
+
+var errReply = errors.New("unexpected reply from sync.lua")
+
+func parseReply(v interface{}, b *batch) (reply, error) {
+	var r reply
+	top, ok := v.([]interface{})
+	if !ok || len(top) != 7 {
+		return r, fmt.Errorf("%w: %T of %d", errReply, v, len(top))
+	}
+	ints := func(x interface{}, n int) ([]int64, error) {
+		list, ok := x.([]interface{})
+		if !ok || len(list) != n {
+			return nil, fmt.Errorf("%w: want %d integers, got %T %v", errReply, n, x, x)
+		}
+		out := make([]int64, n)
+		for i, e := range list {
+			if out[i], ok = e.(int64); !ok {
+				return nil, fmt.Errorf("%w: %T where an integer belongs", errReply, e)
+			}
+		}
+		return out, nil
+	}
+	var err error
+	if r.released, err = ints(top[0], len(b.releases)); err != nil {
+		return r, err
+	}
+	if r.left, err = ints(top[1], len(b.leaves)); err != nil {
+		return r, err
+	}
+	if r.renewed, err = ints(top[2], len(b.renews)); err != nil {
+		return r, err
+	}
+	if r.refreshed, err = ints(top[3], len(b.refresh)); err != nil {
+		return r, err
+	}
+	if r.acquired, err = ints(top[4], 2*len(b.acquires)); err != nil {
+		return r, err
+	}
+	list, ok := top[5].([]interface{})
+	if !ok || len(list)%2 != 0 {
+		return r, fmt.Errorf("%w: grants %T %v", errReply, top[5], top[5])
+	}
+	for i := 0; i < len(list); i += 2 {
+		id, ok1 := list[i].(string)
+		us, ok2 := list[i+1].(int64)
+		if !ok1 || !ok2 {
+			return r, fmt.Errorf("%w: grant %v %v", errReply, list[i], list[i+1])
+		}
+		r.granted = append(r.granted, grant{id: id, us: us})
+	}
+	if r.wait, ok = top[6].(int64); !ok {
+		return r, fmt.Errorf("%w: wait %T", errReply, top[6])
+	}
+	return r, nil
+}

@@ -1,0 +1,83 @@
+package semaphore
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// env is one test's redis-server and client.
+type env struct {
+	srv *redistest.Server
+	rdb *redis.Client
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	srv := redistest.New(t)
+	rdb := srv.Client()
+	t.Cleanup(func() { rdb.Close() })
+	return &env{srv: srv, rdb: rdb}
+}
+
+// sem opens a Semaphore on its own client (as another process would) and
+// closes both at cleanup.
+func (e *env) sem(t *testing.T, cfg Config) *Semaphore {
+	t.Helper()
+	rdb := e.srv.Client()
+	s, err := New(rdb, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.Close()
+		rdb.Close()
+	})
+	return s
+}
+
+// waitFor polls cond until it holds, failing t after within.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func acquire(t *testing.T, s *Semaphore, within time.Duration) *Permit {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	p, err := s.Acquire(ctx)
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	return p
+}
+
+// queueLen is the number of waiters in Redis.
+func queueLen(t *testing.T, rdb *redis.Client, s *Semaphore) int64 {
+	t.Helper()
+	n, err := rdb.ZCard(context.Background(), s.keys[1]).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func holdersLen(t *testing.T, rdb *redis.Client, s *Semaphore) int64 {
+	t.Helper()
+	n, err := rdb.ZCard(context.Background(), s.keys[0]).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

@@ -1,0 +1,71 @@
+package semaphore
+
+import (
+	"context"
+	"time"
+)
+
+type permitState int
+
+const (
+	held permitState = iota
+	released
+	lost
+)
+
+// Permit is one place in a Semaphore, held until Release. Its lease is
+// renewed in the background by its Semaphore. Its methods are safe for
+// concurrent use.
+type Permit struct {
+	s    *Semaphore
+	id   string
+	lost chan struct{}
+
+	// Guarded by s.mu.
+	state    permitState
+	deadline time.Time   // the lease in Redis lasts at least until then
+	timer    *time.Timer // fires at deadline unless a renewal moved it
+}
+
+// Release gives the place back. Releasing twice returns nil and does
+// nothing; releasing a permit whose lease was lost returns ErrLeaseLost and
+// does not touch anyone else's place. On other errors (Redis unreachable)
+// the place is freed when its lease runs out, within Config.LeaseTTL. An
+// error matching ctx.Err() means ctx ended before Redis answered; the
+// release still happens.
+func (p *Permit) Release(ctx context.Context) error {
+	s := p.s
+	s.mu.Lock()
+	switch p.state {
+	case released:
+		s.mu.Unlock()
+		return nil
+	case lost:
+		p.state = released
+		s.mu.Unlock()
+		return ErrLeaseLost
+	}
+	done := make(chan error, 1)
+	s.releaseLocked(p, done)
+	s.mu.Unlock()
+	s.kick()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Lost returns a channel closed when the lease ends before Release: it
+// could not be renewed in time, Redis no longer has it, or the Semaphore
+// was closed. Work protected by the permit should stop then; another
+// caller may already hold the place.
+func (p *Permit) Lost() <-chan struct{} { return p.lost }
+
+// validUntil is the conservative local end of the lease (for tests).
+func (p *Permit) validUntil() time.Time {
+	p.s.mu.Lock()
+	defer p.s.mu.Unlock()
+	return p.deadline
+}

@@ -1,0 +1,424 @@
+package semaphore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+)
+
+var (
+	// ErrClosed is returned by Acquire and Do after Close, and by an
+	// Acquire that was waiting when Close was called.
+	ErrClosed = errors.New("semaphore: closed")
+
+	// ErrQueueFull is returned by Acquire when Config.MaxQueue callers
+	// already wait. It wraps sluice.ErrLimited.
+	ErrQueueFull = fmt.Errorf("semaphore: queue full: %w", sluice.ErrLimited)
+
+	// ErrLeaseLost reports that a permit's lease ended before it was
+	// released: it could not be renewed in time (the process stalled or
+	// Redis was unreachable), Redis lost it (a restart without
+	// persistence), or the Semaphore was closed. Another caller may have
+	// been given the place since.
+	ErrLeaseLost = errors.New("semaphore: lease lost")
+)
+
+// Semaphore is a distributed counting semaphore: at most Config.Capacity
+// permits are held at any instant across every process using the same
+// Redis and Config.Name. Waiters are served first come, first served by
+// their arrival at Redis.
+//
+// Each Semaphore owns two goroutines: a dispatcher that batches every
+// Redis exchange of this process (acquires, releases, renewals) into one
+// script call at a time, and a listener for grant notifications. Close
+// stops both. A Semaphore is safe for concurrent use; use one per process
+// and semaphore name.
+type Semaphore struct {
+	rdb         redis.UniversalClient
+	cfg         Config
+	keys        []string
+	chanPrefix  string // + process id = a process's wake channel
+	proc        string // this Semaphore's id, the prefix of its permit ids
+	callTimeout time.Duration
+	ps          *redis.PubSub
+	nextID      atomic.Uint64
+	kickCh      chan struct{}
+	stopListen  context.CancelFunc
+	dispatchWG  sync.WaitGroup
+	listenWG    sync.WaitGroup
+
+	mu           sync.Mutex
+	closed       bool
+	beatDue      bool
+	waiters      map[string]*waiter // waiting, by id
+	holders      map[string]*Permit // held, by id
+	pendAcquire  []*waiter          // not yet sent to Redis
+	pendRelease  []releaseOp        // to send at the next exchange
+	pendLeave    []leaveOp          // to send at the next exchange
+	retryRelease []releaseOp        // failed; sent again at the next beat
+	retryLeave   []leaveOp          // failed; sent again at the next beat
+}
+
+// waiter is one Acquire in progress. Its fields are guarded by
+// Semaphore.mu.
+type waiter struct {
+	id       string
+	sent     bool      // its arrival has been sent to Redis
+	done     bool      // granted, failed or abandoned
+	ticket   int64     // its place in the queue, once known
+	deadline time.Time // its queue lease in Redis lasts at least until then
+	ch       chan struct{}
+	permit   *Permit
+	err      error
+}
+
+type releaseOp struct {
+	id    string
+	until time.Time  // after this the lease is gone anyway: no retry
+	done  chan error // nil when nobody waits for the outcome
+}
+
+type leaveOp struct {
+	id    string
+	until time.Time
+}
+
+// New returns a Semaphore on rdb described by cfg. It validates cfg and
+// starts the Semaphore's goroutines; it does not talk to Redis, so it
+// succeeds while Redis is down. The caller must call Close.
+//
+// Use a client with ContextTimeoutEnabled: otherwise go-redis ignores
+// context deadlines shorter than its ReadTimeout, and a frozen Redis can
+// hold a call for that long.
+func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
+	if isNilClient(rdb) {
+		return nil, errors.New("semaphore: nil Redis client")
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	var raw [12]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return nil, fmt.Errorf("semaphore: process id: %w", err)
+	}
+	base := keyBase(cfg.KeyPrefix, cfg.Name)
+	s := &Semaphore{
+		rdb:         rdb,
+		cfg:         cfg,
+		keys:        []string{base + suffixHolders, base + suffixQueue, base + suffixWaiting, base + suffixSeq},
+		chanPrefix:  base + suffixWake + ":",
+		proc:        hex.EncodeToString(raw[:]),
+		callTimeout: max(2*cfg.beat(), 100*time.Millisecond),
+		kickCh:      make(chan struct{}, 1),
+		waiters:     make(map[string]*waiter),
+		holders:     make(map[string]*Permit),
+	}
+	// No channel yet: Subscribe with channels would dial Redis here.
+	s.ps = rdb.Subscribe(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
+	s.stopListen = cancel
+	s.listenWG.Add(1)
+	go s.listen(ctx)
+	s.dispatchWG.Add(1)
+	go s.dispatch()
+	return s, nil
+}
+
+func isNilClient(rdb redis.UniversalClient) bool {
+	switch c := rdb.(type) {
+	case nil:
+		return true
+	case *redis.Client:
+		return c == nil
+	case *redis.ClusterClient:
+		return c == nil
+	case *redis.Ring:
+		return c == nil
+	}
+	return false
+}
+
+// Acquire waits for a permit and returns it. The caller must Release it.
+// While held, the permit's lease is renewed in the background; if it is
+// lost anyway, Permit.Lost is closed.
+//
+// Acquire returns an error matching ctx.Err() when ctx ends first, and then
+// gives its place in the queue up. It returns ErrQueueFull when
+// Config.MaxQueue callers already wait, ErrClosed after Close, and an error
+// wrapping Redis's when its arrival cannot be recorded. Once queued, a
+// waiter rides out Redis errors (its place is refreshed, or taken again
+// with its original ticket) until ctx ends.
+func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	w := &waiter{id: s.proc + ":" + strconv.FormatUint(s.nextID.Add(1), 10), ch: make(chan struct{})}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, ErrClosed
+	}
+	s.waiters[w.id] = w
+	s.pendAcquire = append(s.pendAcquire, w)
+	s.mu.Unlock()
+	s.kick()
+
+	select {
+	case <-w.ch:
+		return w.permit, w.err
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	if w.done {
+		// Decided while ctx ended: the outcome stands.
+		s.mu.Unlock()
+		return w.permit, w.err
+	}
+	s.abandonLocked(w)
+	s.mu.Unlock()
+	s.kick()
+	return nil, ctx.Err()
+}
+
+// Do acquires a permit, runs fn, and releases the permit after fn returns,
+// even if fn panics. fn's context is cancelled, with cause ErrLeaseLost,
+// if the lease is lost while fn runs. Do returns Acquire's error, or fn's
+// error, or ErrLeaseLost if fn succeeded but the lease was lost before it
+// was released.
+func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) (err error) {
+	p, err := s.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	fctx, cancel := context.WithCancelCause(ctx)
+	stop := make(chan struct{})
+	var watch sync.WaitGroup
+	watch.Add(1)
+	go func() {
+		defer watch.Done()
+		select {
+		case <-p.lost:
+			cancel(ErrLeaseLost)
+		case <-stop:
+		}
+	}()
+	defer func() {
+		close(stop)
+		watch.Wait()
+		cancel(nil)
+		// Release even when ctx has ended; a release that fails leaves a
+		// lease that expires on its own.
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), s.callTimeout)
+		relErr := p.Release(rctx)
+		rcancel()
+		if err == nil && errors.Is(relErr, ErrLeaseLost) {
+			err = ErrLeaseLost
+		}
+	}()
+	return fn(fctx)
+}
+
+// Close gives up every place this Semaphore holds: waiting Acquire calls
+// return ErrClosed, held permits are released in Redis and their Lost
+// channels closed. It stops the Semaphore's goroutines and waits for them.
+// It does not close the Redis client. Close is safe to call more than once.
+func (s *Semaphore) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	for _, w := range s.waiters {
+		if w.sent {
+			s.pendLeave = append(s.pendLeave, leaveOp{id: w.id})
+		}
+		w.err = ErrClosed
+		s.finishLocked(w)
+	}
+	s.pendAcquire = nil
+	for _, p := range s.holders {
+		s.loseLocked(p)
+	}
+	s.mu.Unlock()
+	s.kick()
+	s.dispatchWG.Wait()
+	s.stopListen()
+	err := s.ps.Close()
+	s.listenWG.Wait()
+
+	// Whatever the dispatcher could not send is answered here.
+	s.mu.Lock()
+	for _, r := range s.pendRelease {
+		if r.done != nil {
+			r.done <- ErrClosed
+		}
+	}
+	s.pendRelease, s.pendLeave, s.retryRelease, s.retryLeave = nil, nil, nil, nil
+	s.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("semaphore: close: %w", err)
+	}
+	return nil
+}
+
+// kick wakes the dispatcher.
+func (s *Semaphore) kick() {
+	select {
+	case s.kickCh <- struct{}{}:
+	default:
+	}
+}
+
+// requestBeat makes the dispatcher renew, refresh and poll soon.
+func (s *Semaphore) requestBeat() {
+	s.mu.Lock()
+	s.beatDue = true
+	s.mu.Unlock()
+	s.kick()
+}
+
+// abandonLocked gives up w's place: an Acquire's ctx ended.
+func (s *Semaphore) abandonLocked(w *waiter) {
+	w.done = true
+	delete(s.waiters, w.id)
+	if !w.sent {
+		for i, x := range s.pendAcquire {
+			if x == w {
+				s.pendAcquire = append(s.pendAcquire[:i], s.pendAcquire[i+1:]...)
+				break
+			}
+		}
+		return
+	}
+	// It may be in the queue, or granted already: leave handles both.
+	s.pendLeave = append(s.pendLeave, leaveOp{id: w.id, until: time.Now().Add(s.cfg.QueueTTL)})
+}
+
+// finishLocked ends w with w.permit or w.err set.
+func (s *Semaphore) finishLocked(w *waiter) {
+	w.done = true
+	delete(s.waiters, w.id)
+	close(w.ch)
+}
+
+// grantLocked turns w into a permit valid until deadline. A deadline in
+// the past (this process stalled) is not a grant: the next beat asks Redis
+// again.
+func (s *Semaphore) grantLocked(w *waiter, deadline time.Time) {
+	if w.done {
+		return
+	}
+	d := time.Until(deadline)
+	if d <= 0 {
+		s.beatDue = true
+		return
+	}
+	p := &Permit{s: s, id: w.id, deadline: deadline, lost: make(chan struct{})}
+	p.timer = time.AfterFunc(d, func() { s.checkLease(p) })
+	s.holders[p.id] = p
+	w.permit = p
+	s.finishLocked(w)
+}
+
+// checkLease runs when p's deadline may have passed.
+func (s *Semaphore) checkLease(p *Permit) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p.state != held {
+		return
+	}
+	if d := time.Until(p.deadline); d > 0 {
+		p.timer.Reset(d)
+		return
+	}
+	s.loseLocked(p)
+	s.kick()
+}
+
+// loseLocked ends a held permit whose lease is gone or going, and frees its
+// place in Redis in case the lease still stands there.
+func (s *Semaphore) loseLocked(p *Permit) {
+	p.state = lost
+	p.timer.Stop()
+	delete(s.holders, p.id)
+	close(p.lost)
+	s.pendRelease = append(s.pendRelease, releaseOp{id: p.id, until: time.Now().Add(s.cfg.LeaseTTL)})
+}
+
+// releaseLocked ends a held permit at its holder's request.
+func (s *Semaphore) releaseLocked(p *Permit, done chan error) {
+	p.state = released
+	p.timer.Stop()
+	delete(s.holders, p.id)
+	s.pendRelease = append(s.pendRelease, releaseOp{id: p.id, until: p.deadline, done: done})
+}
+
+// listen receives grant notifications for this process's waiters.
+func (s *Semaphore) listen(ctx context.Context) {
+	defer s.listenWG.Done()
+	// An error here is retried: the channel is recorded and subscribed
+	// again on every reconnection.
+	_ = s.ps.Subscribe(ctx, s.chanPrefix+s.proc)
+	pause := time.NewTimer(0)
+	<-pause.C
+	defer pause.Stop()
+	for {
+		msg, err := s.ps.Receive(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			// Notifications may have been lost: poll, and do not spin
+			// while Redis is down.
+			s.requestBeat()
+			pause.Reset(min(s.cfg.beat(), 100*time.Millisecond))
+			select {
+			case <-ctx.Done():
+				return
+			case <-pause.C:
+			}
+			continue
+		}
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			// (Re)subscribed: anything published before is lost.
+			s.requestBeat()
+		case *redis.Message:
+			s.wake(m.Payload)
+		}
+	}
+}
+
+// wake grants the waiters named in a notification. Their grant keeps
+// their queue lease, which lasts at least until their local deadline.
+func (s *Semaphore) wake(payload string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for len(payload) > 0 {
+		id := payload
+		if i := strings.IndexByte(payload, ' '); i >= 0 {
+			id, payload = payload[:i], payload[i+1:]
+		} else {
+			payload = ""
+		}
+		if w := s.waiters[id]; w != nil && w.sent {
+			s.grantLocked(w, w.deadline)
+		}
+	}
+	if s.beatDue {
+		s.kick()
+	}
+}
