@@ -141,7 +141,13 @@ func (s *Semaphore) exchange(b batch) (time.Duration, bool) {
 		r, err = parseReply(v, &b)
 	}
 	if err != nil {
-		s.failed(b, fmt.Errorf("semaphore: %w", err))
+		if ctx.Err() != nil {
+			// Not the caller's deadline: do not let it match theirs.
+			err = fmt.Errorf("semaphore: Redis did not answer within %v: %v", s.callTimeout, err)
+		} else {
+			err = fmt.Errorf("semaphore: %w", err)
+		}
+		s.failed(b, err)
 		return 0, false
 	}
 	return s.apply(b, r, sent)
