@@ -1,0 +1,368 @@
+package queue_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/guarantee"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/queue"
+)
+
+var ctx = context.Background()
+
+func newQueue(t *testing.T, rdb *redis.Client, p queue.Policy, opt queue.Options) *queue.Queue {
+	t.Helper()
+	if opt.LockTTL == 0 {
+		opt.LockTTL = time.Second
+	}
+	if opt.Grace == 0 {
+		opt.Grace = 10 * time.Second
+	}
+	if opt.Lookahead == 0 {
+		opt.Lookahead = 20 * time.Millisecond
+	}
+	if opt.Tolerance == 0 {
+		opt.Tolerance = time.Second
+	}
+	q := queue.New(rdb, "sluice", t.Name(), []queue.Policy{p}, opt)
+	if err := q.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// takeLock plays the part of redislock: the scheduler lock holds a token.
+func takeLock(t *testing.T, rdb *redis.Client, q *queue.Queue, token string) {
+	t.Helper()
+	if err := rdb.Set(ctx, q.Keys().Lock, token, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// slotsOf returns the slot of each ID, in arrival order, from the slots set.
+func slotsOf(t *testing.T, rdb *redis.Client, q *queue.Queue, ids []string) []int64 {
+	t.Helper()
+	out := make([]int64, len(ids))
+	for i, id := range ids {
+		s, err := rdb.ZScore(ctx, q.Keys().Slots, id).Result()
+		if err != nil {
+			t.Fatalf("slot of %s (#%d): %v", id, i, err)
+		}
+		out[i] = int64(s)
+	}
+	return out
+}
+
+// enqueueN makes n callers arrive and queue: a placeholder at the head of
+// the list keeps the fast path closed while they arrive, and leaves after.
+func enqueueN(t *testing.T, rdb *redis.Client, q *queue.Queue, n int) []string {
+	t.Helper()
+	if err := rdb.RPush(ctx, q.Keys().Queue, "placeholder").Err(); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("caller-%03d", i)
+		r, err := q.Enqueue(ctx, ids[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Kind != queue.Queued || r.Position != i+2 {
+			t.Fatalf("caller %d: %+v, want queued at %d", i, r, i+2)
+		}
+	}
+	if err := rdb.LRem(ctx, q.Keys().Queue, 1, "placeholder").Err(); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// TestFIFOSlotsInArrivalOrder is defect 1 (LIFO): the scheduler must give
+// slots in the order callers arrived at Redis.
+func TestFIFOSlotsInArrivalOrder(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	q := newQueue(t, rdb, queue.Policy{Capacity: 3, Amount: 1, Every: 100 * time.Microsecond}, queue.Options{Lookahead: time.Second})
+	ids := enqueueN(t, rdb, q, 50)
+	takeLock(t, rdb, q, "tok")
+	r, err := q.Step(ctx, "tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != queue.Released || r.Scheduled != 50 {
+		t.Fatalf("step: %+v, want all 50 scheduled and the lock released", r)
+	}
+	slots := slotsOf(t, rdb, q, ids)
+	for i := 1; i < len(slots); i++ {
+		if slots[i] < slots[i-1] {
+			t.Fatalf("caller %d got slot %d, before caller %d's %d: not FIFO", i, slots[i], i-1, slots[i-1])
+		}
+	}
+	if slots[3] <= slots[2] || slots[49] <= slots[3] {
+		t.Fatalf("capacity 3, one token per refill, but slots %v", slots[:5])
+	}
+	if n, _ := rdb.Exists(ctx, q.Keys().Lock).Result(); n != 0 {
+		t.Fatal("lock still held after the queue emptied")
+	}
+}
+
+// TestTwoSchedulersAtOnce is defect 2 (double scheduling): two schedulers
+// that both believe they hold the lock step concurrently. Every caller
+// must get exactly one slot, slots stay FIFO and within the guarantee.
+func TestTwoSchedulersAtOnce(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	p := queue.Policy{Capacity: 2, Amount: 1, Every: 50 * time.Microsecond}
+	q := newQueue(t, rdb, p, queue.Options{Lookahead: time.Second, MaxBatch: 3})
+	ids := enqueueN(t, rdb, q, 300)
+	takeLock(t, rdb, q, "shared")
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	scheduled := map[int]int{}
+	for s := 0; s < 2; s++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				r, err := q.Step(ctx, "shared")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				scheduled[s] += r.Scheduled
+				mu.Unlock()
+				if r.Status != queue.Running {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if scheduled[0] == 0 || scheduled[1] == 0 {
+		t.Fatalf("one scheduler did all the work (%v): the test did not overlap them", scheduled)
+	}
+	if n, _ := rdb.ZCard(ctx, q.Keys().Slots).Result(); n != int64(len(ids)) {
+		t.Fatalf("%d slots for %d callers", n, len(ids))
+	}
+	slots := slotsOf(t, rdb, q, ids)
+	if !slices.IsSorted(slots) {
+		t.Fatal("slots not in arrival order")
+	}
+	times := make([]time.Time, len(slots))
+	for i, s := range slots {
+		times[i] = time.UnixMicro(s)
+	}
+	if res := guarantee.Check(times, guarantee.Limit{Capacity: 2, Amount: 1, Every: p.Every}); !res.OK() {
+		t.Fatalf("two schedulers broke the guarantee: %v", res)
+	}
+}
+
+// TestStaleSchedulerIsFenced: a scheduler whose lock has passed to another
+// token changes nothing.
+func TestStaleSchedulerIsFenced(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: time.Millisecond}, queue.Options{Lookahead: time.Second})
+	enqueueN(t, rdb, q, 10)
+	takeLock(t, rdb, q, "new-holder")
+	before, _ := rdb.HGetAll(ctx, q.Keys().State).Result()
+	r, err := q.Step(ctx, "old-holder")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != queue.Fenced {
+		t.Fatalf("step with a stale token: %+v, want fenced", r)
+	}
+	after, _ := rdb.HGetAll(ctx, q.Keys().State).Result()
+	if n, _ := rdb.LLen(ctx, q.Keys().Queue).Result(); n != 10 {
+		t.Fatalf("queue has %d, want 10 untouched", n)
+	}
+	if n, _ := rdb.ZCard(ctx, q.Keys().Slots).Result(); n != 0 {
+		t.Fatalf("fenced step wrote %d slots", n)
+	}
+	if fmt.Sprint(before) != fmt.Sprint(after) {
+		t.Fatalf("fenced step changed the state: %v -> %v", before, after)
+	}
+	if v, _ := rdb.Get(ctx, q.Keys().Lock).Result(); v != "new-holder" {
+		t.Fatalf("fenced step touched the lock: %q", v)
+	}
+}
+
+// TestSlotConsumedOnce is defect 6 (full bypass): a slot is handed out by
+// exactly one poll.
+func TestSlotConsumedOnce(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: time.Millisecond}, queue.Options{Lookahead: time.Second})
+	ids := enqueueN(t, rdb, q, 1)
+	takeLock(t, rdb, q, "tok")
+	if _, err := q.Step(ctx, "tok"); err != nil {
+		t.Fatal(err)
+	}
+	first, err := q.Poll(ctx, ids[0])
+	if err != nil || first.Kind != queue.Slot {
+		t.Fatalf("first poll: %+v %v, want the slot", first, err)
+	}
+	second, err := q.Poll(ctx, ids[0])
+	if err != nil || second.Kind != queue.Lost {
+		t.Fatalf("second poll: %+v %v, want lost (slot already used)", second, err)
+	}
+}
+
+// TestStaleSlotRefused: a caller polling long after its slot gets no
+// permission to start (its late start would bunch with later ones).
+func TestStaleSlotRefused(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: time.Millisecond}, queue.Options{Lookahead: 5 * time.Millisecond, Tolerance: time.Millisecond})
+	ids := enqueueN(t, rdb, q, 1)
+	takeLock(t, rdb, q, "tok")
+	if r, err := q.Step(ctx, "tok"); err != nil || r.Scheduled != 1 {
+		t.Fatalf("step: %+v %v", r, err)
+	}
+	// Wait, on the Redis clock, until the slot is more than the tolerance old.
+	slot, _ := rdb.ZScore(ctx, q.Keys().Slots, ids[0]).Result()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now.UnixMicro() > int64(slot)+2000 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Redis clock did not pass the slot")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	r, err := q.Poll(ctx, ids[0])
+	if err != nil || r.Kind != queue.Stale {
+		t.Fatalf("late poll: %+v %v, want stale", r, err)
+	}
+}
+
+// TestEnqueueRefusalsConsumeNothing: MaxQueue and MaxWait refuse without
+// touching the queue or the bucket.
+func TestEnqueueRefusalsConsumeNothing(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: 10 * time.Millisecond}, queue.Options{MaxQueue: 3, MaxWait: 25 * time.Millisecond, Lookahead: time.Millisecond})
+	if r, _ := q.Enqueue(ctx, "a"); r.Kind != queue.Granted {
+		t.Fatalf("first caller: %+v, want granted", r)
+	}
+	for _, id := range []string{"b", "c"} { // slots ~10 and ~20 ms away
+		if r, _ := q.Enqueue(ctx, id); r.Kind != queue.Queued {
+			t.Fatalf("%s: %+v, want queued", id, r)
+		}
+	}
+	state, _ := rdb.HGetAll(ctx, q.Keys().State).Result()
+	r, err := q.Enqueue(ctx, "d") // would wait ~30 ms > MaxWait
+	if err != nil || r.Kind != queue.WaitTooLong || r.Delay <= 25*time.Millisecond {
+		t.Fatalf("d: %+v %v, want wait too long with its estimate", r, err)
+	}
+	q2 := queue.New(rdb, "sluice", t.Name(), []queue.Policy{{Capacity: 1, Amount: 1, Every: 10 * time.Millisecond}}, queue.Options{MaxQueue: 2, Lookahead: time.Millisecond, Grace: time.Second})
+	if r, _ := q2.Enqueue(ctx, "e"); r.Kind != queue.QueueFull {
+		t.Fatalf("e: %+v, want queue full", r)
+	}
+	if n, _ := rdb.LLen(ctx, q.Keys().Queue).Result(); n != 2 {
+		t.Fatalf("queue length %d after refusals, want 2", n)
+	}
+	after, _ := rdb.HGetAll(ctx, q.Keys().State).Result()
+	if fmt.Sprint(state) != fmt.Sprint(after) {
+		t.Fatalf("a refusal changed the state: %v -> %v", state, after)
+	}
+}
+
+// TestEveryKeyExpires is defect 7 (leaks): every key of a bucket carries a
+// TTL, and an idle bucket leaves nothing behind.
+func TestEveryKeyExpires(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	p := queue.Policy{Capacity: 2, Amount: 1, Every: time.Millisecond}
+	q := newQueue(t, rdb, p, queue.Options{Grace: 50 * time.Millisecond, Lookahead: 100 * time.Millisecond, LockTTL: 200 * time.Millisecond})
+	enqueueN(t, rdb, q, 20)
+	takeLock(t, rdb, q, "tok")
+	if err := rdb.PExpire(ctx, q.Keys().Lock, 200*time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Step(ctx, "tok"); err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{q.Keys().Queue, q.Keys().State, q.Keys().Slots, q.Keys().Lock}
+	for _, k := range keys {
+		ttl, err := rdb.PTTL(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl == -1 {
+			t.Errorf("key %s has no TTL", k)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, err := rdb.Exists(ctx, keys...).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			left, _ := rdb.Keys(ctx, "sluice:*").Result()
+			t.Fatalf("keys left after the bucket went idle: %v", left)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestNamesAreData: any byte string is a name, and names that differ only
+// in braces or escapes never share keys; all keys of a bucket share one
+// hash tag.
+func TestNamesAreData(t *testing.T) {
+	names := []string{"a", "{a}", "a}", "{", "}", "%7B", "%", "a b\nc", "\x00\xff", "}{", "%257B"}
+	seen := map[string]string{}
+	for _, n := range names {
+		k := queue.NewKeys("sluice", n)
+		if prev, dup := seen[k.Queue]; dup {
+			t.Fatalf("names %q and %q share keys %q", prev, n, k.Queue)
+		}
+		seen[k.Queue] = n
+		tag := hashTag(k.Queue)
+		for _, other := range []string{k.State, k.Slots, k.Lock} {
+			if hashTag(other) != tag {
+				t.Fatalf("name %q: keys %q and %q have different hash tags", n, k.Queue, other)
+			}
+		}
+		if tag != queue.EscapeName(n) {
+			t.Fatalf("name %q: hash tag %q, want the whole escaped name %q", n, tag, queue.EscapeName(n))
+		}
+	}
+}
+
+// hashTag is Redis Cluster's rule: the text between the first '{' and the
+// first '}' after it, if non-empty.
+func hashTag(key string) string {
+	for i := 0; i < len(key); i++ {
+		if key[i] == '{' {
+			for j := i + 1; j < len(key); j++ {
+				if key[j] == '}' {
+					if j == i+1 {
+						return key
+					}
+					return key[i+1 : j]
+				}
+			}
+			return key
+		}
+	}
+	return key
+}
