@@ -1,0 +1,118 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"golang.org/x/sync/semaphore"
+
+	"github.com/sluicehq/sluice"
+)
+
+var _ sluice.Limiter = (*Concurrency)(nil)
+
+// ConcurrencyConfig configures a Concurrency. Only Limit is required.
+type ConcurrencyConfig struct {
+	// Limit is the number of calls allowed to run at once, at least 1.
+	Limit int
+
+	// AcquireTimeout refuses a caller with ErrTimeout when no slot frees up
+	// within this time. Zero means wait until ctx ends.
+	AcquireTimeout time.Duration
+
+	// RunTimeout bounds a whole Do, wait plus work: Do returns ErrTimeout if
+	// the wait alone uses it up, and fn's context ends when it runs out
+	// (with ErrTimeout as its context.Cause). fn must watch its context;
+	// Do does not abandon fn. Zero means no bound. Acquire ignores it.
+	RunTimeout time.Duration
+}
+
+// Concurrency lets at most Limit calls run at once, first come first served.
+// Use Do, or pair every successful Acquire with one Release.
+//
+// The zero value is not usable; create one with NewConcurrency. A Concurrency
+// is safe for concurrent use.
+type Concurrency struct {
+	sem            *semaphore.Weighted
+	acquireTimeout time.Duration
+	runTimeout     time.Duration
+}
+
+// NewConcurrency returns a Concurrency configured by cfg, or an error
+// wrapping ErrInvalidConfig if cfg is out of range.
+func NewConcurrency(cfg ConcurrencyConfig) (*Concurrency, error) {
+	switch {
+	case cfg.Limit < 1:
+		return nil, invalid("Limit is %d, must be at least 1", cfg.Limit)
+	case cfg.AcquireTimeout < 0:
+		return nil, invalid("AcquireTimeout is %v, must not be negative", cfg.AcquireTimeout)
+	case cfg.RunTimeout < 0:
+		return nil, invalid("RunTimeout is %v, must not be negative", cfg.RunTimeout)
+	}
+	return &Concurrency{
+		sem:            semaphore.NewWeighted(int64(cfg.Limit)),
+		acquireTimeout: cfg.AcquireTimeout,
+		runTimeout:     cfg.RunTimeout,
+	}, nil
+}
+
+// Acquire takes a slot, waiting for one if all are in use. It returns
+// ErrTimeout if AcquireTimeout passes first, and ctx.Err() if ctx ends first;
+// in both cases nothing is held and Release must not be called.
+func (c *Concurrency) Acquire(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	// TryAcquire respects the queue, so this fast path keeps FIFO order and
+	// spares the uncontended caller the timeout context.
+	if c.sem.TryAcquire(1) {
+		return nil
+	}
+	return c.acquireSlow(ctx)
+}
+
+func (c *Concurrency) acquireSlow(ctx context.Context) error {
+	actx := ctx
+	if c.acquireTimeout > 0 {
+		var cancel context.CancelFunc
+		actx, cancel = context.WithTimeoutCause(ctx, c.acquireTimeout, ErrTimeout)
+		defer cancel()
+	}
+	err := c.sem.Acquire(actx, 1)
+	if err == nil {
+		return nil
+	}
+	// The cause tells our own timeouts (AcquireTimeout, or RunTimeout when
+	// called from Do) from the caller's context ending.
+	if errors.Is(context.Cause(actx), ErrTimeout) {
+		return ErrTimeout
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return cerr
+	}
+	return err
+}
+
+// Release gives back a slot taken by Acquire. Like semaphore.Weighted, it
+// panics if more slots are released than were acquired.
+func (c *Concurrency) Release() {
+	c.sem.Release(1)
+}
+
+// Do takes a slot, runs fn, and releases the slot when fn returns or panics.
+// It returns Acquire's error without running fn if no slot was taken, and
+// fn's error otherwise. With RunTimeout set, fn gets a context that ends
+// when RunTimeout has passed since Do was called.
+func (c *Concurrency) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	if c.runTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, c.runTimeout, ErrTimeout)
+		defer cancel()
+	}
+	if err := c.Acquire(ctx); err != nil {
+		return err
+	}
+	defer c.Release()
+	return fn(ctx)
+}

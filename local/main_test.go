@@ -1,0 +1,96 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// enterer is what the arrival scripts drive: Rate, Spacer and Noop.
+type enterer interface {
+	Enter(ctx context.Context) error
+}
+
+// arrival is one scripted caller: it calls Enter at offset at, and gives up
+// at offset cancelAt unless that is zero.
+type arrival struct {
+	at, cancelAt time.Duration
+}
+
+// outcome is when a scripted call returned, and what.
+type outcome struct {
+	at  time.Duration
+	err error
+}
+
+// play runs the script inside a synctest bubble. Arrivals must be sorted;
+// callers arriving at the same instant call Enter in script order, because
+// each one is blocked (or done) before the next starts.
+func play(t *testing.T, lim enterer, script []arrival) []outcome {
+	t.Helper()
+	t0 := time.Now()
+	out := make([]outcome, len(script))
+	var wg sync.WaitGroup
+	for i, a := range script {
+		time.Sleep(t0.Add(a.at).Sub(time.Now()))
+		ctx, cancel := context.Background(), context.CancelFunc(func() {})
+		if a.cancelAt > 0 {
+			ctx, cancel = context.WithDeadline(ctx, t0.Add(a.cancelAt))
+		}
+		wg.Go(func() {
+			defer cancel()
+			err := lim.Enter(ctx)
+			out[i] = outcome{time.Since(t0), err}
+		})
+		synctest.Wait()
+	}
+	wg.Wait()
+	return out
+}
+
+// checkOutcomes compares outcomes to the wanted ones, times rounded to the
+// microsecond (Rate's rounding guard adds nanoseconds to each interval).
+func checkOutcomes(t *testing.T, got, want []outcome) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("got %d outcomes, want %d", len(got), len(want))
+	}
+	for i := range want {
+		g := got[i]
+		if g.at.Round(time.Microsecond) != want[i].at || !matches(g.err, want[i].err) {
+			t.Errorf("caller %d: returned at %v with %v, want at %v with %v", i, g.at, g.err, want[i].at, want[i].err)
+		}
+	}
+}
+
+func matches(err, target error) bool {
+	if target == nil {
+		return err == nil
+	}
+	return errors.Is(err, target)
+}
+
+// maxInWindow returns the most starts found in any half-open window of
+// length w.
+func maxInWindow(starts []time.Time, w time.Duration) int {
+	s := append([]time.Time(nil), starts...)
+	sort.Slice(s, func(i, j int) bool { return s[i].Before(s[j]) })
+	most, j := 0, 0
+	for i := range s {
+		for j < len(s) && s[j].Before(s[i].Add(w)) {
+			j++
+		}
+		most = max(most, j-i)
+	}
+	return most
+}

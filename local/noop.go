@@ -1,0 +1,42 @@
+package local
+
+import (
+	"context"
+
+	"github.com/sluicehq/sluice"
+)
+
+var (
+	_ sluice.RateLimiter = Noop{}
+	_ sluice.Limiter     = Noop{}
+)
+
+// Noop is a limiter that never waits and never refuses. It has the methods of
+// Rate, Spacer and Concurrency, so it can stand in for any of them to turn
+// limiting off. It still reports a context that has already ended, so a loop
+// that relies on Enter to notice cancellation keeps working.
+//
+// The zero value is ready to use. Noop is safe for concurrent use.
+type Noop struct{}
+
+// Enter returns ctx.Err(): nil unless ctx has already ended.
+func (Noop) Enter(ctx context.Context) error {
+	return ctx.Err()
+}
+
+// Acquire returns ctx.Err(): nil unless ctx has already ended.
+func (Noop) Acquire(ctx context.Context) error {
+	return ctx.Err()
+}
+
+// Release does nothing.
+func (Noop) Release() {}
+
+// Do runs fn with ctx and returns its error, or returns ctx.Err() without
+// running fn if ctx has already ended.
+func (Noop) Do(ctx context.Context, fn func(ctx context.Context) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return fn(ctx)
+}

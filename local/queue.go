@@ -1,0 +1,187 @@
+package local
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// schedule decides when the next start may happen. The queue calls it with
+// its lock held and guarantees that at most one booking made by book is still
+// in the future at any time (the front waiter's), so unbook always undoes the
+// most recent booking and can restore the state exactly.
+type schedule interface {
+	// book commits the next start, at or after now, and returns its time.
+	book(now time.Time) time.Time
+	// unbook gives back the most recent booking, which has not started yet.
+	unbook(now time.Time)
+	// estimate returns the time the k-th next booking (k >= 1) would get if
+	// k bookings were made now, booking nothing.
+	estimate(now time.Time, k int) time.Time
+}
+
+// waiter states, changed only with queue.mu held.
+const (
+	queued  = iota // in the queue, behind the front
+	front          // at the front, holding a booking at waiter.at
+	granted        // left the queue: its turn has come
+)
+
+// waiter is one caller waiting in a queue.
+type waiter struct {
+	prev, next *waiter
+	state      int
+	at         time.Time     // the booking, when state is front
+	ready      chan struct{} // receives once when a queued waiter moves up
+}
+
+// queue is a FIFO of callers in front of a schedule. Only the front waiter
+// holds a booking and sleeps on a timer; the others wait for their
+// predecessor to hand the front over. A waiter that gives up just leaves the
+// list, and if it was the front its booking is undone before the next one
+// books, so cancellation never leaves a hole in the schedule.
+//
+// The zero value is not usable: sched must be set.
+type queue struct {
+	sched    schedule
+	maxQueue int           // 0: unbounded
+	maxWait  time.Duration // 0: unbounded
+
+	mu          sync.Mutex
+	first, last *waiter
+	n           int // waiters in the list
+}
+
+// enter returns when the caller may start, when it is refused, or when ctx
+// ends.
+func (q *queue) enter(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	q.mu.Lock()
+	now := time.Now()
+	if q.maxQueue > 0 && q.n >= q.maxQueue {
+		q.mu.Unlock()
+		return ErrQueueFull
+	}
+	if q.maxWait > 0 && q.sched.estimate(now, max(q.n, 1)).Sub(now) > q.maxWait {
+		q.mu.Unlock()
+		return ErrWaitTooLong
+	}
+	if q.n == 0 {
+		at := q.sched.book(now)
+		if !at.After(now) {
+			q.mu.Unlock()
+			return nil
+		}
+		w := &waiter{state: front, at: at}
+		q.push(w)
+		q.mu.Unlock()
+		return q.sleep(ctx, w)
+	}
+	w := &waiter{state: queued, ready: make(chan struct{}, 1)}
+	q.push(w)
+	q.mu.Unlock()
+
+	select {
+	case <-w.ready:
+	case <-ctx.Done():
+		return q.abandon(ctx, w)
+	}
+	// The send on ready orders the promoter's writes to w before this read,
+	// and only this goroutine changes w from here on.
+	if w.state == granted {
+		return nil
+	}
+	return q.sleep(ctx, w)
+}
+
+// sleep waits until the front waiter's booking comes due.
+func (q *queue) sleep(ctx context.Context, w *waiter) error {
+	t := time.NewTimer(time.Until(w.at))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		q.mu.Lock()
+		q.remove(w)
+		q.promote(time.Now())
+		q.mu.Unlock()
+		return nil
+	case <-ctx.Done():
+		return q.abandon(ctx, w)
+	}
+}
+
+// abandon handles a waiter whose ctx ended. A waiter whose turn came before
+// the cancellation was handled is let through (its slot would otherwise be
+// lost); any other leaves the queue and gives back its booking.
+func (q *queue) abandon(ctx context.Context, w *waiter) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := time.Now()
+	switch w.state {
+	case granted:
+		return nil
+	case front:
+		q.remove(w)
+		if !w.at.After(now) {
+			q.promote(now)
+			return nil
+		}
+		q.sched.unbook(now)
+		q.promote(now)
+	default:
+		q.remove(w)
+	}
+	return ctx.Err()
+}
+
+// promote books for the waiters at the front of the queue, letting through
+// those whose booking is due now, until one has to sleep. q.mu must be held
+// and the queue must have no front waiter.
+func (q *queue) promote(now time.Time) {
+	for w := q.first; w != nil; w = q.first {
+		at := q.sched.book(now)
+		if at.After(now) {
+			w.state, w.at = front, at
+			w.ready <- struct{}{}
+			return
+		}
+		q.remove(w)
+		w.state = granted
+		w.ready <- struct{}{}
+	}
+}
+
+func (q *queue) push(w *waiter) {
+	w.prev = q.last
+	if q.last != nil {
+		q.last.next = w
+	} else {
+		q.first = w
+	}
+	q.last = w
+	q.n++
+}
+
+func (q *queue) remove(w *waiter) {
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		q.first = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		q.last = w.prev
+	}
+	w.prev, w.next = nil, nil
+	q.n--
+}
+
+// waiting returns the number of callers in the queue.
+func (q *queue) waiting() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.n
+}
