@@ -275,6 +275,10 @@ type Report struct {
 	RoundTrips int           // Redis round trips made by this caller
 	Late       time.Duration // return of Enter minus the slot, on the local clock
 	Reentries  int           // times the caller entered again (stale or lost slot)
+	// Slot is the instant the caller's token was due, on the Redis clock.
+	// It is for analysis only (comparing with the local clock assumes
+	// both are synchronised); Enter never uses it.
+	Slot time.Time
 }
 
 // EnterReport is Enter that also reports what happened.
@@ -312,8 +316,10 @@ func (b *Bucket) enterOnce(ctx context.Context, rep *Report) (again bool, err er
 	rep.Ticket, rep.Position = er.Ticket, er.Position
 	switch er.Kind {
 	case queue.Granted:
+		rep.Slot = time.UnixMicro(er.Slot)
 		return false, nil
 	case queue.Assigned:
+		rep.Slot = time.UnixMicro(er.Slot)
 		return b.sleepToSlot(ctx, time.Now(), er.Delay, rep)
 	case queue.QueueFull:
 		return false, fmt.Errorf("%w (%d waiting)", ErrQueueFull, er.Position)
@@ -346,6 +352,7 @@ func (b *Bucket) awaitSlot(ctx context.Context, id string, est time.Duration, re
 		}
 		switch pr.Kind {
 		case queue.Slot:
+			rep.Slot = time.UnixMicro(pr.Slot)
 			return b.sleepToSlot(ctx, time.Now(), pr.Delay, rep)
 		case queue.Stale, queue.Lost:
 			return true, nil

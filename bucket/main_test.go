@@ -55,27 +55,44 @@ func enterAll(ctx context.Context, b *bucket.Bucket, callers, n int) []loadgen.G
 	return out
 }
 
-// checkGrants fails t if any Enter failed or the guarantee was broken, and
-// returns the grant times.
-func checkGrants(t *testing.T, grants []loadgen.Grant, l guarantee.Limit) guarantee.Result {
+// checkGrants fails t if any Enter failed or a promise was broken:
+//   - the slots, on the Redis clock, keep the guarantee exactly;
+//   - no caller starts before its slot (Redis and this test share the
+//     machine's clock, so the two can be compared);
+//   - start times, as the upstream would see them, keep the guarantee
+//     with windows widened by the lateness bound (MaxLateness plus a
+//     margin for the reply's trip): a late caller cannot bunch up.
+func checkGrants(t *testing.T, grants []loadgen.Grant, cfg bucket.Config) guarantee.Result {
 	t.Helper()
-	var times []time.Time
+	var starts, slots []time.Time
 	var errs []string
+	early := 0
 	for _, g := range grants {
 		if !g.OK() {
 			errs = append(errs, g.Err)
 			continue
 		}
-		times = append(times, g.Time())
+		starts = append(starts, g.Time())
+		slots = append(slots, g.SlotTime())
+		if g.Time().Before(g.SlotTime().Add(-100 * time.Microsecond)) {
+			early++
+		}
 	}
 	if len(errs) > 0 {
 		t.Errorf("%d of %d Enters failed, first: %s", len(errs), len(grants), errs[0])
 	}
-	res := guarantee.Check(times, l)
-	if !res.OK() {
-		t.Errorf("guarantee broken: %v", res)
+	if early > 0 {
+		t.Errorf("%d callers started before their slot", early)
 	}
-	return res
+	l := limitOf(cfg)
+	if res := guarantee.Check(slots, l); !res.OK() {
+		t.Errorf("guarantee broken by the slots: %v", res)
+	}
+	res := guarantee.CheckSlack(starts, l, cfg.MaxLateness+2*time.Millisecond)
+	if !res.OK() {
+		t.Errorf("guarantee broken by the start times (slack %v): %v", cfg.MaxLateness+2*time.Millisecond, res)
+	}
+	return guarantee.Check(starts, l)
 }
 
 // waitFor polls cond every few ms until it holds or the deadline passes.

@@ -87,6 +87,7 @@ type EnqueueReply struct {
 	Position         int           // 1-based place in the queue (Queued and WaitTooLong)
 	SchedulerRunning bool          // Queued: the scheduler lock was held
 	Ticket           int64         // arrival order at Redis (granted and queued callers)
+	Slot             int64         // Granted, Assigned: the slot, µs on the Redis clock (for analysis only)
 }
 
 // Enqueue makes caller id arrive at the bucket.
@@ -96,7 +97,7 @@ func (q *Queue) Enqueue(ctx context.Context, id string) (EnqueueReply, error) {
 	if err != nil {
 		return EnqueueReply{}, err
 	}
-	if len(v) != 5 || v[0] < 0 || v[0] > int64(WaitTooLong) {
+	if len(v) != 6 || v[0] < 0 || v[0] > int64(WaitTooLong) {
 		return EnqueueReply{}, fmt.Errorf("%w: enqueue %v", ErrReply, v)
 	}
 	return EnqueueReply{
@@ -105,6 +106,7 @@ func (q *Queue) Enqueue(ctx context.Context, id string) (EnqueueReply, error) {
 		Position:         int(v[2]),
 		SchedulerRunning: v[3] == 1,
 		Ticket:           v[4],
+		Slot:             v[5],
 	}, nil
 }
 
@@ -159,6 +161,7 @@ type PollReply struct {
 	Delay    time.Duration // see Kind
 	Position int           // Waiting: 1-based place in the queue
 	LockTTL  time.Duration // Waiting: the scheduler lock's remaining TTL, < 0 if none
+	Slot     int64         // Slot: the slot, µs on the Redis clock (for analysis only)
 }
 
 // Poll asks for caller id's slot, consuming it if found.
@@ -172,7 +175,7 @@ func (q *Queue) Poll(ctx context.Context, id string) (PollReply, error) {
 	if err != nil {
 		return PollReply{}, err
 	}
-	if len(v) != 4 || v[0] < 1 || v[0] > 4 {
+	if len(v) != 5 || v[0] < 1 || v[0] > 4 {
 		return PollReply{}, fmt.Errorf("%w: poll %v", ErrReply, v)
 	}
 	r := PollReply{
@@ -180,6 +183,7 @@ func (q *Queue) Poll(ctx context.Context, id string) (PollReply, error) {
 		Delay:    time.Duration(v[1]) * time.Microsecond,
 		Position: int(v[2]),
 		LockTTL:  time.Duration(v[3]) * time.Millisecond,
+		Slot:     v[4],
 	}
 	if v[3] < 0 {
 		r.LockTTL = -1

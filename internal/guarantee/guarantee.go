@@ -44,17 +44,22 @@ func (r Result) String() string {
 }
 
 // Check returns the worst window of grants against l, in O(n log n).
+func Check(grants []time.Time, l Limit) Result { return CheckSlack(grants, l, 0) }
+
+// CheckSlack is Check with every window judged as if slack longer: the
+// promise for start times that may each lag their slot by up to slack.
 //
-// With times sorted and measured from the first, write t = q·Every + r.
-// Then ⌊(t_j − t_i)/Every⌋ = q_j − q_i − [r_j < r_i], so the excess of the
-// window from grant i to grant j is
+// With times sorted and measured from the first, write t = q·Every + r
+// (and t+slack = q'·Every + r' for the end of a window). Then
+// ⌊(t_j + slack − t_i)/Every⌋ = q'_j − q_i − [r'_j < r_i], so the excess of
+// the window from grant i to grant j is
 //
-//	(j − A·q_j) − (i − A·q_i) + 1 − C − A + A·[r_j < r_i],
+//	(j − A·q'_j) − (i − A·q_i) + 1 − C − A + A·[r'_j < r_i],
 //
 // and for each j it is enough to know the largest A·q_i − i over i ≤ j,
-// overall and among those with r_i > r_j: a prefix maximum and a
+// overall and among those with r_i > r'_j: a running maximum and a
 // Fenwick tree over the ranks of r.
-func Check(grants []time.Time, l Limit) Result {
+func CheckSlack(grants []time.Time, l Limit, slack time.Duration) Result {
 	n := len(grants)
 	res := Result{Grants: n}
 	if n == 0 {
@@ -70,12 +75,15 @@ func Check(grants []time.Time, l Limit) Result {
 		d := int64(t.Sub(ts[0]))
 		q[i], r[i] = d/f, d%f
 	}
-	// Ranks of r, largest first, so "r_i > r_j" is a prefix of ranks.
+	// Ranks of r, largest first, so "r_i > x" is a prefix of ranks.
 	rs := slices.Clone(r)
 	slices.Sort(rs)
 	rs = slices.Compact(rs)
-	rank := func(x int64) int { // 1-based, larger r → smaller rank
+	rank := func(x int64) int { // of a value in rs: 1 for the largest
 		return len(rs) - sort.Search(len(rs), func(k int) bool { return rs[k] >= x })
+	}
+	above := func(x int64) int { // how many values in rs exceed x
+		return len(rs) - sort.Search(len(rs), func(k int) bool { return rs[k] > x })
 	}
 	type best struct {
 		v int64
@@ -110,9 +118,11 @@ func Check(grants []time.Time, l Limit) Result {
 			overall = best{v, j}
 		}
 		update(rank(r[j]), best{v, j})
-		base := int64(j) - a*q[j] + 1 - int64(l.Capacity) - a
+		end := int64(ts[j].Sub(ts[0])) + int64(slack)
+		qe, re := end/f, end%f
+		base := int64(j) - a*qe + 1 - int64(l.Capacity) - a
 		cand, bonus := overall, int64(0)
-		if s := query(rank(r[j]) - 1); s.i >= 0 && s.v+a > cand.v {
+		if s := query(above(re)); s.i >= 0 && s.v+a > cand.v {
 			cand, bonus = s, a
 		}
 		if e := base + cand.v + bonus; e > int64(res.Excess) {
@@ -123,9 +133,9 @@ func Check(grants []time.Time, l Limit) Result {
 	return res
 }
 
-// Brute is Check by trying every window, in O(n²): the reference the fast
-// version is tested against.
-func Brute(grants []time.Time, l Limit) Result {
+// Brute is CheckSlack by trying every window, in O(n²): the reference the
+// fast version is tested against.
+func Brute(grants []time.Time, l Limit, slack time.Duration) Result {
 	ts := slices.Clone(grants)
 	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
 	res := Result{Grants: len(ts)}
@@ -135,7 +145,7 @@ func Brute(grants []time.Time, l Limit) Result {
 	res.Excess = -1 << 62
 	for i := range ts {
 		for j := i; j < len(ts); j++ {
-			if e := (j - i + 1) - l.Allowed(ts[j].Sub(ts[i])); e > res.Excess {
+			if e := (j - i + 1) - l.Allowed(ts[j].Sub(ts[i])+slack); e > res.Excess {
 				res.Excess, res.From, res.To, res.Count = e, ts[i], ts[j], j-i+1
 			}
 		}

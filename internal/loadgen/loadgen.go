@@ -33,6 +33,7 @@ type Grant struct {
 	RoundTrips int    `json:"rt"`
 	Late       int64  `json:"l,omitempty"` // ns
 	Reentries  int    `json:"re,omitempty"`
+	Slot       int64  `json:"sl,omitempty"` // unix µs of the slot on the Redis clock
 	Err        string `json:"err,omitempty"`
 }
 
@@ -41,6 +42,9 @@ func (g Grant) OK() bool { return g.Err == "" }
 
 // Time is when Enter returned: the grant as the caller's work sees it.
 func (g Grant) Time() time.Time { return time.Unix(0, g.End) }
+
+// SlotTime is the slot on the Redis clock.
+func (g Grant) SlotTime() time.Time { return time.UnixMicro(g.Slot) }
 
 // Wait is how long Enter took.
 func (g Grant) Wait() time.Duration { return time.Duration(g.End - g.Start) }
@@ -91,6 +95,9 @@ func Run(ctx context.Context, b *bucket.Bucket, spec Spec, out func(Grant)) {
 				cancel()
 				g := Grant{Proc: spec.Proc, Caller: c, Ticket: rep.Ticket, Start: start.UnixNano(), End: end.UnixNano(),
 					Position: rep.Position, Polls: rep.Polls, RoundTrips: rep.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries}
+				if !rep.Slot.IsZero() {
+					g.Slot = rep.Slot.UnixMicro()
+				}
 				if err != nil {
 					g.Err = err.Error()
 				}

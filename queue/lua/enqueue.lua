@@ -11,10 +11,11 @@
 -- ARGV[5] grace µs added to every key's TTL
 -- ARGV[6..] policies: n, then cap, amount, freq µs for each
 --
--- Reply {kind, delay µs, position, scheduler running 0/1, ticket}:
+-- Reply {kind, delay µs, position, scheduler running 0/1, ticket, slot}:
 --   kind 0 granted now; 1 slot given directly, start after delay;
 --   2 queued, delay = estimate of the slot; 3 queue full; 4 wait too long
---   (delay = the estimate). Refusals change nothing.
+--   (delay = the estimate). Refusals change nothing. slot is the granted
+--   slot (µs, Redis time) for kinds 0 and 1, for analysis only.
 local now = now_us()
 local id = ARGV[1]
 local lookahead = tonumber(ARGV[2])
@@ -31,24 +32,24 @@ if qlen == 0 then
   local slot = slot_all(st, ps, now, 1)
   if slot - now <= lookahead then
     if max_wait > 0 and slot - now > max_wait then
-      return {4, slot - now, 0, 0, 0}
+      return {4, slot - now, 0, 0, 0, 0}
     end
     take(st)
     save(KEYS[2], st, ps, now, grace)
     local ticket = redis.call('HINCRBY', KEYS[2], 'seq', 1)
     if slot == now then
-      return {0, 0, 0, 1, ticket}
+      return {0, 0, 0, 1, ticket, slot}
     end
-    return {1, slot - now, 0, 1, ticket}
+    return {1, slot - now, 0, 1, ticket, slot}
   end
 end
 
 if max_queue > 0 and qlen >= max_queue then
-  return {3, 0, qlen, 0, 0}
+  return {3, 0, qlen, 0, 0, 0}
 end
 local est = slot_all(st, ps, now, qlen + 1)
 if max_wait > 0 and est - now > max_wait then
-  return {4, est - now, qlen + 1, 0, 0}
+  return {4, est - now, qlen + 1, 0, 0, 0}
 end
 
 redis.call('RPUSH', KEYS[1], id)
@@ -60,4 +61,4 @@ if redis.call('PTTL', KEYS[2]) < 0 then
   save(KEYS[2], st, ps, now, grace)
 end
 local running = redis.call('EXISTS', KEYS[4])
-return {2, est - now, qlen + 1, running, ticket}
+return {2, est - now, qlen + 1, running, ticket, 0}

@@ -6,12 +6,13 @@
 -- ARGV[2] tolerance µs: a slot older than this is stale and not handed out
 -- ARGV[3..] policies: n, then cap, amount, freq µs for each
 --
--- Reply {kind, delay µs, position, lock TTL ms}:
+-- Reply {kind, delay µs, position, lock TTL ms, slot}:
 --   kind 1 slot found: start after delay (may be negative: late);
 --   2 still queued: delay = estimate of the slot, lock TTL as PTTL (-2: no
 --   scheduler); 3 stale: the slot passed more than tolerance ago, the token
 --   is spent, enter again; 4 lost: neither queued nor scheduled (expired, or
---   Redis lost its data), enter again.
+--   Redis lost its data), enter again. slot (µs, Redis time) is set for
+--   kind 1, for analysis only.
 local now = now_us()
 local id = ARGV[1]
 local tolerance = tonumber(ARGV[2])
@@ -21,16 +22,16 @@ if slot then
   redis.call('ZREM', KEYS[3], id)
   local d = tonumber(slot) - now
   if d < -tolerance then
-    return {3, d, 0, 0}
+    return {3, d, 0, 0, 0}
   end
-  return {1, d, 0, 0}
+  return {1, d, 0, 0, tonumber(slot)}
 end
 
 local pos = redis.call('LPOS', KEYS[1], id)
 if not pos then
-  return {4, 0, 0, 0}
+  return {4, 0, 0, 0, 0}
 end
 local ps = read_policies(ARGV, 3)
 local st = load(KEYS[2], ps, now)
 local est = slot_all(st, ps, now, pos + 1)
-return {2, est - now, pos + 1, redis.call('PTTL', KEYS[4])}
+return {2, est - now, pos + 1, redis.call('PTTL', KEYS[4]), 0}

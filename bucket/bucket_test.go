@@ -1,0 +1,446 @@
+package bucket_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+func valid() bucket.Config {
+	return bucket.Config{Name: "n", Capacity: 10, RefillAmount: 1, RefillFrequency: time.Second}
+}
+
+func TestNewRejectsBadInput(t *testing.T) {
+	srv := redistest.New(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	with := func(f func(*bucket.Config)) bucket.Config { c := valid(); f(&c); return c }
+	for _, tc := range []struct {
+		name string
+		rdb  redis.UniversalClient
+		cfg  bucket.Config
+		want string
+	}{
+		{"nil client", nil, valid(), "nil redis client"},
+		{"typed nil client", (*redis.Client)(nil), valid(), "nil redis client"},
+		{"empty name", rdb, with(func(c *bucket.Config) { c.Name = "" }), "empty Name"},
+		{"zero capacity", rdb, with(func(c *bucket.Config) { c.Capacity = 0 }), "Capacity 0"},
+		{"negative capacity", rdb, with(func(c *bucket.Config) { c.Capacity = -3 }), "Capacity -3"},
+		{"zero refill", rdb, with(func(c *bucket.Config) { c.RefillAmount = 0 }), "RefillAmount 0"},
+		{"refill above capacity", rdb, with(func(c *bucket.Config) { c.RefillAmount = 11 }), "above Capacity"},
+		{"zero frequency", rdb, with(func(c *bucket.Config) { c.RefillFrequency = 0 }), "RefillFrequency 0s"},
+		{"negative frequency", rdb, with(func(c *bucket.Config) { c.RefillFrequency = -time.Second }), "RefillFrequency -1s"},
+		{"sub-µs frequency", rdb, with(func(c *bucket.Config) { c.RefillFrequency = 1500 * time.Nanosecond }), "whole number of microseconds"},
+		{"brace in prefix", rdb, with(func(c *bucket.Config) { c.KeyPrefix = "a{b" }), "brace"},
+		{"short lock TTL", rdb, with(func(c *bucket.Config) { c.LockTTL = time.Millisecond }), "LockTTL"},
+		{"lookahead past TTL/2", rdb, with(func(c *bucket.Config) { c.Lookahead = time.Second }), "Lookahead"},
+		{"negative MaxQueue", rdb, with(func(c *bucket.Config) { c.MaxQueue = -1 }), "MaxQueue"},
+		{"negative MaxWait", rdb, with(func(c *bucket.Config) { c.MaxWait = -1 }), "MaxWait"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := bucket.New(tc.rdb, tc.cfg)
+			if err == nil {
+				b.Close()
+				t.Fatal("New accepted it")
+			}
+			if !errors.Is(err, bucket.ErrConfig) || !contains(err.Error(), tc.want) {
+				t.Fatalf("error %q, want ErrConfig mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func contains(s, sub string) bool {
+	return len(sub) == 0 || (len(s) >= len(sub) && (s == sub || indexOf(s, sub) >= 0))
+}
+
+func indexOf(s, sub string) int {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return i
+		}
+	}
+	return -1
+}
+
+func TestNewRejectsUnreachableRedis(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	defer rdb.Close()
+	if _, err := bucket.New(rdb, valid()); err == nil || !contains(err.Error(), "unreachable") {
+		t.Fatalf("New with no Redis: %v, want an unreachable error", err)
+	}
+}
+
+// TestFastPathOneRoundTrip: with tokens free and nobody queued, Enter
+// returns after exactly one round trip and no poll.
+func TestFastPathOneRoundTrip(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	b := newBucket(t, rdb, bucket.Config{Capacity: 5, RefillAmount: 1, RefillFrequency: time.Hour})
+	for i := 0; i < 5; i++ {
+		rep, err := b.EnterReport(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.RoundTrips != 1 || rep.Polls != 0 || rep.Position != 0 {
+			t.Fatalf("Enter %d: %+v, want 1 round trip, no poll, not queued", i, rep)
+		}
+	}
+	if b.SchedulerStats().Steps != 0 {
+		t.Fatal("the fast path started a scheduler")
+	}
+}
+
+// TestSaturation: many goroutines sharing one Bucket object at the limit.
+// Covers defect 6 (one object reused for every Enter: each gets a fresh
+// ID) and defect 8 (busy polling: ≤ 1.2 polls per queued waiter).
+func TestSaturation(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	b := newBucket(t, rdb, bucket.Config{Capacity: 5, RefillAmount: 2, RefillFrequency: 8 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	grants := enterAll(ctx, b, 100, 4)
+	checkGrants(t, grants, b.Config())
+	polls, queued := 0, 0
+	for _, g := range grants {
+		if g.Position > 0 {
+			queued++
+			polls += g.Polls
+		}
+	}
+	if queued < len(grants)/2 {
+		t.Fatalf("only %d of %d callers queued: not saturated", queued, len(grants))
+	}
+	if r := float64(polls) / float64(queued); r > 1.2 {
+		t.Errorf("%.2f polls per queued caller, want ≤ 1.2", r)
+	}
+	// The bucket was busy the whole time, so the grants took about
+	// (n − Capacity) / rate; seconds-for-milliseconds (defect 5) would take
+	// a thousand times longer and trip the 1-minute ctx above.
+	first, last := grants[0].Time(), grants[0].Time()
+	for _, g := range grants {
+		if g.Time().Before(first) {
+			first = g.Time()
+		}
+		if g.Time().After(last) {
+			last = g.Time()
+		}
+	}
+	ideal := time.Duration(len(grants)-5) * 8 * time.Millisecond / 2
+	t.Logf("%d grants in %v (ideal %v), %d queued, %.2f polls each", len(grants), last.Sub(first), ideal, queued, float64(polls)/float64(queued))
+}
+
+// TestCapacityOneFastRefill is defect 5 (unsigned underflow: the whole
+// queue got one slot at refill periods ≤ 20 ms) with capacity 1.
+func TestCapacityOneFastRefill(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	for _, every := range []time.Duration{time.Millisecond, 5 * time.Millisecond, 20 * time.Millisecond} {
+		t.Run(every.String(), func(t *testing.T) {
+			b := newBucket(t, rdb, bucket.Config{Name: t.Name(), Capacity: 1, RefillAmount: 1, RefillFrequency: every})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			grants := enterAll(ctx, b, 20, 3)
+			checkGrants(t, grants, b.Config())
+		})
+	}
+}
+
+// TestIdleThenBurst: a bucket that sat idle serves Capacity at once and
+// then the refill rate, never more (the old single-script design handed
+// out past slots after idling).
+func TestIdleThenBurst(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	cfg := bucket.Config{Capacity: 10, RefillAmount: 1, RefillFrequency: 5 * time.Millisecond}
+	b := newBucket(t, rdb, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var all []loadgen.Grant
+	for round := 0; round < 3; round++ {
+		all = append(all, enterAll(ctx, b, 30, 1)...)
+		// Idle long enough to refill completely.
+		time.Sleep(time.Duration(cfg.Capacity) * cfg.RefillFrequency * 2)
+	}
+	checkGrants(t, all, b.Config())
+	fast := 0
+	for _, g := range all {
+		if g.Position == 0 && g.Polls == 0 {
+			fast++
+		}
+	}
+	if fast < 3*cfg.Capacity {
+		t.Errorf("%d grants without queueing over 3 bursts, want ≥ %d (the refilled bucket)", fast, 3*cfg.Capacity)
+	}
+}
+
+// TestCancelQueuedCallers: callers cancelled while queued return promptly
+// with their ctx error and spend no token: the next caller's wait is what
+// an empty queue gives.
+func TestCancelQueuedCallers(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	cfg := bucket.Config{Capacity: 1, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond}
+	b := newBucket(t, rdb, cfg)
+	if err := b.Enter(context.Background()); err != nil { // spend the one token
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	const n = 200
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		go func() { errs <- b.Enter(ctx) }()
+	}
+	waitFor(t, 10*time.Second, "callers to queue", func() bool {
+		l, _ := rdb.LLen(context.Background(), b.Keys().Queue).Result()
+		return l >= n-2 // the first one or two may hold assigned slots
+	})
+	cancel()
+	deadline := time.After(10 * time.Second)
+	cancelled := 0
+	for i := 0; i < n; i++ {
+		select {
+		case err := <-errs:
+			if errors.Is(err, context.Canceled) {
+				cancelled++
+			} else if err != nil {
+				t.Errorf("Enter: %v, want nil or context.Canceled", err)
+			}
+		case <-deadline:
+			t.Fatalf("only %d of %d callers returned after cancel", i, n)
+		}
+	}
+	if cancelled < n-3 {
+		t.Fatalf("%d cancelled, want ≥ %d", cancelled, n-3)
+	}
+	if l, _ := rdb.LLen(context.Background(), b.Keys().Queue).Result(); l != 0 {
+		t.Fatalf("%d IDs left in the queue after cancellation", l)
+	}
+	// Had the cancelled callers spent tokens, this one would wait ~20 s.
+	rep, err := b.EnterReport(withTimeout(t, 2*time.Second))
+	if err != nil {
+		t.Fatalf("Enter after the cancellation storm: %v (%+v)", err, rep)
+	}
+	if rep.Position > 1 {
+		t.Fatalf("next caller queued at %d, want the head", rep.Position)
+	}
+}
+
+func withTimeout(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestDeadlineWhileQueued: a caller whose deadline passes while queued
+// returns an error matching context.DeadlineExceeded.
+func TestDeadlineWhileQueued(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	b := newBucket(t, rdb, bucket.Config{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour})
+	if err := b.Enter(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	err := b.Enter(withTimeout(t, 30*time.Millisecond))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Enter: %v, want DeadlineExceeded", err)
+	}
+	if l, _ := rdb.LLen(context.Background(), b.Keys().Queue).Result(); l != 0 {
+		t.Fatalf("the expired caller is still queued (%d)", l)
+	}
+}
+
+func TestMaxQueueAndMaxWait(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	b := newBucket(t, rdb, bucket.Config{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour, MaxQueue: 2})
+	if err := b.Enter(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = b.Enter(ctx) }()
+	}
+	waitFor(t, 5*time.Second, "two queued callers", func() bool {
+		l, _ := rdb.LLen(context.Background(), b.Keys().Queue).Result()
+		return l == 2
+	})
+	err := b.Enter(context.Background())
+	if !errors.Is(err, bucket.ErrQueueFull) || !errors.Is(err, sluice.ErrLimited) {
+		t.Fatalf("third waiter: %v, want ErrQueueFull (an ErrLimited)", err)
+	}
+	cancel()
+	wg.Wait()
+
+	b2 := newBucket(t, rdb, bucket.Config{Name: t.Name() + "-wait", Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour, MaxWait: time.Minute})
+	if err := b2.Enter(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = b2.Enter(context.Background())
+	if !errors.Is(err, bucket.ErrWaitTooLong) || !errors.Is(err, sluice.ErrLimited) {
+		t.Fatalf("wait of an hour with MaxWait 1m: %v, want ErrWaitTooLong", err)
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Fatal("the refusal waited instead of refusing at once")
+	}
+}
+
+func TestEnterAfterClose(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	b := newBucket(t, rdb, valid())
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Enter(context.Background()); !errors.Is(err, bucket.ErrClosed) {
+		t.Fatalf("Enter after Close: %v, want ErrClosed", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// TestCloseWakesWaiters: callers waiting when their Bucket closes return
+// ErrClosed, and Close releases the scheduler lock at once.
+func TestCloseWakesWaiters(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	b, err := bucket.New(rdb, bucket.Config{Name: t.Name(), Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Enter(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- b.Enter(context.Background()) }()
+	waitFor(t, 5*time.Second, "the scheduler lock", func() bool {
+		n, _ := rdb.Exists(context.Background(), b.Keys().Lock).Result()
+		return n == 1
+	})
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, bucket.ErrClosed) {
+			t.Fatalf("waiter: %v, want ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("waiter did not return after Close")
+	}
+	if n, _ := rdb.Exists(context.Background(), b.Keys().Lock).Result(); n != 0 {
+		t.Fatal("Close left the scheduler lock held")
+	}
+}
+
+// TestNoLostWakeUp: callers that arrive just as the scheduler finds the
+// queue empty and stops must not wait for the lock's TTL. With a one-minute
+// TTL and a short deadline, a lost wake-up fails the Enter.
+func TestNoLostWakeUp(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	cfg := bucket.Config{Capacity: 1, RefillAmount: 1, RefillFrequency: 2 * time.Millisecond, LockTTL: time.Minute, Lookahead: time.Millisecond}
+	// Several handles = several would-be schedulers, as in several processes.
+	var bs []*bucket.Bucket
+	for i := 0; i < 3; i++ {
+		bs = append(bs, newBucket(t, rdb, cfg))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 1000)
+	for g := 0; g < 6; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 60; i++ {
+				ectx, cancel := context.WithTimeout(ctx, 3*time.Second)
+				err := bs[(g+i)%len(bs)].Enter(ectx)
+				cancel()
+				if err != nil {
+					errs <- fmt.Errorf("caller %d, Enter %d: %w", g, i, err)
+					return
+				}
+				// Pause so that the queue often empties and the
+				// scheduler stops between arrivals.
+				time.Sleep(time.Duration(i%4) * time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	var steps int64
+	for _, b := range bs {
+		steps += b.SchedulerStats().Steps
+	}
+	if steps == 0 {
+		t.Fatal("no scheduler ever ran: the test did not exercise stop-and-restart")
+	}
+}
+
+// TestKeysHaveTTL: after use, every key of the bucket expires.
+func TestKeysHaveTTL(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	b := newBucket(t, rdb, bucket.Config{Capacity: 2, RefillAmount: 1, RefillFrequency: 2 * time.Millisecond})
+	enterAll(withTimeout(t, 30*time.Second), b, 10, 3)
+	keys := keysOf(t, rdb, b)
+	if len(keys) == 0 {
+		t.Fatal("no keys found: the pattern is wrong")
+	}
+	for _, k := range keys {
+		ttl, err := rdb.PTTL(context.Background(), k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl < 0 {
+			t.Errorf("key %q has no TTL (%v)", k, ttl)
+		}
+		if ttl > time.Minute {
+			t.Errorf("key %q lives %v after the bucket went idle", k, ttl)
+		}
+	}
+}
+
+// TestAnyName: names with braces, spaces, newlines and bytes work and do
+// not share state.
+func TestAnyName(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	names := []string{"{x}", "x", "a b\nc", "}{", "%7Bx%7D", "\x00\xff"}
+	for _, n := range names {
+		b := newBucket(t, rdb, bucket.Config{Name: n, Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour})
+		rep, err := b.EnterReport(context.Background())
+		if err != nil {
+			t.Fatalf("name %q: %v", n, err)
+		}
+		if rep.Position != 0 {
+			t.Fatalf("name %q queued: it shares a bucket with another name", n)
+		}
+	}
+}
