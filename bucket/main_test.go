@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/queue"
 )
 
 func TestMain(m *testing.M) {
@@ -105,6 +106,15 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+}
+
+// keysFor returns the keys of the bucket cfg describes.
+func keysFor(cfg bucket.Config) queue.Keys {
+	prefix := cfg.KeyPrefix
+	if prefix == "" {
+		prefix = bucket.DefaultKeyPrefix
+	}
+	return queue.NewKeys(prefix, cfg.Name)
 }
 
 // keysOf lists the Redis keys of a bucket.
