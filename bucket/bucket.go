@@ -99,6 +99,9 @@ type Bucket struct {
 	lead  time.Duration // wake this long before the estimated slot to poll
 	done  chan struct{} // closed by Close
 	once  sync.Once
+	// now is the local clock, used only to measure durations: nothing read
+	// from it is ever compared with Redis time. Tests skew it.
+	now func() time.Time
 }
 
 // New validates cfg, checks that Redis answers (loading the scripts), and
@@ -136,6 +139,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 		sched: scheduler.New(rdb, q, cfg.LockTTL, cfg.Lookahead),
 		lead:  cfg.Lookahead / 4,
 		done:  make(chan struct{}),
+		now:   time.Now,
 	}, nil
 }
 
@@ -284,8 +288,7 @@ type Report struct {
 // EnterReport is Enter that also reports what happened.
 func (b *Bucket) EnterReport(ctx context.Context) (Report, error) {
 	var rep Report
-	start := time.Now()
-	defer func() { rep.Wait = time.Since(start) }()
+	start := b.now()
 	for {
 		select {
 		case <-b.done:
@@ -297,7 +300,7 @@ func (b *Bucket) EnterReport(ctx context.Context) (Report, error) {
 		}
 		again, err := b.enterOnce(ctx, &rep)
 		if !again {
-			rep.Wait = time.Since(start)
+			rep.Wait = b.now().Sub(start)
 			return rep, err
 		}
 		rep.Reentries++
@@ -320,7 +323,7 @@ func (b *Bucket) enterOnce(ctx context.Context, rep *Report) (again bool, err er
 		return false, nil
 	case queue.Assigned:
 		rep.Slot = time.UnixMicro(er.Slot)
-		return b.sleepToSlot(ctx, time.Now(), er.Delay, rep)
+		return b.sleepToSlot(ctx, b.now(), er.Delay, rep)
 	case queue.QueueFull:
 		return false, fmt.Errorf("%w (%d waiting)", ErrQueueFull, er.Position)
 	case queue.WaitTooLong:
@@ -353,7 +356,7 @@ func (b *Bucket) awaitSlot(ctx context.Context, id string, est time.Duration, re
 		switch pr.Kind {
 		case queue.Slot:
 			rep.Slot = time.UnixMicro(pr.Slot)
-			return b.sleepToSlot(ctx, time.Now(), pr.Delay, rep)
+			return b.sleepToSlot(ctx, b.now(), pr.Delay, rep)
 		case queue.Stale, queue.Lost:
 			return true, nil
 		}
@@ -374,10 +377,10 @@ func (b *Bucket) awaitSlot(ctx context.Context, id string, est time.Duration, re
 // with later ones.
 func (b *Bucket) sleepToSlot(ctx context.Context, from time.Time, delay time.Duration, rep *Report) (bool, error) {
 	at := from.Add(delay)
-	if err := b.sleep(ctx, time.Until(at)); err != nil {
+	if err := b.sleep(ctx, at.Sub(b.now())); err != nil {
 		return false, err // the slot's token is spent; nobody else gets it
 	}
-	rep.Late = time.Since(at)
+	rep.Late = b.now().Sub(at)
 	if b.cfg.MaxLateness >= 0 && rep.Late > b.cfg.MaxLateness {
 		return true, nil
 	}

@@ -444,3 +444,37 @@ func TestAnyName(t *testing.T) {
 		}
 	}
 }
+
+// TestClockSkew is defect 4: slots were one host's wall-clock times
+// compared on another. Here two handles whose local clocks are 5 s fast and
+// 5 s slow share a saturated bucket: Redis TIME is the only clock, replies
+// carry durations, so grants are exactly as without skew.
+func TestClockSkew(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	cfg := bucket.Config{Name: t.Name(), Capacity: 3, RefillAmount: 1, RefillFrequency: 4 * time.Millisecond}
+	fast, slow := newBucket(t, rdb, cfg), newBucket(t, rdb, cfg)
+	bucket.SkewClock(fast, 5*time.Second)
+	bucket.SkewClock(slow, -5*time.Second)
+	ctx := withTimeout(t, 30*time.Second)
+	var mu sync.Mutex
+	var all []loadgen.Grant
+	var wg sync.WaitGroup
+	for _, b := range []*bucket.Bucket{fast, slow} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g := enterAll(ctx, b, 20, 5)
+			mu.Lock()
+			all = append(all, g...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	checkGrants(t, all, cfg)
+	for _, g := range all {
+		if g.Wait() > 2*time.Second {
+			t.Fatalf("a skewed caller waited %v: the skew leaked into a sleep", g.Wait())
+		}
+	}
+}
