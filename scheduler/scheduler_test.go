@@ -1,0 +1,143 @@
+package scheduler_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var ctx = context.Background()
+
+// setup makes n callers arrive at a bucket of one token a millisecond and
+// returns how many of them queued (the others were served at once).
+func setup(t *testing.T, n int) (*redis.Client, *queue.Queue, int) {
+	t.Helper()
+	rdb := redistest.New(t).Client()
+	t.Cleanup(func() { rdb.Close() })
+	q := queue.New(rdb, "sluice", t.Name(), []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Millisecond}},
+		queue.Options{Lookahead: 10 * time.Millisecond, LockTTL: 500 * time.Millisecond, Grace: 10 * time.Second, Tolerance: time.Second})
+	if err := q.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	queued := 0
+	for i := 0; i < n; i++ {
+		r, err := q.Enqueue(ctx, fmt.Sprint("c", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Kind == queue.Queued {
+			queued++
+		}
+	}
+	return rdb, q, queued
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// TestDrainsAndStops: schedulers in two "processes" compete; one leads,
+// every caller gets a slot, then both goroutines end and the lock is gone.
+func TestDrainsAndStops(t *testing.T) {
+	rdb, q, queued := setup(t, 100)
+	if queued < 50 {
+		t.Fatalf("only %d of 100 queued", queued)
+	}
+	a := scheduler.New(rdb, q, 500*time.Millisecond, 10*time.Millisecond)
+	b := scheduler.New(rdb, q, 500*time.Millisecond, 10*time.Millisecond)
+	defer a.Close()
+	defer b.Close()
+	a.Ensure()
+	b.Ensure()
+	a.Ensure() // a second Ensure on a live goroutine starts no other
+	waitFor(t, "both schedulers to end", func() bool { return !a.Running() && !b.Running() })
+	if n, _ := rdb.ZCard(ctx, q.Keys().Slots).Result(); n != int64(queued) {
+		t.Fatalf("%d slots written for %d queued callers", n, queued)
+	}
+	if n, _ := rdb.Exists(ctx, q.Keys().Lock).Result(); n != 0 {
+		t.Fatal("lock still held after the queue drained")
+	}
+	if a.Stats().Steps == 0 && b.Stats().Steps == 0 {
+		t.Fatal("no steps ran")
+	}
+}
+
+// TestCloseReleasesLock: Close stops a scheduler mid-queue, waits for its
+// goroutine and hands the lock over at once.
+func TestCloseReleasesLock(t *testing.T) {
+	rdb, q, _ := setup(t, 1)
+	// A long queue: one token an hour.
+	q = queue.New(rdb, "sluice", t.Name()+"-slow", []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Hour}},
+		queue.Options{Lookahead: 10 * time.Millisecond, LockTTL: 500 * time.Millisecond, Grace: time.Second})
+	for i := 0; i < 3; i++ {
+		if _, err := q.Enqueue(ctx, fmt.Sprint("c", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := scheduler.New(rdb, q, 500*time.Millisecond, 10*time.Millisecond)
+	s.Ensure()
+	waitFor(t, "the lock", func() bool {
+		n, _ := rdb.Exists(ctx, q.Keys().Lock).Result()
+		return n == 1
+	})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s.Running() {
+		t.Fatal("goroutine still running after Close")
+	}
+	if n, _ := rdb.Exists(ctx, q.Keys().Lock).Result(); n != 0 {
+		t.Fatal("Close did not release the lock")
+	}
+	s.Ensure() // after Close: does nothing
+	if s.Running() {
+		t.Fatal("Ensure after Close started a goroutine")
+	}
+}
+
+// TestFencedSchedulerStops: a scheduler whose lock was taken over stops
+// at its next step without changing anything.
+func TestFencedSchedulerStops(t *testing.T) {
+	rdb, q, _ := setup(t, 1)
+	q = queue.New(rdb, "sluice", t.Name()+"-slow", []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Hour}},
+		queue.Options{Lookahead: 10 * time.Millisecond, LockTTL: 100 * time.Millisecond, Grace: time.Second})
+	for i := 0; i < 3; i++ {
+		if _, err := q.Enqueue(ctx, fmt.Sprint("c", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := scheduler.New(rdb, q, 100*time.Millisecond, 10*time.Millisecond)
+	defer s.Close()
+	s.Ensure()
+	waitFor(t, "the lock", func() bool {
+		n, _ := rdb.Exists(ctx, q.Keys().Lock).Result()
+		return n == 1
+	})
+	if err := rdb.Set(ctx, q.Keys().Lock, "someone-else", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the fenced scheduler to stop", func() bool { return !s.Running() })
+	if s.Stats().Fenced == 0 {
+		t.Fatal("stopped without being fenced")
+	}
+	if v, _ := rdb.Get(ctx, q.Keys().Lock).Result(); v != "someone-else" {
+		t.Fatalf("the fenced scheduler touched the lock: %q", v)
+	}
+}
