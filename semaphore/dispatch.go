@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"time"
 
@@ -49,6 +50,7 @@ func (s *Semaphore) dispatch() {
 		case <-poke.C:
 			s.requestBeat()
 		}
+		s.gather()
 		for {
 			b, closed := s.take()
 			if b.empty() {
@@ -57,10 +59,27 @@ func (s *Semaphore) dispatch() {
 				}
 				break
 			}
-			if d, ok := s.exchange(b); ok {
+			if d, ok := s.exchange(context.Background(), b); ok {
 				poke.Reset(d)
 			}
 		}
+	}
+}
+
+// gather lets callers made runnable together (a burst) queue up before the
+// exchange, so they share it instead of trickling into the next one: it
+// yields while arrivals keep coming, a few times at most.
+func (s *Semaphore) gather() {
+	n := -1
+	for range 8 {
+		s.mu.Lock()
+		m := len(s.pendAcquire)
+		s.mu.Unlock()
+		if m == n {
+			return
+		}
+		n = m
+		runtime.Gosched()
 	}
 }
 
@@ -101,10 +120,17 @@ func (s *Semaphore) take() (batch, bool) {
 	return b, s.closed
 }
 
-// exchange sends b to Redis and applies the reply. It returns when to poke
-// Redis again, if this process waits on a full semaphore.
-func (s *Semaphore) exchange(b batch) (time.Duration, bool) {
-	args := make([]interface{}, 0, 11+len(b.releases)+len(b.leaves)+len(b.renews)+2*len(b.refresh)+len(b.acquires))
+// exchange sends b to Redis and applies the reply, within s.callTimeout
+// and ctx. It returns when to poke Redis again, if this process waits on a
+// full semaphore.
+func (s *Semaphore) exchange(ctx context.Context, b batch) (time.Duration, bool) {
+	s.mu.Lock()
+	wantWait := 0
+	if len(s.waiters) > 0 {
+		wantWait = 1
+	}
+	s.mu.Unlock()
+	args := make([]interface{}, 0, 12+len(b.releases)+len(b.leaves)+len(b.renews)+2*len(b.refresh)+len(b.acquires))
 	args = append(args,
 		s.cfg.Capacity,
 		micros(s.cfg.LeaseTTL),
@@ -112,6 +138,7 @@ func (s *Semaphore) exchange(b batch) (time.Duration, bool) {
 		s.cfg.MaxQueue,
 		s.chanPrefix,
 		s.proc,
+		wantWait,
 		len(b.releases), len(b.leaves), len(b.renews), len(b.refresh), len(b.acquires),
 	)
 	for _, r := range b.releases {
@@ -132,19 +159,23 @@ func (s *Semaphore) exchange(b batch) (time.Duration, bool) {
 		args = append(args, w.id)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), s.callTimeout)
+	tctx, cancel := context.WithTimeout(ctx, s.callTimeout)
 	defer cancel()
 	sent := time.Now()
-	v, err := syncScript.Run(ctx, s.rdb, s.keys, args...).Result()
+	v, err := syncScript.Run(tctx, s.rdb, s.keys, args...).Result()
 	var r reply
 	if err == nil {
 		r, err = parseReply(v, &b)
 	}
 	if err != nil {
-		if ctx.Err() != nil {
-			// Not the caller's deadline: do not let it match theirs.
+		switch {
+		case ctx.Err() != nil:
+			err = ctx.Err()
+		case tctx.Err() != nil:
+			// Our own time limit, not the caller's: do not let it match
+			// context.DeadlineExceeded.
 			err = fmt.Errorf("semaphore: Redis did not answer within %v: %v", s.callTimeout, err)
-		} else {
+		default:
 			err = fmt.Errorf("semaphore: %w", err)
 		}
 		s.failed(b, err)

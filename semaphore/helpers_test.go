@@ -79,5 +79,5 @@ func holdersLen(t *testing.T, rdb *redis.Client, s *Semaphore) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return n
+	return n - queueLen(t, rdb, s)
 }

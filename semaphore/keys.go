@@ -6,11 +6,10 @@ import "strings"
 // so they all share one hash tag (one Redis Cluster slot) and an ACL pattern
 // such as ~sluice:* covers them.
 const (
-	suffixHolders = "holders" // ZSET permit id -> lease expiry (µs, Redis TIME)
-	suffixQueue   = "queue"   // ZSET waiter id -> ticket (arrival order)
-	suffixWaiting = "waiting" // ZSET waiter id -> waiter lease expiry (µs, Redis TIME)
-	suffixSeq     = "seq"     // STRING last ticket handed out
-	suffixWake    = "wake"    // pub/sub channel prefix; one channel per process
+	suffixLeases = "leases" // ZSET holder or waiter id -> lease expiry (µs, Redis TIME)
+	suffixQueue  = "queue"  // ZSET waiter id -> ticket (arrival order)
+	suffixSeq    = "seq"    // STRING last ticket handed out
+	suffixWake   = "wake"   // pub/sub channel prefix; one channel per process
 )
 
 // escapeName percent-encodes '%', '{' and '}' so that any byte string is a

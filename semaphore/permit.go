@@ -46,15 +46,12 @@ func (p *Permit) Release(ctx context.Context) error {
 		return ErrLeaseLost
 	}
 	done := make(chan error, 1)
-	s.releaseLocked(p, done)
+	op := s.releaseLocked(p, done)
 	s.mu.Unlock()
-	s.kick()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	// Sent from here rather than through the dispatcher: the next waiter's
+	// turn should not wait behind an exchange already in flight.
+	s.exchange(ctx, batch{releases: []releaseOp{op}})
+	return <-done
 }
 
 // Lost returns a channel closed when the lease ends before Release: it

@@ -117,7 +117,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 	s := &Semaphore{
 		rdb:         rdb,
 		cfg:         cfg,
-		keys:        []string{base + suffixHolders, base + suffixQueue, base + suffixWaiting, base + suffixSeq},
+		keys:        []string{base + suffixLeases, base + suffixQueue, base + suffixSeq},
 		chanPrefix:  base + suffixWake + ":",
 		proc:        hex.EncodeToString(raw[:]),
 		callTimeout: max(2*cfg.beat(), 100*time.Millisecond),
@@ -359,11 +359,11 @@ func (s *Semaphore) loseLocked(p *Permit) {
 }
 
 // releaseLocked ends a held permit at its holder's request.
-func (s *Semaphore) releaseLocked(p *Permit, done chan error) {
+func (s *Semaphore) releaseLocked(p *Permit, done chan error) releaseOp {
 	p.state = released
 	p.timer.Stop()
 	delete(s.holders, p.id)
-	s.pendRelease = append(s.pendRelease, releaseOp{id: p.id, until: p.deadline, done: done})
+	return releaseOp{id: p.id, until: p.deadline, done: done}
 }
 
 // listen receives grant notifications for this process's waiters.

@@ -51,14 +51,14 @@ func TestNewValidates(t *testing.T) {
 
 func TestKeys(t *testing.T) {
 	for _, tc := range []struct{ name, want string }{
-		{"crawler", "sluice:{crawler}:holders"},
-		{"a{b}c", "sluice:{a%7Bb%7Dc}:holders"},
-		{"%7B", "sluice:{%257B}:holders"},
-		{"}", "sluice:{%7D}:holders"},
-		{"a:b", "sluice:{a:b}:holders"},
-		{"\x00\xff", "sluice:{\x00\xff}:holders"},
+		{"crawler", "sluice:{crawler}:leases"},
+		{"a{b}c", "sluice:{a%7Bb%7Dc}:leases"},
+		{"%7B", "sluice:{%257B}:leases"},
+		{"}", "sluice:{%7D}:leases"},
+		{"a:b", "sluice:{a:b}:leases"},
+		{"\x00\xff", "sluice:{\x00\xff}:leases"},
 	} {
-		if got := keyBase("sluice", tc.name) + suffixHolders; got != tc.want {
+		if got := keyBase("sluice", tc.name) + suffixLeases; got != tc.want {
 			t.Errorf("name %q: key %q, want %q", tc.name, got, tc.want)
 		}
 	}
