@@ -95,6 +95,8 @@ type Config struct {
 type Bucket struct {
 	cfg   Config
 	q     *queue.Queue
+	arr   *arrivals
+	stop  context.CancelFunc // ends arr.ctx
 	sched *scheduler.Scheduler
 	lead  time.Duration // wake this long before the estimated slot to poll
 	done  chan struct{} // closed by Close
@@ -133,9 +135,12 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 	if err := q.Load(ctx); err != nil {
 		return nil, fmt.Errorf("bucket: redis unreachable: %w", err)
 	}
+	life, stop := context.WithCancel(context.Background())
 	return &Bucket{
 		cfg:   cfg,
 		q:     q,
+		arr:   &arrivals{q: q, max: 512, timeout: connectTimeout, ctx: life},
+		stop:  stop,
 		sched: scheduler.New(rdb, q, cfg.LockTTL, cfg.Lookahead),
 		lead:  cfg.Lookahead / 4,
 		done:  make(chan struct{}),
@@ -245,6 +250,8 @@ func (b *Bucket) SchedulerStats() scheduler.Stats { return b.sched.Stats() }
 // go on using the bucket. Close is safe to call more than once.
 func (b *Bucket) Close() error {
 	b.once.Do(func() { close(b.done) })
+	b.stop()
+	b.arr.wg.Wait()
 	return b.sched.Close()
 }
 
@@ -311,9 +318,12 @@ func (b *Bucket) EnterReport(ctx context.Context) (Report, error) {
 // caller must arrive anew (its slot went stale or was lost).
 func (b *Bucket) enterOnce(ctx context.Context, rep *Report) (again bool, err error) {
 	id := uuid.NewString()
-	er, err := b.q.Enqueue(ctx, id)
+	er, err := b.arr.enqueue(ctx, id)
 	rep.RoundTrips++
 	if err != nil {
+		if ctx.Err() != nil {
+			b.cancel(id) // it may have arrived before the caller gave up
+		}
 		return false, b.redisErr(ctx, err)
 	}
 	rep.Ticket, rep.Position = er.Ticket, er.Position

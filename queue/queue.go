@@ -92,22 +92,46 @@ type EnqueueReply struct {
 
 // Enqueue makes caller id arrive at the bucket.
 func (q *Queue) Enqueue(ctx context.Context, id string) (EnqueueReply, error) {
-	args := append([]any{id, us(q.opt.Lookahead), q.opt.MaxQueue, us(q.opt.MaxWait), us(q.opt.Grace)}, q.policyArgs...)
-	v, err := ints(enqueueScript.Run(ctx, q.rdb, q.keys.list(), args...).Result())
+	r, err := q.EnqueueBatch(ctx, []string{id})
 	if err != nil {
 		return EnqueueReply{}, err
 	}
-	if len(v) != 6 || v[0] < 0 || v[0] > int64(WaitTooLong) {
-		return EnqueueReply{}, fmt.Errorf("%w: enqueue %v", ErrReply, v)
+	return r[0], nil
+}
+
+// EnqueueBatch makes callers arrive at the bucket in one round trip, in the
+// order given, each handled as if it had come alone.
+func (q *Queue) EnqueueBatch(ctx context.Context, ids []string) ([]EnqueueReply, error) {
+	args := make([]any, 0, 4+len(q.policyArgs)+1+len(ids))
+	args = append(args, us(q.opt.Lookahead), q.opt.MaxQueue, us(q.opt.MaxWait), us(q.opt.Grace))
+	args = append(args, q.policyArgs...)
+	args = append(args, len(ids))
+	for _, id := range ids {
+		args = append(args, id)
 	}
-	return EnqueueReply{
-		Kind:             EnqueueKind(v[0]),
-		Delay:            time.Duration(v[1]) * time.Microsecond,
-		Position:         int(v[2]),
-		SchedulerRunning: v[3] == 1,
-		Ticket:           v[4],
-		Slot:             v[5],
-	}, nil
+	v, err := ints(enqueueScript.Run(ctx, q.rdb, q.keys.list(), args...).Result())
+	if err != nil {
+		return nil, err
+	}
+	if len(v) != 6*len(ids) {
+		return nil, fmt.Errorf("%w: enqueue of %d callers gave %d values", ErrReply, len(ids), len(v))
+	}
+	out := make([]EnqueueReply, len(ids))
+	for i := range out {
+		e := v[6*i : 6*i+6]
+		if e[0] < 0 || e[0] > int64(WaitTooLong) {
+			return nil, fmt.Errorf("%w: enqueue %v", ErrReply, e)
+		}
+		out[i] = EnqueueReply{
+			Kind:             EnqueueKind(e[0]),
+			Delay:            time.Duration(e[1]) * time.Microsecond,
+			Position:         int(e[2]),
+			SchedulerRunning: e[3] == 1,
+			Ticket:           e[4],
+			Slot:             e[5],
+		}
+	}
+	return out, nil
 }
 
 // StepStatus is what a scheduler step decided.

@@ -255,21 +255,22 @@ func TestStaleSlotRefused(t *testing.T) {
 func TestEnqueueRefusalsConsumeNothing(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: 10 * time.Millisecond}, queue.Options{MaxQueue: 3, MaxWait: 25 * time.Millisecond, Lookahead: time.Millisecond})
+	// Slots 1 s apart: a stall of the test machine cannot change the estimates much.
+	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: time.Second}, queue.Options{MaxQueue: 3, MaxWait: 2500 * time.Millisecond, Lookahead: time.Millisecond})
 	if r, _ := q.Enqueue(ctx, "a"); r.Kind != queue.Granted {
 		t.Fatalf("first caller: %+v, want granted", r)
 	}
-	for _, id := range []string{"b", "c"} { // slots ~10 and ~20 ms away
+	for _, id := range []string{"b", "c"} { // slots ~1 and ~2 s away
 		if r, _ := q.Enqueue(ctx, id); r.Kind != queue.Queued {
 			t.Fatalf("%s: %+v, want queued", id, r)
 		}
 	}
 	state, _ := rdb.HGetAll(ctx, q.Keys().State).Result()
-	r, err := q.Enqueue(ctx, "d") // would wait ~30 ms > MaxWait
-	if err != nil || r.Kind != queue.WaitTooLong || r.Delay <= 25*time.Millisecond {
+	r, err := q.Enqueue(ctx, "d") // would wait ~3 s > MaxWait
+	if err != nil || r.Kind != queue.WaitTooLong || r.Delay <= 2500*time.Millisecond {
 		t.Fatalf("d: %+v %v, want wait too long with its estimate", r, err)
 	}
-	q2 := queue.New(rdb, "sluice", t.Name(), []queue.Policy{{Capacity: 1, Amount: 1, Every: 10 * time.Millisecond}}, queue.Options{MaxQueue: 2, Lookahead: time.Millisecond, Grace: time.Second})
+	q2 := queue.New(rdb, "sluice", t.Name(), []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Second}}, queue.Options{MaxQueue: 2, Lookahead: time.Millisecond, Grace: time.Second})
 	if r, _ := q2.Enqueue(ctx, "e"); r.Kind != queue.QueueFull {
 		t.Fatalf("e: %+v, want queue full", r)
 	}

@@ -1,64 +1,76 @@
--- enqueue.lua: a caller arrives.
+-- enqueue.lua: callers arrive, one or many at once (a process batches the
+-- arrivals of its concurrent callers into one call). They are handled in
+-- the order given, each exactly as if it had come alone.
 --
 -- KEYS[1] queue  list of waiting caller IDs, head = next to be scheduled
 -- KEYS[2] state  hash: l<i>/a<i> level and anchor of policy i; seq ticket counter
 -- KEYS[3] slots  zset: caller ID -> assigned slot (µs, Redis time)
 -- KEYS[4] lock   the scheduler lock (bsm/redislock key); only its existence is read
--- ARGV[1] caller ID (fresh per Enter)
--- ARGV[2] lookahead µs: a slot this close may be given without queueing
--- ARGV[3] max queue length, 0 = unbounded
--- ARGV[4] max wait µs, 0 = unbounded
--- ARGV[5] grace µs added to every key's TTL
--- ARGV[6..] policies: n, then cap, amount, freq µs for each
+-- ARGV[1] lookahead µs: a slot this close may be given without queueing
+-- ARGV[2] max queue length, 0 = unbounded
+-- ARGV[3] max wait µs, 0 = unbounded
+-- ARGV[4] grace µs added to every key's TTL
+-- ARGV[5..] policies: n, then cap, amount, freq µs for each
+-- ARGV[after policies] m, then m caller IDs (fresh per Enter)
 --
--- Reply {kind, delay µs, position, scheduler running 0/1, ticket, slot}:
+-- Reply: 6 integers per caller, {kind, delay µs, position, scheduler
+-- running 0/1, ticket, slot}:
 --   kind 0 granted now; 1 slot given directly, start after delay;
 --   2 queued, delay = estimate of the slot; 3 queue full; 4 wait too long
 --   (delay = the estimate). Refusals change nothing. slot is the granted
 --   slot (µs, Redis time) for kinds 0 and 1, for analysis only.
 local now = now_us()
-local id = ARGV[1]
-local lookahead = tonumber(ARGV[2])
-local max_queue = tonumber(ARGV[3])
-local max_wait = tonumber(ARGV[4])
-local grace = tonumber(ARGV[5])
-local ps = read_policies(ARGV, 6)
+local lookahead = tonumber(ARGV[1])
+local max_queue = tonumber(ARGV[2])
+local max_wait = tonumber(ARGV[3])
+local grace = tonumber(ARGV[4])
+local ps, i = read_policies(ARGV, 5)
+local m = tonumber(ARGV[i])
 
-local st = load(KEYS[2], ps, now)
+local st, seq, fresh = load(KEYS[2], ps, now)
 local qlen = redis.call('LLEN', KEYS[1])
-
--- Nobody waits: a token due within the lookahead is this caller's at once.
-if qlen == 0 then
-  local slot = slot_all(st, ps, now, 1)
-  if slot - now <= lookahead then
+local running = -1 -- read the lock only if someone queues
+local took, pushed = false, {}
+local out = {}
+for c = 1, m do
+  local id = ARGV[i + c]
+  local r
+  -- Nobody waits: a token due within the lookahead is this caller's at once.
+  local slot = qlen == 0 and slot_all(st, ps, now, 1) or nil
+  if slot and slot - now <= lookahead then
     if max_wait > 0 and slot - now > max_wait then
-      return {4, slot - now, 0, 0, 0, 0}
+      r = {4, slot - now, 0, 0, 0, 0}
+    else
+      take(st)
+      took = true
+      seq = seq + 1
+      r = {slot == now and 0 or 1, slot - now, 0, 1, seq, slot}
     end
-    take(st)
-    save(KEYS[2], st, ps, now, grace)
-    local ticket = redis.call('HINCRBY', KEYS[2], 'seq', 1)
-    if slot == now then
-      return {0, 0, 0, 1, ticket, slot}
+  elseif max_queue > 0 and qlen >= max_queue then
+    r = {3, 0, qlen, 0, 0, 0}
+  else
+    local est = slot_all(st, ps, now, qlen + 1)
+    if max_wait > 0 and est - now > max_wait then
+      r = {4, est - now, qlen + 1, 0, 0, 0}
+    else
+      if running < 0 then running = redis.call('EXISTS', KEYS[4]) end
+      qlen = qlen + 1
+      pushed[#pushed + 1] = id
+      seq = seq + 1
+      r = {2, est - now, qlen, running, seq, 0}
     end
-    return {1, slot - now, 0, 1, ticket, slot}
   end
+  for _, v in ipairs(r) do out[#out + 1] = v end
 end
 
-if max_queue > 0 and qlen >= max_queue then
-  return {3, 0, qlen, 0, 0, 0}
+if #pushed > 0 then
+  redis.call('RPUSH', KEYS[1], unpack(pushed))
+  local tail = slot_all(st, ps, now, qlen)
+  redis.call('PEXPIRE', KEYS[1], ceil_ms(tail - now + grace))
 end
-local est = slot_all(st, ps, now, qlen + 1)
-if max_wait > 0 and est - now > max_wait then
-  return {4, est - now, qlen + 1, 0, 0, 0}
+-- Save when tokens were taken, the ticket counter moved, or the state is
+-- new (a new state key must not vanish before the queue it describes).
+if took or #pushed > 0 or fresh then
+  save(KEYS[2], st, ps, now, grace, seq)
 end
-
-redis.call('RPUSH', KEYS[1], id)
-redis.call('PEXPIRE', KEYS[1], ceil_ms(est - now + grace))
-local ticket = redis.call('HINCRBY', KEYS[2], 'seq', 1)
--- A new state key (first caller ever, or after expiry) must not vanish
--- before the queue it describes.
-if redis.call('PTTL', KEYS[2]) < 0 then
-  save(KEYS[2], st, ps, now, grace)
-end
-local running = redis.call('EXISTS', KEYS[4])
-return {2, est - now, qlen + 1, running, ticket, 0}
+return out

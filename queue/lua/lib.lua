@@ -73,20 +73,24 @@ local function slot_for(level, anchor, now, k, amount, freq)
 end
 
 -- load reads and refills every policy's state. Fields l<i>, a<i> hold policy
--- i's level and anchor.
+-- i's level and anchor; seq is the ticket counter. It also reports whether
+-- the state key was missing.
 local function load(state_key, ps, now)
-  local fields = {}
+  local fields = {'seq'}
   for i = 1, #ps do
     fields[#fields + 1] = 'l' .. i
     fields[#fields + 1] = 'a' .. i
   end
   local vals = redis.call('HMGET', state_key, unpack(fields))
   local st = {}
+  local fresh = true
   for i, p in ipairs(ps) do
-    local level, anchor = refill(tonumber(vals[2 * i - 1]), tonumber(vals[2 * i]), now, p.cap, p.amount, p.freq)
+    local l, a = tonumber(vals[2 * i]), tonumber(vals[2 * i + 1])
+    if l ~= nil then fresh = false end
+    local level, anchor = refill(l, a, now, p.cap, p.amount, p.freq)
     st[i] = {level = level, anchor = anchor}
   end
-  return st
+  return st, tonumber(vals[1]) or 0, fresh
 end
 
 -- slot_all is the slot of the k-th token across every policy.
@@ -121,15 +125,19 @@ local function full_in(st, ps, now)
   return d
 end
 
--- save writes every policy's state and sets the key's TTL to outlive the
--- time to full by grace.
-local function save(state_key, st, ps, now, grace)
+-- save writes every policy's state (and the ticket counter, if given) and
+-- sets the key's TTL to outlive the time to full by grace.
+local function save(state_key, st, ps, now, grace, seq)
   local args = {}
   for i = 1, #st do
     args[#args + 1] = 'l' .. i
     args[#args + 1] = int(st[i].level)
     args[#args + 1] = 'a' .. i
     args[#args + 1] = int(st[i].anchor)
+  end
+  if seq then
+    args[#args + 1] = 'seq'
+    args[#args + 1] = int(seq)
   end
   redis.call('HSET', state_key, unpack(args))
   redis.call('PEXPIRE', state_key, ceil_ms(full_in(st, ps, now) + grace))

@@ -1,0 +1,131 @@
+package bucket
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/queue"
+)
+
+// arrivals batches the enqueues of a Bucket's concurrent callers: a caller
+// that finds no enqueue in flight sends its own at once, on its own ctx (so
+// an uncontended Enter costs one round trip and nothing more); callers that
+// arrive meanwhile wait for it to return and then go to Redis together, in
+// their order of arrival here, in one script call. One round trip then
+// serves hundreds of callers, which is what lets a process admit 100
+// concurrent callers in well under a millisecond.
+type arrivals struct {
+	q       *queue.Queue
+	max     int           // most callers in one script call
+	timeout time.Duration // bound on one batched call
+	ctx     context.Context
+	wg      sync.WaitGroup // the flusher goroutine
+
+	mu      sync.Mutex
+	busy    bool // an enqueue is in flight (inline or the flusher's)
+	pending []*arrival
+}
+
+type arrival struct {
+	id    string
+	done  chan struct{} // closed when reply/err are set
+	reply queue.EnqueueReply
+	err   error
+	sent  bool // taken into a batch (under mu)
+	gone  bool // its caller left before the reply (under mu)
+}
+
+// enqueue makes caller id arrive, alone or in a batch.
+func (a *arrivals) enqueue(ctx context.Context, id string) (queue.EnqueueReply, error) {
+	a.mu.Lock()
+	if !a.busy {
+		a.busy = true
+		a.mu.Unlock()
+		r, err := a.q.Enqueue(ctx, id)
+		a.mu.Lock()
+		a.handOff()
+		a.mu.Unlock()
+		return r, err
+	}
+	ar := &arrival{id: id, done: make(chan struct{})}
+	a.pending = append(a.pending, ar)
+	a.mu.Unlock()
+	select {
+	case <-ar.done:
+		return ar.reply, ar.err
+	case <-ctx.Done():
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	select {
+	case <-ar.done:
+		return ar.reply, ar.err
+	default:
+	}
+	if ar.sent {
+		ar.gone = true // the flusher takes it out of the queue again
+	} else {
+		a.pending = slices.DeleteFunc(a.pending, func(x *arrival) bool { return x == ar })
+	}
+	return queue.EnqueueReply{}, ctx.Err()
+}
+
+// handOff, under mu, passes the callers who gathered during an enqueue to
+// the flusher, or marks the way free.
+func (a *arrivals) handOff() {
+	if len(a.pending) == 0 {
+		a.busy = false
+		return
+	}
+	a.wg.Add(1)
+	go a.flush()
+}
+
+// flush sends the gathered callers in batches until none is left. It is
+// owned by the Bucket: Close cancels a.ctx and waits for it.
+func (a *arrivals) flush() {
+	defer a.wg.Done()
+	for {
+		a.mu.Lock()
+		n := min(len(a.pending), a.max)
+		if n == 0 {
+			a.busy = false
+			a.mu.Unlock()
+			return
+		}
+		batch := slices.Clone(a.pending[:n])
+		a.pending = slices.Clone(a.pending[n:])
+		ids := make([]string, n)
+		for i, ar := range batch {
+			ar.sent = true
+			ids[i] = ar.id
+		}
+		a.mu.Unlock()
+
+		ctx, cancel := context.WithTimeout(a.ctx, a.timeout)
+		replies, err := a.q.EnqueueBatch(ctx, ids)
+		cancel()
+
+		var abandoned []string
+		a.mu.Lock()
+		for i, ar := range batch {
+			if err != nil {
+				ar.err = err
+			} else {
+				ar.reply = replies[i]
+				if ar.gone && replies[i].Kind == queue.Queued {
+					abandoned = append(abandoned, ar.id)
+				}
+			}
+			close(ar.done)
+		}
+		a.mu.Unlock()
+		for _, id := range abandoned {
+			ctx, cancel := context.WithTimeout(a.ctx, a.timeout)
+			_, _ = a.q.Cancel(ctx, id)
+			cancel()
+		}
+	}
+}
