@@ -24,7 +24,6 @@ func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	return func(ctx context.Context, cmds []redis.Cmder) error { r.n.Add(1); return next(ctx, cmds) }
 }
 
-
 func benchBucket(b *testing.B, cfg bucket.Config) (*bucket.Bucket, *redis.Client, *roundTrips) {
 	srv, err := redistest.Start()
 	if err != nil {
