@@ -109,29 +109,36 @@ func (q *Queue) EnqueueBatch(ctx context.Context, ids []string) ([]EnqueueReply,
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	v, err := ints(enqueueScript.Run(ctx, q.rdb, q.keys.list(), args...).Result())
-	if err != nil {
-		return nil, err
-	}
-	if len(v) != 6*len(ids) {
-		return nil, fmt.Errorf("%w: enqueue of %d callers gave %d values", ErrReply, len(ids), len(v))
-	}
-	out := make([]EnqueueReply, len(ids))
-	for i := range out {
-		e := v[6*i : 6*i+6]
-		if e[0] < 0 || e[0] > int64(WaitTooLong) {
-			return nil, fmt.Errorf("%w: enqueue %v", ErrReply, e)
+	return parseEnqueue(enqueueScript.Run(ctx, q.rdb, q.keys.list(), args...).Result())(len(ids))
+}
+
+// parseEnqueue checks an enqueue reply for n callers.
+func parseEnqueue(reply any, err error) func(n int) ([]EnqueueReply, error) {
+	return func(n int) ([]EnqueueReply, error) {
+		v, err := ints(reply, err)
+		if err != nil {
+			return nil, err
 		}
-		out[i] = EnqueueReply{
-			Kind:             EnqueueKind(e[0]),
-			Delay:            time.Duration(e[1]) * time.Microsecond,
-			Position:         int(e[2]),
-			SchedulerRunning: e[3] == 1,
-			Ticket:           e[4],
-			Slot:             e[5],
+		if len(v) != 6*n {
+			return nil, fmt.Errorf("%w: enqueue of %d callers gave %d values", ErrReply, n, len(v))
 		}
+		out := make([]EnqueueReply, n)
+		for i := range out {
+			e := v[6*i : 6*i+6]
+			if e[0] < 0 || e[0] > int64(WaitTooLong) {
+				return nil, fmt.Errorf("%w: enqueue %v", ErrReply, e)
+			}
+			out[i] = EnqueueReply{
+				Kind:             EnqueueKind(e[0]),
+				Delay:            time.Duration(e[1]) * time.Microsecond,
+				Position:         int(e[2]),
+				SchedulerRunning: e[3] == 1,
+				Ticket:           e[4],
+				Slot:             e[5],
+			}
+		}
+		return out, nil
 	}
-	return out, nil
 }
 
 // StepStatus is what a scheduler step decided.
@@ -154,7 +161,12 @@ type StepReply struct {
 // Step runs one scheduler step as the holder of the lock token.
 func (q *Queue) Step(ctx context.Context, token string) (StepReply, error) {
 	args := append([]any{token, q.opt.LockTTL.Milliseconds(), us(q.opt.Lookahead), q.opt.MaxBatch, us(q.opt.Grace)}, q.policyArgs...)
-	v, err := ints(stepScript.Run(ctx, q.rdb, q.keys.list(), args...).Result())
+	return parseStep(stepScript.Run(ctx, q.rdb, q.keys.list(), args...).Result())
+}
+
+// parseStep checks a step reply.
+func parseStep(reply any, err error) (StepReply, error) {
+	v, err := ints(reply, err)
 	if err != nil {
 		return StepReply{}, err
 	}
@@ -195,7 +207,12 @@ func (q *Queue) Poll(ctx context.Context, id string) (PollReply, error) {
 		tol = 1 << 52 // never stale
 	}
 	args := append([]any{id, tol}, q.policyArgs...)
-	v, err := ints(pollScript.Run(ctx, q.rdb, q.keys.list(), args...).Result())
+	return parsePoll(pollScript.Run(ctx, q.rdb, q.keys.list(), args...).Result())
+}
+
+// parsePoll checks a poll reply.
+func parsePoll(reply any, err error) (PollReply, error) {
+	v, err := ints(reply, err)
 	if err != nil {
 		return PollReply{}, err
 	}
@@ -226,12 +243,17 @@ const (
 
 // Cancel takes caller id out of the bucket.
 func (q *Queue) Cancel(ctx context.Context, id string) (CancelResult, error) {
-	v, err := cancelScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.Slots}, id).Int64()
+	return parseCancel(cancelScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.Slots}, id).Result())
+}
+
+// parseCancel checks a cancel reply.
+func parseCancel(reply any, err error) (CancelResult, error) {
 	if err != nil {
 		return 0, err
 	}
-	if v < 0 || v > 2 {
-		return 0, fmt.Errorf("%w: cancel %d", ErrReply, v)
+	v, ok := reply.(int64)
+	if !ok || v < 0 || v > 2 {
+		return 0, fmt.Errorf("%w: cancel %v", ErrReply, reply)
 	}
 	return CancelResult(v), nil
 }
