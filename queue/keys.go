@@ -6,7 +6,7 @@ import "strings"
 // on Redis Cluster they live in one slot and the scripts may touch them all.
 type Keys struct {
 	Queue string // list of waiting caller IDs
-	State string // hash: level and anchor of each policy, ticket counter
+	State string // string "seq l1 a1 ...": ticket counter, then level and anchor of each policy
 	Slots string // sorted set: caller ID -> slot (µs, Redis time)
 	Lock  string // the scheduler's lock
 }

@@ -173,7 +173,7 @@ func TestStaleSchedulerIsFenced(t *testing.T) {
 	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: time.Millisecond}, queue.Options{Lookahead: time.Second})
 	enqueueN(t, rdb, q, 10)
 	takeLock(t, rdb, q, "new-holder")
-	before, _ := rdb.HGetAll(ctx, q.Keys().State).Result()
+	before, _ := rdb.Get(ctx, q.Keys().State).Result()
 	r, err := q.Step(ctx, "old-holder")
 	if err != nil {
 		t.Fatal(err)
@@ -181,7 +181,7 @@ func TestStaleSchedulerIsFenced(t *testing.T) {
 	if r.Status != queue.Fenced {
 		t.Fatalf("step with a stale token: %+v, want fenced", r)
 	}
-	after, _ := rdb.HGetAll(ctx, q.Keys().State).Result()
+	after, _ := rdb.Get(ctx, q.Keys().State).Result()
 	if n, _ := rdb.LLen(ctx, q.Keys().Queue).Result(); n != 10 {
 		t.Fatalf("queue has %d, want 10 untouched", n)
 	}
@@ -265,7 +265,7 @@ func TestEnqueueRefusalsConsumeNothing(t *testing.T) {
 			t.Fatalf("%s: %+v, want queued", id, r)
 		}
 	}
-	state, _ := rdb.HGetAll(ctx, q.Keys().State).Result()
+	state, _ := rdb.Get(ctx, q.Keys().State).Result()
 	r, err := q.Enqueue(ctx, "d") // would wait ~3 s > MaxWait
 	if err != nil || r.Kind != queue.WaitTooLong || r.Delay <= 2500*time.Millisecond {
 		t.Fatalf("d: %+v %v, want wait too long with its estimate", r, err)
@@ -277,7 +277,7 @@ func TestEnqueueRefusalsConsumeNothing(t *testing.T) {
 	if n, _ := rdb.LLen(ctx, q.Keys().Queue).Result(); n != 2 {
 		t.Fatalf("queue length %d after refusals, want 2", n)
 	}
-	after, _ := rdb.HGetAll(ctx, q.Keys().State).Result()
+	after, _ := rdb.Get(ctx, q.Keys().State).Result()
 	if fmt.Sprint(state) != fmt.Sprint(after) {
 		t.Fatalf("a refusal changed the state: %v -> %v", state, after)
 	}

@@ -3,7 +3,7 @@
 -- the order given, each exactly as if it had come alone.
 --
 -- KEYS[1] queue  list of waiting caller IDs, head = next to be scheduled
--- KEYS[2] state  hash: l<i>/a<i> level and anchor of policy i; seq ticket counter
+-- KEYS[2] state  string "seq l1 a1 l2 a2 ...": ticket counter, level and anchor of each policy
 -- KEYS[3] slots  zset: caller ID -> assigned slot (µs, Redis time)
 -- KEYS[4] lock   the scheduler lock (bsm/redislock key); only its existence is read
 -- ARGV[1] lookahead µs: a slot this close may be given without queueing

@@ -72,25 +72,27 @@ local function slot_for(level, anchor, now, k, amount, freq)
   return anchor + math.ceil((k - level) / amount) * freq
 end
 
--- load reads and refills every policy's state. Fields l<i>, a<i> hold policy
--- i's level and anchor; seq is the ticket counter. It also reports whether
--- the state key was missing.
+-- The state key is one string of integers separated by spaces: the ticket
+-- counter, then level and anchor of each policy ("seq l1 a1 l2 a2 ..."). A
+-- string costs one GET and one SET ... PX, where a hash would need HMGET,
+-- HSET and PEXPIRE: this is on every caller's path.
+
+-- load reads and refills every policy's state, and returns it with the
+-- ticket counter and whether the state key was missing.
 local function load(state_key, ps, now)
-  local fields = {'seq'}
-  for i = 1, #ps do
-    fields[#fields + 1] = 'l' .. i
-    fields[#fields + 1] = 'a' .. i
+  local raw = redis.call('GET', state_key)
+  local vals = {}
+  if raw then
+    for v in string.gmatch(raw, '%S+') do
+      vals[#vals + 1] = tonumber(v)
+    end
   end
-  local vals = redis.call('HMGET', state_key, unpack(fields))
   local st = {}
-  local fresh = true
   for i, p in ipairs(ps) do
-    local l, a = tonumber(vals[2 * i]), tonumber(vals[2 * i + 1])
-    if l ~= nil then fresh = false end
-    local level, anchor = refill(l, a, now, p.cap, p.amount, p.freq)
+    local level, anchor = refill(vals[2 * i], vals[2 * i + 1], now, p.cap, p.amount, p.freq)
     st[i] = {level = level, anchor = anchor}
   end
-  return st, tonumber(vals[1]) or 0, fresh
+  return st, vals[1] or 0, not raw
 end
 
 -- slot_all is the slot of the k-th token across every policy.
@@ -125,20 +127,13 @@ local function full_in(st, ps, now)
   return d
 end
 
--- save writes every policy's state (and the ticket counter, if given) and
--- sets the key's TTL to outlive the time to full by grace.
+-- save writes the ticket counter and every policy's state, with a TTL that
+-- outlives the time to full by grace.
 local function save(state_key, st, ps, now, grace, seq)
-  local args = {}
+  local parts = {int(seq)}
   for i = 1, #st do
-    args[#args + 1] = 'l' .. i
-    args[#args + 1] = int(st[i].level)
-    args[#args + 1] = 'a' .. i
-    args[#args + 1] = int(st[i].anchor)
+    parts[#parts + 1] = int(st[i].level)
+    parts[#parts + 1] = int(st[i].anchor)
   end
-  if seq then
-    args[#args + 1] = 'seq'
-    args[#args + 1] = int(seq)
-  end
-  redis.call('HSET', state_key, unpack(args))
-  redis.call('PEXPIRE', state_key, ceil_ms(full_in(st, ps, now) + grace))
+  redis.call('SET', state_key, table.concat(parts, ' '), 'PX', ceil_ms(full_in(st, ps, now) + grace))
 end

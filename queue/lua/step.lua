@@ -29,7 +29,7 @@ local ps = read_policies(ARGV, 6)
 -- Slots never collected (their caller died) go once they are stale.
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. int(now - grace))
 
-local st = load(KEYS[2], ps, now)
+local st, seq = load(KEYS[2], ps, now)
 local scheduled = 0
 local last = now
 while scheduled < batch do
@@ -43,7 +43,7 @@ while scheduled < batch do
   last = slot
 end
 if scheduled > 0 then
-  save(KEYS[2], st, ps, now, grace)
+  save(KEYS[2], st, ps, now, grace, seq)
   local pttl = redis.call('PTTL', KEYS[3])
   local want = tonumber(ceil_ms(last - now + grace))
   if pttl < want then
@@ -59,9 +59,6 @@ end
 redis.call('PEXPIRE', KEYS[4], lock_ttl)
 local tail = slot_all(st, ps, now, qlen)
 redis.call('PEXPIRE', KEYS[1], ceil_ms(tail - now + grace))
-if redis.call('PTTL', KEYS[2]) < 0 then
-  save(KEYS[2], st, ps, now, grace)
-end
 local next = slot_all(st, ps, now, 1) - lookahead - now
 if next < 0 or scheduled >= batch then next = 0 end
 return {1, next, qlen, scheduled}
