@@ -374,11 +374,18 @@ func (b *Bucket) awaitSlot(ctx context.Context, id string, est time.Duration, re
 		if pr.LockTTL < 0 {
 			b.sched.Ensure()
 		}
-		wait = max(pr.Delay-b.lead, backoff)
-		if pr.LockTTL > 0 {
-			wait = min(wait, pr.LockTTL+time.Millisecond)
+		// Far from its slot (callers ahead cancelled, or the caller woke
+		// early): trust the new estimate. At or past it: the scheduler is
+		// late or dead; back off, but never beyond the moment its lock
+		// expires, when this caller may take over.
+		wait = pr.Delay - b.lead
+		if wait < backoff {
+			wait = backoff
+			if pr.LockTTL > 0 {
+				wait = min(wait, pr.LockTTL+time.Millisecond)
+			}
+			backoff = min(2*backoff, b.cfg.LockTTL/4)
 		}
-		backoff = min(2*backoff, b.cfg.LockTTL/4)
 	}
 }
 

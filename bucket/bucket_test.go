@@ -478,3 +478,21 @@ func TestClockSkew(t *testing.T) {
 		}
 	}
 }
+
+// TestLongWaitPollsOnce: a caller whose slot is far off sleeps until it,
+// however short the scheduler's lock TTL: one poll, not one per TTL.
+func TestLongWaitPollsOnce(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	b := newBucket(t, rdb, bucket.Config{Capacity: 1, RefillAmount: 1, RefillFrequency: 1500 * time.Millisecond, LockTTL: 100 * time.Millisecond})
+	if err := b.Enter(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := b.EnterReport(withTimeout(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Polls != 1 {
+		t.Fatalf("%d polls over a %v wait with a %v lock TTL, want 1", rep.Polls, rep.Wait, 100*time.Millisecond)
+	}
+}
