@@ -6,14 +6,18 @@ package loadgen
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -60,6 +64,13 @@ type Spec struct {
 	Timeout time.Duration `json:"timeout"` // per Enter; 0: none
 	// Stagger spreads the callers' first arrival over this long.
 	Stagger time.Duration `json:"stagger"`
+	// URL, when set, is a redis:// or rediss:// URL the worker connects
+	// to instead of Addr (for a server that needs TLS or a password).
+	URL string `json:"url,omitempty"`
+	// StartAt, when set, is the instant (unix ns) a worker's callers
+	// begin, so that several workers start together; Until counts from
+	// it. Run itself ignores it.
+	StartAt int64 `json:"start_at,omitempty"`
 }
 
 // Run runs spec's callers through b and sends every grant to out. It
@@ -135,8 +146,18 @@ func worker(raw string) error {
 	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
 		return err
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: spec.Addr, ContextTimeoutEnabled: true, PoolSize: spec.Callers + 10, MaxRetries: -1})
+	opt := &redis.Options{Addr: spec.Addr}
+	if spec.URL != "" {
+		var err error
+		if opt, err = redis.ParseURL(spec.URL); err != nil {
+			return err
+		}
+	}
+	opt.ContextTimeoutEnabled, opt.PoolSize, opt.MaxRetries = true, spec.Callers+10, -1
+	rdb := redis.NewClient(opt)
 	defer rdb.Close()
+	var counter RoundTripCounter
+	rdb.AddHook(&counter)
 	b, err := bucket.New(rdb, spec.Bucket)
 	if err != nil {
 		return err
@@ -152,6 +173,14 @@ func worker(raw string) error {
 	var mu sync.Mutex
 	fmt.Fprintln(w, `{"ready":true}`)
 	w.Flush()
+	if spec.StartAt > 0 {
+		t := time.NewTimer(time.Until(time.Unix(0, spec.StartAt)))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
 	Run(ctx, b, spec, func(g Grant) {
 		line, _ := json.Marshal(g)
 		mu.Lock()
@@ -159,7 +188,90 @@ func worker(raw string) error {
 		w.Flush()
 		mu.Unlock()
 	})
-	return nil
+	// Close first, so that the lock's release is counted too.
+	b.Close()
+	st := b.SchedulerStats()
+	line, err := json.Marshal(statsLine{Stats: WorkerStats{
+		RoundTrips:      counter.RoundTrips(),
+		SetupRoundTrips: counter.Setup(),
+		SchedulerSteps:  st.Steps,
+		SchedulerFenced: st.Fenced,
+		SchedulerErrors: st.Errors,
+	}})
+	if err != nil {
+		return err
+	}
+	w.Write(append(line, '\n'))
+	return w.Flush()
+}
+
+// WorkerStats are a worker's totals, reported once as it exits.
+type WorkerStats struct {
+	// RoundTrips counts every command and pipeline the worker's client
+	// sent to Redis: callers' scripts, the scheduler's steps, its lock
+	// requests and the script loads at start. SetupRoundTrips counts the
+	// connection handshakes (see RoundTripCounter).
+	RoundTrips      int64 `json:"rt"`
+	SetupRoundTrips int64 `json:"setup_rt"`
+	SchedulerSteps  int64 `json:"steps"`
+	SchedulerFenced int64 `json:"fenced"`
+	SchedulerErrors int64 `json:"sched_errs"`
+}
+
+// statsLine is the worker's last line; the key "stats" tells it apart
+// from a grant.
+type statsLine struct {
+	Stats WorkerStats `json:"stats"`
+}
+
+const statsPrefix = `{"stats":`
+
+// RoundTripCounter is a go-redis hook (add it with AddHook) that counts
+// round trips: each command and each pipeline or transaction counts one,
+// whatever it carries (a script's EVALSHA and its EVAL fallback are two).
+// The handshake go-redis makes on each new connection (HELLO, CLIENT,
+// AUTH, SELECT) is counted apart, as Setup: it is paid per connection,
+// not per call. The zero value is ready; it is safe for concurrent use.
+type RoundTripCounter struct{ n, setup atomic.Int64 }
+
+// RoundTrips is the count so far, connection handshakes left out.
+func (c *RoundTripCounter) RoundTrips() int64 { return c.n.Load() }
+
+// Setup is the round trips of connection handshakes so far.
+func (c *RoundTripCounter) Setup() int64 { return c.setup.Load() }
+
+// DialHook lets dials through uncounted.
+func (c *RoundTripCounter) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return next(ctx, network, addr)
+	}
+}
+
+// ProcessHook counts one command.
+func (c *RoundTripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+// ProcessPipelineHook counts one pipeline.
+func (c *RoundTripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 {
+			c.count(cmds[0])
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (c *RoundTripCounter) count(cmd redis.Cmder) {
+	switch strings.ToLower(cmd.Name()) {
+	case "hello", "client", "auth", "select":
+		c.setup.Add(1)
+	default:
+		c.n.Add(1)
+	}
 }
 
 // Proc is a running worker process.
@@ -170,9 +282,11 @@ type Proc struct {
 	ready chan struct{}
 	err   error
 
-	mu     sync.Mutex
-	grants []Grant
-	n      int
+	mu       sync.Mutex
+	grants   []Grant
+	n        int
+	stats    WorkerStats
+	hasStats bool
 }
 
 // Start starts a worker process running spec: the current binary re-executed
@@ -217,6 +331,17 @@ func (p *Proc) read(r io.Reader) {
 			readyOnce()
 			continue
 		}
+		if bytes.HasPrefix(line, []byte(statsPrefix)) {
+			var st statsLine
+			if err := json.Unmarshal(line, &st); err != nil {
+				p.err = fmt.Errorf("worker output %q: %w", line, err)
+				continue
+			}
+			p.mu.Lock()
+			p.stats, p.hasStats = st.Stats, true
+			p.mu.Unlock()
+			continue
+		}
 		var g Grant
 		if err := json.Unmarshal(line, &g); err != nil {
 			p.err = fmt.Errorf("worker output %q: %w", line, err)
@@ -255,4 +380,13 @@ func (p *Proc) Wait() ([]Grant, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.grants, p.err
+}
+
+// Stats waits for the worker to exit and returns its totals; ok is false
+// when the worker died before reporting them.
+func (p *Proc) Stats() (st WorkerStats, ok bool) {
+	<-p.done
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stats, p.hasStats
 }

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	loadgen.MaybeWorker() // the saturate scenario re-executes this test binary
+	goleak.VerifyTestMain(m)
+}
+
+func TestParseRefusesBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--scenario", "nope"},
+		{"--callers", "0"},
+		{"--procs", "5", "--callers", "4"},
+		{"--duration", "0s"},
+		{"--capacity", "0"},
+		{"--refill-amount", "51"},
+		{"--refill-frequency", "1500ns"},
+		{"--json", "--gobench"},
+		{"extra"},
+	} {
+		var stderr bytes.Buffer
+		if err := run(context.Background(), args, &bytes.Buffer{}, &stderr); err == nil {
+			t.Errorf("run(%q) succeeded, want an error", args)
+		}
+	}
+}
+
+// TestSaturateJSON runs a short saturated run in two worker processes and
+// checks the figures that must hold on any machine.
+func TestSaturateJSON(t *testing.T) {
+	srv := redistest.New(t)
+	var stdout, stderr bytes.Buffer
+	args := []string{"--redis", srv.URL(), "--scenario", "saturate", "--duration", "1s",
+		"--callers", "40", "--procs", "2", "--capacity", "10", "--refill-frequency", "5ms", "--json"}
+	if err := run(context.Background(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	var rep Report
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
+	}
+	s := rep.Saturate
+	if s == nil || rep.Overhead != nil {
+		t.Fatalf("want only the saturate scenario: %s", stdout.String())
+	}
+	// 10 at once, then 200/s for about a second.
+	if s.Grants < 100 || s.Errors != 0 {
+		t.Errorf("%d grants, %d errors (%s); want > 100 and none", s.Grants, s.Errors, s.Err)
+	}
+	if s.ExcessSlots.All > 0 || s.OvertakenSlot != 0 || s.Early != 0 {
+		t.Errorf("slots: excess %d, overtaken %d, early %d; want ≤ 0, 0, 0", s.ExcessSlots.All, s.OvertakenSlot, s.Early)
+	}
+	if s.RoundTrips <= s.Steps || s.Steps == 0 || s.CallerRoundTrips < int64(s.Grants) {
+		t.Errorf("round trips: %d counted by hooks, %d by callers, %d steps", s.RoundTrips, s.CallerRoundTrips, s.Steps)
+	}
+}
+
+// TestAllTable runs both scenarios in one process and checks that the
+// table and the benchstat lines carry every section.
+func TestAllTable(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the overhead scenario takes a few seconds")
+	}
+	srv := redistest.New(t)
+	for _, tc := range []struct {
+		flag string
+		want []string
+	}{
+		{"", []string{"OVERHEAD", "SATURATE", "PING round trip", "utilization", "grants overtaken, by slot"}},
+		{"--gobench", []string{"BenchmarkOverhead/enter ", "BenchmarkSaturate ", " utilization ", " round-trips/op"}},
+	} {
+		args := []string{"--redis", srv.URL(), "--duration", "500ms", "--callers", "20", "--procs", "1"}
+		if tc.flag != "" {
+			args = append(args, tc.flag)
+		}
+		var stdout, stderr bytes.Buffer
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		err := run(ctx, args, &stdout, &stderr)
+		cancel()
+		if err != nil {
+			t.Fatalf("run %q: %v\n%s", tc.flag, err, stderr.String())
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(stdout.String(), w) {
+				t.Errorf("output of %q lacks %q:\n%s", tc.flag, w, stdout.String())
+			}
+		}
+	}
+}
