@@ -1,0 +1,792 @@
+package bucket_test
+
+// Fault suite (issue 4): Redis killed and restarted empty, Redis frozen,
+// Redis slow, the network cut between one process and Redis, a waiter
+// process SIGKILLed, a storm of 1000 cancellations. Each test checks the
+// guarantee over every grant (checkGrants), that every Enter returned
+// within its deadline (granted or with an error), and a recovery bound.
+// The figures they log are the ones quoted in docs/guarantees.md.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/faultproxy"
+	"github.com/sluicehq/sluice/internal/guarantee"
+	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// deadlineSlack is how far past its ctx deadline an Enter may return: a
+// scheduling delay on a loaded 2-core machine under -race, not a hang.
+const deadlineSlack = 200 * time.Millisecond
+
+// load is callers goroutines that Enter one bucket in a loop, each Enter
+// on its own deadline, recording every outcome. After an error a caller
+// backs off 5 ms, as a real client would, rather than spinning while
+// Redis is down.
+type load struct {
+	timeout time.Duration
+	stop    context.CancelFunc
+	wg      sync.WaitGroup
+	ok      atomic.Int64
+	failed  atomic.Int64
+
+	mu     sync.Mutex
+	grants []loadgen.Grant
+}
+
+func startLoad(t *testing.T, b *bucket.Bucket, proc, callers int, timeout time.Duration) *load {
+	t.Helper()
+	ctx, stop := context.WithCancel(context.Background())
+	l := &load{timeout: timeout, stop: stop}
+	for c := range callers {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for ctx.Err() == nil {
+				ectx, cancel := context.WithTimeout(ctx, timeout)
+				start := time.Now()
+				rep, err := b.EnterReport(ectx)
+				end := time.Now()
+				cancel()
+				if err != nil && ctx.Err() != nil {
+					return // stopped: not an outcome of the fault
+				}
+				g := loadgen.Grant{Proc: proc, Caller: c, Ticket: rep.Ticket, Start: start.UnixNano(), End: end.UnixNano(),
+					Position: rep.Position, Polls: rep.Polls, RoundTrips: rep.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries}
+				if !rep.Slot.IsZero() {
+					g.Slot = rep.Slot.UnixMicro()
+				}
+				if err != nil {
+					g.Err = err.Error()
+					l.failed.Add(1)
+				} else {
+					l.ok.Add(1)
+				}
+				l.mu.Lock()
+				l.grants = append(l.grants, g)
+				l.mu.Unlock()
+				if err != nil {
+					t := time.NewTimer(5 * time.Millisecond)
+					select {
+					case <-t.C:
+					case <-ctx.Done():
+					}
+					t.Stop()
+				}
+			}
+		}()
+	}
+	t.Cleanup(func() { l.finish() })
+	return l
+}
+
+// finish stops the callers and returns every record.
+func (l *load) finish() []loadgen.Grant {
+	l.stop()
+	l.wg.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.grants)
+}
+
+// since counts the records that ended after t, granted and failed.
+func (l *load) since(t time.Time) (ok, failed int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, g := range l.grants {
+		if g.Time().After(t) {
+			if g.OK() {
+				ok++
+			} else {
+				failed++
+			}
+		}
+	}
+	return ok, failed
+}
+
+func granted(gs []loadgen.Grant) []loadgen.Grant {
+	return slices.DeleteFunc(slices.Clone(gs), func(g loadgen.Grant) bool { return !g.OK() })
+}
+
+// knownCancelDelay is how much later than deadlineSlack an Enter may
+// return today, for a bucket with lock TTL lockTTL: the known bug that
+// TestEnterHonoursDeadlineWhileRedisHangs describes (a cancel blocking for
+// up to LockTTL on an unresponsive Redis). Return 0 once it is fixed.
+func knownCancelDelay(lockTTL time.Duration) time.Duration { return lockTTL }
+
+// checkDeadlines fails t if an Enter returned later than its deadline plus
+// deadlineSlack plus extra, and returns the worst overrun (negative: all
+// returned early).
+func checkDeadlines(t *testing.T, gs []loadgen.Grant, timeout, extra time.Duration) time.Duration {
+	t.Helper()
+	worst := time.Duration(-1 << 62)
+	for _, g := range gs {
+		worst = max(worst, g.Wait()-timeout)
+	}
+	if worst > deadlineSlack+extra {
+		t.Errorf("an Enter returned %v past its deadline (%v), want ≤ %v", worst, timeout, deadlineSlack+extra)
+	}
+	return worst
+}
+
+// firstGrantAfter is the first grant that ended after t, or the zero time.
+func firstGrantAfter(gs []loadgen.Grant, t time.Time) time.Time {
+	var first time.Time
+	for _, g := range gs {
+		if g.OK() && g.Time().After(t) && (first.IsZero() || g.Time().Before(first)) {
+			first = g.Time()
+		}
+	}
+	return first
+}
+
+// maxGap is the longest time without a grant between from and to.
+func maxGap(gs []loadgen.Grant, from, to time.Time) time.Duration {
+	ts := []time.Time{from, to}
+	for _, g := range gs {
+		if g.OK() && g.Time().After(from) && g.Time().Before(to) {
+			ts = append(ts, g.Time())
+		}
+	}
+	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
+	var gap time.Duration
+	for i := 1; i < len(ts); i++ {
+		gap = max(gap, ts[i].Sub(ts[i-1]))
+	}
+	return gap
+}
+
+func faultConfig(name string) bucket.Config {
+	return bucket.Config{Name: name, Capacity: 5, RefillAmount: 1, RefillFrequency: 5 * time.Millisecond,
+		LockTTL: 300 * time.Millisecond, MaxLateness: bucket.DefaultMaxLateness}
+}
+
+// TestRedisKilledAndRestarted: redis-server is SIGKILLed under load and,
+// after a while, started again empty on the same port. While it is down
+// every Enter returns an error within its deadline; grants resume within
+// 2 s of the restart; the guarantee holds over every grant. The outage
+// lasts longer than the bucket takes to fill (Capacity × RefillFrequency
+// = 25 ms), so the empty, full bucket after the restart is owed nothing:
+// see TestRedisRestartedEmptyExtraBurst for a short outage.
+func TestRedisKilledAndRestarted(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	cfg := faultConfig(t.Name())
+	b := newBucket(t, rdb, cfg)
+	const timeout = 500 * time.Millisecond
+	l := startLoad(t, b, 0, 20, timeout)
+	waitFor(t, 10*time.Second, "grants before the fault", func() bool { return l.ok.Load() >= 50 })
+
+	killedAt := time.Now()
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "Enters to fail while Redis is down", func() bool {
+		_, failed := l.since(killedAt)
+		return failed >= 20
+	})
+	time.Sleep(200 * time.Millisecond) // keep it down: the outage itself
+	downUntil := time.Now()
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	restartedAt := time.Now()
+	waitFor(t, 10*time.Second, "grants after the restart", func() bool {
+		ok, _ := l.since(restartedAt)
+		return ok >= 100
+	})
+	all := l.finish()
+
+	checkGrants(t, granted(all), cfg)
+	worst := checkDeadlines(t, all, timeout, knownCancelDelay(cfg.LockTTL))
+	// A caller whose slot was assigned before the kill may still start
+	// on it (no Redis needed); nobody else may be granted while it is down.
+	quiet := killedAt.Add(b.Config().Lookahead + cfg.MaxLateness + 50*time.Millisecond)
+	failedDown := 0
+	for _, g := range all {
+		if g.OK() && g.Time().After(quiet) && g.Time().Before(downUntil) {
+			t.Errorf("granted at +%v while Redis was down", g.Time().Sub(killedAt))
+		}
+		if !g.OK() && g.Time().After(killedAt) && g.Time().Before(restartedAt) {
+			failedDown++
+		}
+	}
+	first := firstGrantAfter(all, restartedAt)
+	recovery := first.Sub(restartedAt)
+	if first.IsZero() || recovery > 2*time.Second {
+		t.Errorf("first grant %v after the restart, want ≤ 2s", recovery)
+	}
+	t.Logf("outage %v: %d Enters failed while down, worst return %v past the deadline; first grant %v after the restart; %d grants, %d errors in all",
+		restartedAt.Sub(killedAt).Round(time.Millisecond), failedDown, worst.Round(time.Millisecond), recovery.Round(time.Microsecond), len(granted(all)), len(all)-len(granted(all)))
+}
+
+// TestRedisRestartedEmptyExtraBurst measures the limit docs/guarantees.md
+// states: Redis restarted without persistence loses the bucket's level,
+// and the bucket starts full again, so a restart shorter than the time to
+// fill may admit up to one extra burst of Capacity, never more.
+func TestRedisRestartedEmptyExtraBurst(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	cfg := bucket.Config{Name: t.Name(), Capacity: 20, RefillAmount: 1, RefillFrequency: 50 * time.Millisecond,
+		LockTTL: 300 * time.Millisecond}
+	b := newBucket(t, rdb, cfg)
+	l := startLoad(t, b, 0, 30, time.Second)
+	waitFor(t, 10*time.Second, "the first burst to be spent", func() bool { return l.ok.Load() >= int64(cfg.Capacity)+3 })
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	restartedAt := time.Now()
+	waitFor(t, 10*time.Second, "the second burst", func() bool {
+		ok, _ := l.since(restartedAt)
+		return ok >= cfg.Capacity+3
+	})
+	all := l.finish()
+	var slots []time.Time
+	for _, g := range granted(all) {
+		slots = append(slots, g.SlotTime())
+	}
+	res := guarantee.Check(slots, limitOf(cfg))
+	t.Logf("restart empty after a spent burst: %v", res)
+	if res.Excess > cfg.Capacity {
+		t.Errorf("excess %d after an empty restart, want ≤ Capacity (%d)", res.Excess, cfg.Capacity)
+	}
+	if res.Excess <= 0 {
+		t.Logf("no excess: the restart came after the bucket had refilled")
+	}
+	checkDeadlines(t, all, time.Second, knownCancelDelay(cfg.LockTTL))
+}
+
+// TestRedisFrozen: redis-server is frozen (SIGSTOP) for a second under
+// load. Every Enter still returns by its deadline (the client has
+// ContextTimeoutEnabled), with an error matching context.DeadlineExceeded;
+// grants resume within 2 s of the thaw; the guarantee holds.
+func TestRedisFrozen(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	cfg := faultConfig(t.Name())
+	b := newBucket(t, rdb, cfg)
+	const timeout = 200 * time.Millisecond
+	l := startLoad(t, b, 0, 20, timeout)
+	waitFor(t, 10*time.Second, "grants before the fault", func() bool { return l.ok.Load() >= 50 })
+
+	frozenAt := time.Now()
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "Enters to time out while Redis is frozen", func() bool {
+		_, failed := l.since(frozenAt)
+		return failed >= 40
+	})
+	time.Sleep(time.Second - time.Since(frozenAt)) // the freeze itself
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	thawedAt := time.Now()
+	waitFor(t, 10*time.Second, "grants after the thaw", func() bool {
+		ok, _ := l.since(thawedAt)
+		return ok >= 100
+	})
+	all := l.finish()
+
+	checkGrants(t, granted(all), cfg)
+	worst := checkDeadlines(t, all, timeout, knownCancelDelay(cfg.LockTTL))
+	notDeadline := 0
+	var frozenWorst time.Duration
+	for _, g := range all {
+		if !g.OK() && g.Time().After(frozenAt) && g.Time().Before(thawedAt) {
+			frozenWorst = max(frozenWorst, g.Wait()-timeout)
+			if !strings.Contains(g.Err, context.DeadlineExceeded.Error()) {
+				notDeadline++
+				if notDeadline == 1 {
+					t.Errorf("Enter failed during the freeze with %q, want context.DeadlineExceeded", g.Err)
+				}
+			}
+		}
+	}
+	first := firstGrantAfter(all, thawedAt)
+	recovery := first.Sub(thawedAt)
+	if first.IsZero() || recovery > 2*time.Second {
+		t.Errorf("first grant %v after the thaw, want ≤ 2s", recovery)
+	}
+	t.Logf("frozen %v: Enters returned at most %v past their %v deadline during the freeze (%v over the run); first grant %v after the thaw; %d grants, %d errors",
+		thawedAt.Sub(frozenAt).Round(time.Millisecond), frozenWorst.Round(time.Microsecond), timeout, worst.Round(time.Microsecond),
+		recovery.Round(time.Microsecond), len(granted(all)), len(all)-len(granted(all)))
+}
+
+// TestRedisSlow: every round trip to Redis is slowed by a proxy, with a
+// delay drawn per connection. The guarantee holds at every latency (start
+// times judged with windows widened by the reply's one-way trip, as
+// docs/design.md states); utilization falls gradually, and every figure
+// is logged for docs/guarantees.md.
+func TestRedisSlow(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	for _, c := range []struct {
+		lo, hi  time.Duration // one way: a round trip costs twice
+		minUtil float64
+	}{
+		{0, 0, 0.8},
+		{2500 * time.Microsecond, 2500 * time.Microsecond, 0.6},
+		{2500 * time.Microsecond, 25 * time.Millisecond, 0.3},
+	} {
+		t.Run(fmt.Sprintf("rtt=%v-%v", 2*c.lo, 2*c.hi), func(t *testing.T) {
+			px, err := faultproxy.New(srv.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer px.Close()
+			px.SetDelay(c.lo, c.hi)
+			rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: 40})
+			defer rdb.Close()
+			cfg := bucket.Config{Name: t.Name(), Capacity: 5, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond,
+				LockTTL: 300 * time.Millisecond, MaxLateness: bucket.DefaultMaxLateness}
+			b := newBucket(t, rdb, cfg)
+			const timeout, run = 5 * time.Second, 1500 * time.Millisecond
+			l := startLoad(t, b, 0, 30, timeout)
+			begin := time.Now()
+			waitFor(t, 10*time.Second, "the run", func() bool { return time.Since(begin) >= run })
+			all := l.finish()
+			// Judge the start times with the reply's trip added to the
+			// lateness bound: a reply that took hi to come back is hi late.
+			judged := cfg
+			judged.MaxLateness += c.hi
+			checkGrants(t, all, judged)
+			checkDeadlines(t, all, timeout, knownCancelDelay(cfg.LockTTL))
+
+			// Utilization over the steady part: from the end of the first
+			// burst to the last grant, against the refill rate.
+			ok := granted(all)
+			slices.SortFunc(ok, func(a, b loadgen.Grant) int { return a.Time().Compare(b.Time()) })
+			if len(ok) < cfg.Capacity+10 {
+				t.Fatalf("only %d grants", len(ok))
+			}
+			steady := ok[cfg.Capacity:]
+			span := steady[len(steady)-1].Time().Sub(steady[0].Time())
+			util := float64(len(steady)-1) / (float64(span) / float64(cfg.RefillFrequency))
+			var re, polls, queued int
+			var waits []time.Duration
+			for _, g := range ok {
+				re += g.Reentries
+				if g.Position > 0 {
+					queued++
+					polls += g.Polls
+				}
+				waits = append(waits, g.Wait())
+			}
+			slices.Sort(waits)
+			t.Logf("round trip +%v–%v: %d grants, utilization %.2f of the refill rate, %d re-entries (stale slots), %.2f polls per queued caller, wait p50 %v p99 %v",
+				2*c.lo, 2*c.hi, len(ok), util, re, float64(polls)/float64(max(queued, 1)),
+				waits[len(waits)/2].Round(time.Millisecond), waits[len(waits)*99/100].Round(time.Millisecond))
+			if util < c.minUtil {
+				t.Errorf("utilization %.2f, want ≥ %.2f", util, c.minUtil)
+			}
+		})
+	}
+}
+
+// TestNetworkCutOneProcess: two handles on one bucket, as two processes
+// would be: A reaches Redis through a proxy and holds the scheduler lock,
+// B connects directly. The network between A and Redis is cut while A's
+// callers wait in the queue. A's callers get errors within their
+// deadlines; B keeps being granted (it takes the scheduler over within
+// about the lock TTL); after the network is restored A is granted again
+// within 2 s; the guarantee holds over every grant of both.
+func TestNetworkCutOneProcess(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	px, err := faultproxy.New(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	viaProxy := redis.NewClient(&redis.Options{Addr: px.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	defer viaProxy.Close()
+	direct := srv.Client()
+	defer direct.Close()
+	cfg := faultConfig(t.Name())
+	a, bb := newBucket(t, viaProxy, cfg), newBucket(t, direct, cfg)
+	const timeout = time.Second
+	la := startLoad(t, a, 0, 20, timeout)
+	waitFor(t, 10*time.Second, "A to run the scheduler", func() bool { return a.SchedulerStats().Steps > 0 && la.ok.Load() > 20 })
+	lb := startLoad(t, bb, 1, 20, timeout)
+	waitFor(t, 10*time.Second, "B's first grants", func() bool { return lb.ok.Load() >= 20 })
+	qlen, _ := direct.LLen(context.Background(), keysFor(cfg).Queue).Result()
+	if qlen < 10 {
+		t.Fatalf("only %d callers queued: the cut would not be mid-wait", qlen)
+	}
+
+	cutAt := time.Now()
+	px.Cut()
+	waitFor(t, 5*time.Second, "A's callers to fail", func() bool {
+		_, failed := la.since(cutAt)
+		return failed >= 20
+	})
+	waitFor(t, 5*time.Second, "B to go on", func() bool {
+		ok, _ := lb.since(cutAt)
+		return ok >= 100
+	})
+	restoredAt := time.Now()
+	px.Restore()
+	waitFor(t, 10*time.Second, "A's grants after the restore", func() bool {
+		ok, _ := la.since(restoredAt)
+		return ok >= 20
+	})
+	ga, gb := la.finish(), lb.finish()
+
+	all := append(granted(ga), granted(gb)...)
+	checkGrants(t, all, cfg)
+	checkDeadlines(t, append(slices.Clone(ga), gb...), timeout, knownCancelDelay(cfg.LockTTL))
+	for _, g := range gb {
+		if !g.OK() {
+			t.Errorf("B, connected directly, failed: %s", g.Err)
+			break
+		}
+	}
+	quiet := cutAt.Add(a.Config().Lookahead + cfg.MaxLateness + 50*time.Millisecond)
+	aFailed, aFirstErr := 0, time.Duration(0)
+	for _, g := range ga {
+		if g.OK() && g.Time().After(quiet) && g.Time().Before(restoredAt) {
+			t.Errorf("A granted at +%v while cut off", g.Time().Sub(cutAt))
+		}
+		if !g.OK() && g.Time().After(cutAt) && g.Time().Before(restoredAt) {
+			if aFailed == 0 || g.Time().Sub(cutAt) < aFirstErr {
+				aFirstErr = g.Time().Sub(cutAt)
+			}
+			aFailed++
+		}
+	}
+	stall := maxGap(gb, cutAt, restoredAt)
+	if limit := cfg.LockTTL + 500*time.Millisecond; stall > limit {
+		t.Errorf("B stalled %v after the cut, want ≤ lock TTL + one poll (%v)", stall, limit)
+	}
+	first := firstGrantAfter(ga, restoredAt)
+	recovery := first.Sub(restoredAt)
+	if first.IsZero() || recovery > 2*time.Second {
+		t.Errorf("A's first grant %v after the restore, want ≤ 2s", recovery)
+	}
+	t.Logf("cut %v with %d queued: A had %d errors (first %v after the cut), B's longest stall %v (lock TTL %v), A granted again %v after the restore",
+		restoredAt.Sub(cutAt).Round(time.Millisecond), qlen, aFailed, aFirstErr.Round(time.Microsecond), stall.Round(time.Millisecond), cfg.LockTTL, recovery.Round(time.Millisecond))
+}
+
+// TestWaiterProcessKilled: a worker process whose callers wait in the
+// queue is SIGKILLed while another process runs the scheduler. The dead
+// callers' IDs get slots nobody collects: at most one token per dead
+// caller is wasted, the other process goes on, and every key of the
+// bucket has a TTL and is gone once it has passed.
+func TestWaiterProcessKilled(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	cfg, _ := bucketConfig(t.Name(), 5, 1, 5*time.Millisecond)
+	keys := keysFor(cfg)
+	const deadCallers = 30
+	b := startWorker(t, loadgen.Spec{Proc: 0, Addr: srv.Addr(), Bucket: cfg, Callers: 20, Until: 3 * time.Second})
+	var token string
+	waitFor(t, 10*time.Second, "B to hold the scheduler lock", func() bool {
+		token, _ = rdb.Get(context.Background(), keys.Lock).Result()
+		return token != "" && b.Count() > cfg.Capacity
+	})
+	a := startWorker(t, loadgen.Spec{Proc: 1, Addr: srv.Addr(), Bucket: cfg, Callers: deadCallers, Until: 3 * time.Second})
+	waitFor(t, 10*time.Second, "A's callers to queue", func() bool {
+		n, _ := rdb.LLen(context.Background(), keys.Queue).Result()
+		return a.Count() >= 5 && n >= deadCallers
+	})
+	killedAt := time.Now()
+	if err := syscall.Kill(a.Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	aGrants, _ := a.Wait() // killed: its exit error is expected
+	bGrants := wait(t, b)
+	endedAt := time.Now()
+	if v, _ := rdb.Get(context.Background(), keys.Lock).Result(); v != "" && v != token {
+		t.Logf("the lock moved during the test (%q): B may not have kept it", v)
+	}
+	checkGrants(t, append(slices.Clone(aGrants), bGrants...), cfg)
+
+	// The uncollected slots are the dead callers' wasted tokens.
+	wasted, err := rdb.ZCard(context.Background(), keys.Slots).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wasted > deadCallers {
+		t.Errorf("%d uncollected slots, want ≤ %d (one per dead caller)", wasted, deadCallers)
+	}
+	// B's rate after the kill: all the tokens but the wasted ones.
+	lastB := time.Time{}
+	bAfter := 0
+	for _, g := range bGrants {
+		if g.OK() && g.Time().After(killedAt) {
+			bAfter++
+			if g.Time().After(lastB) {
+				lastB = g.Time()
+			}
+		}
+	}
+	refills := int(lastB.Sub(killedAt) / cfg.RefillFrequency)
+	if lost := refills - bAfter; lost > deadCallers+5 {
+		t.Errorf("B got %d grants in %d refills after the kill: %d tokens lost, want ≤ %d (the dead callers') + 5",
+			bAfter, refills, lost, deadCallers)
+	}
+	stall := maxGap(bGrants, killedAt, lastB)
+	t.Logf("waiter process killed with its callers queued: %d slots wasted (≤ %d dead callers), B got %d of %d refills after, longest stall %v",
+		wasted, deadCallers, bAfter, refills, stall.Round(time.Millisecond))
+
+	// Every key has a TTL, and is gone once the TTL has passed.
+	var longest time.Duration
+	for _, k := range []string{keys.Queue, keys.State, keys.Slots, keys.Lock} {
+		ttl, err := rdb.PTTL(context.Background(), k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl == -1 {
+			t.Errorf("key %q has no TTL", k)
+		}
+		longest = max(longest, ttl)
+	}
+	if g := 10 * time.Second; longest > g+cfg.LockTTL+time.Second {
+		t.Errorf("a key lives %v more, want ≤ grace (%v) plus the last slot", longest, g)
+	}
+	waitFor(t, longest+2*time.Second, "the keys to expire", func() bool {
+		n, _ := rdb.Exists(context.Background(), keys.Queue, keys.State, keys.Slots, keys.Lock).Result()
+		return n == 0
+	})
+	t.Logf("all keys gone %v after the run (longest TTL %v)", time.Since(endedAt).Round(time.Millisecond), longest.Round(time.Millisecond))
+}
+
+// cancelStorm queues 1000 callers with 50 others spread among them, on a
+// bucket of one token per 4 ms whose token is spent, then cancels the
+// 1000 at once. It checks that every caller returned in time (cancelled
+// ones at once, with context.Canceled) and the guarantee over every grant,
+// and returns the stayers' records, the instant of the cancel, and how
+// long the scheduler took to give a slot to every stayer (the queue to
+// empty).
+func cancelStorm(t *testing.T) (cfg bucket.Config, stayers []loadgen.Grant, cancelAt time.Time, drained time.Duration) {
+	t.Helper()
+	rdb := redistest.New(t).Client()
+	t.Cleanup(func() { rdb.Close() })
+	cfg = bucket.Config{Name: t.Name(), Capacity: 1, RefillAmount: 1, RefillFrequency: 4 * time.Millisecond,
+		LockTTL: 500 * time.Millisecond, MaxLateness: bucket.DefaultMaxLateness}
+	b := newBucket(t, rdb, cfg)
+	keys := b.Keys()
+	if err := b.Enter(context.Background()); err != nil { // spend the one token
+		t.Fatal(err)
+	}
+	const storm, stay = 1000, 50
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stayCtx := withTimeout(t, 30*time.Second)
+	type result struct {
+		stay bool
+		g    loadgen.Grant
+	}
+	results := make(chan result, storm+stay)
+	var wg sync.WaitGroup
+	enter := func(c context.Context, isStay bool, i int) {
+		defer wg.Done()
+		start := time.Now()
+		rep, err := b.EnterReport(c)
+		g := loadgen.Grant{Caller: i, Start: start.UnixNano(), End: time.Now().UnixNano(), Position: rep.Position,
+			Polls: rep.Polls, Reentries: rep.Reentries}
+		if !rep.Slot.IsZero() {
+			g.Slot = rep.Slot.UnixMicro()
+		}
+		if err != nil {
+			g.Err = err.Error()
+		}
+		results <- result{isStay, g}
+	}
+	for i := range storm + stay {
+		wg.Add(1)
+		if i%((storm+stay)/stay) == 0 {
+			go enter(stayCtx, true, i)
+		} else {
+			go enter(ctx, false, i)
+		}
+	}
+	waitFor(t, 20*time.Second, "everyone to queue", func() bool {
+		n, _ := rdb.LLen(context.Background(), keys.Queue).Result()
+		return n >= storm+stay-20 // the head may already hold slots
+	})
+	cancelAt = time.Now()
+	cancel()
+	waitFor(t, 10*time.Second, "the scheduler to empty the queue", func() bool {
+		n, _ := rdb.LLen(context.Background(), keys.Queue).Result()
+		return n == 0
+	})
+	drained = time.Since(cancelAt)
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(25 * time.Second):
+		t.Fatal("callers still in Enter 25 s after the storm")
+	}
+	close(results)
+	var all []loadgen.Grant
+	cancelled := 0
+	for r := range results {
+		if r.stay {
+			stayers = append(stayers, r.g)
+			if !r.g.OK() {
+				t.Errorf("a caller that stayed failed: %s", r.g.Err)
+			}
+		} else if !r.g.OK() {
+			if !strings.Contains(r.g.Err, context.Canceled.Error()) {
+				t.Errorf("a cancelled caller failed with %q, want context.Canceled", r.g.Err)
+			}
+			cancelled++
+			if late := r.g.Time().Sub(cancelAt); late > deadlineSlack {
+				t.Errorf("a cancelled caller returned %v after the cancel", late)
+			}
+		}
+		if r.g.OK() {
+			all = append(all, r.g)
+		}
+	}
+	checkGrants(t, all, cfg)
+	if cancelled < storm-stay {
+		t.Errorf("only %d of %d cancelled", cancelled, storm)
+	}
+	t.Logf("%d cancelled at once, %d granted", cancelled, len(all))
+	return cfg, stayers, cancelAt, drained
+}
+
+// stayersAfter is how many stayers were still queued at the storm: those
+// whose first slot could only come after it.
+func stayersAfter(stayers []loadgen.Grant, at time.Time) int {
+	n := 0
+	for _, g := range stayers {
+		if g.Time().After(at) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestCancelStorm1000: 1000 queued callers cancel at once while 50 others,
+// queued among them, stay. The cancelled callers spend no token: the
+// scheduler hands the stayers their slots at the full refill rate, so the
+// queue is empty after about one refill per stayer (had the 1000 spent
+// tokens, it would take 4 s more). Every caller returns in time and the
+// guarantee holds. (TestCancelQueuedCallers covers 200 callers and the
+// next one's place.)
+func TestCancelStorm1000(t *testing.T) {
+	cfg, stayers, cancelAt, drained := cancelStorm(t)
+	n := stayersAfter(stayers, cancelAt)
+	if n < 25 {
+		t.Fatalf("only %d stayers waited past the storm: it came too late to test anything", n)
+	}
+	// One refill per stayer, plus the slots already handed out within the
+	// lookahead when the storm came, plus the test's polling.
+	want := time.Duration(n+5)*cfg.RefillFrequency + 200*time.Millisecond
+	if drained > want {
+		t.Errorf("the queue of %d stayers took %v to be scheduled after the storm, want ≤ %v (full rate)", n, drained, want)
+	}
+	t.Logf("queue of %d stayers scheduled %v after the storm: %.0f/s of %.0f/s", n, drained.Round(time.Millisecond),
+		float64(n)/drained.Seconds(), float64(time.Second)/float64(cfg.RefillFrequency))
+}
+
+// TestCancelStormStayersGrantedAtFullRate: after the storm, the stayers
+// themselves must be granted at the full rate, not only given slots.
+//
+// BUG (reported; the fix is in bucket/, the lead's): a queued caller sleeps
+// until the estimate of its slot computed at enqueue (less Lookahead/4)
+// and polls once. When callers ahead of it cancel, the scheduler gives it
+// its slot much earlier, but nothing wakes it: by the time it polls, the
+// slot is more than MaxLateness old, the poll reports it stale, its token
+// is lost, and it re-enters at the back. Measured: 48 of 48 stayers
+// re-entered, the 48 were granted over 10.4 s (5/s on a 100/s bucket),
+// and each spent two tokens. Any cancellation ahead of a sleeper beyond
+// MaxLateness does this, not only storms. Possible fixes: the caller
+// polls again when its estimate falls (e.g. capped sleeps, a poll at
+// min(estimate, a bound), or a pub/sub wake-up as semaphore/ does), or
+// poll.lua hands out a slot that is stale only because it was assigned
+// early (assigned-at later than the caller's estimate).
+func TestCancelStormStayersGrantedAtFullRate(t *testing.T) {
+	t.Skip("BUG: stayers sleep on their pre-storm estimate, miss the earlier slots the scheduler gives them (stale), re-enter: 5/s instead of 100/s (see comment)")
+	cfg, stayers, cancelAt, _ := cancelStorm(t)
+	var after []time.Time
+	re := 0
+	for _, g := range stayers {
+		re += g.Reentries
+		if g.Time().After(cancelAt) {
+			after = append(after, g.Time())
+		}
+	}
+	slices.SortFunc(after, func(a, b time.Time) int { return a.Compare(b) })
+	if len(after) < 25 {
+		t.Fatalf("only %d stayers waited past the storm", len(after))
+	}
+	took := after[len(after)-1].Sub(cancelAt)
+	want := time.Duration(len(after)+5)*cfg.RefillFrequency + 200*time.Millisecond
+	t.Logf("%d stayers granted %v after the storm (%.0f/s), %d re-entries", len(after), took.Round(time.Millisecond),
+		float64(len(after))/took.Seconds(), re)
+	if took > want {
+		t.Errorf("the %d stayers took %v to be granted after the storm, want ≤ %v (full rate)", len(after), took, want)
+	}
+	if re > 0 {
+		t.Errorf("stayers re-entered %d times: their slots went stale", re)
+	}
+}
+
+// TestEnterHonoursDeadlineWhileRedisHangs: with Redis frozen, an Enter on
+// a 100 ms deadline must return within about 100 ms, whatever LockTTL is.
+//
+// BUG (reported, not fixed here: bucket.go is the lead's): when the
+// caller's ctx ends during a Redis call or while queued, Enter calls
+// b.cancel(id) synchronously, and cancel runs on a detached context of
+// LockTTL. With Redis frozen (or a blackholed network), that call blocks
+// for the full LockTTL, so Enter returns LockTTL past the caller's
+// deadline (measured: 2.005 s past a 100 ms deadline with LockTTL 2 s;
+// 301 ms with LockTTL 300 ms in TestRedisFrozen). The cancel should run
+// in the background (owned by the Bucket, awaited by Close) or on a
+// bound that does not outlive the caller's deadline.
+func TestEnterHonoursDeadlineWhileRedisHangs(t *testing.T) {
+	t.Skip("BUG: Enter returns up to LockTTL past its deadline when Redis hangs: bucket.cancel runs synchronously on a detached LockTTL context (see comment)")
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	cfg := bucket.Config{Name: t.Name(), Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second, LockTTL: 2 * time.Second}
+	b := newBucket(t, rdb, cfg)
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Resume()
+	const timeout = 100 * time.Millisecond
+	for _, what := range []string{"first Enter", "second Enter"} {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		start := time.Now()
+		err := b.Enter(ctx)
+		took := time.Since(start)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%s: %v, want context.DeadlineExceeded", what, err)
+		}
+		t.Logf("%s returned after %v on a %v deadline (LockTTL %v)", what, took.Round(time.Millisecond), timeout, cfg.LockTTL)
+		if took > timeout+deadlineSlack {
+			t.Errorf("%s returned %v past its deadline", what, (took - timeout).Round(time.Millisecond))
+		}
+	}
+}
