@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/queue"
@@ -21,6 +22,7 @@ type arrivals struct {
 	max     int           // most callers in one script call
 	timeout time.Duration // bound on one batched call
 	ctx     context.Context
+	now     func() time.Time
 	wg      sync.WaitGroup // the flusher goroutine
 
 	mu      sync.Mutex
@@ -31,45 +33,48 @@ type arrivals struct {
 type arrival struct {
 	id    string
 	done  chan struct{} // closed when reply/err are set
+	sent  time.Time     // when its batch left for Redis
 	reply queue.EnqueueReply
 	err   error
-	sent  bool // taken into a batch (under mu)
+	taken bool // taken into a batch (under mu)
 	gone  bool // its caller left before the reply (under mu)
 }
 
-// enqueue makes caller id arrive, alone or in a batch.
-func (a *arrivals) enqueue(ctx context.Context, id string) (queue.EnqueueReply, error) {
+// enqueue makes caller id arrive, alone or in a batch. It also returns when
+// the call carrying it left for Redis.
+func (a *arrivals) enqueue(ctx context.Context, id string) (queue.EnqueueReply, time.Time, error) {
 	a.mu.Lock()
 	if !a.busy {
 		a.busy = true
 		a.mu.Unlock()
+		sent := a.now()
 		r, err := a.q.Enqueue(ctx, id)
 		a.mu.Lock()
 		a.handOff()
 		a.mu.Unlock()
-		return r, err
+		return r, sent, err
 	}
 	ar := &arrival{id: id, done: make(chan struct{})}
 	a.pending = append(a.pending, ar)
 	a.mu.Unlock()
 	select {
 	case <-ar.done:
-		return ar.reply, ar.err
+		return ar.reply, ar.sent, ar.err
 	case <-ctx.Done():
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	select {
 	case <-ar.done:
-		return ar.reply, ar.err
+		return ar.reply, ar.sent, ar.err
 	default:
 	}
-	if ar.sent {
+	if ar.taken {
 		ar.gone = true // the flusher takes it out of the queue again
 	} else {
 		a.pending = slices.DeleteFunc(a.pending, func(x *arrival) bool { return x == ar })
 	}
-	return queue.EnqueueReply{}, ctx.Err()
+	return queue.EnqueueReply{}, time.Time{}, ctx.Err()
 }
 
 // handOff, under mu, passes the callers who gathered during an enqueue to
@@ -99,11 +104,12 @@ func (a *arrivals) flush() {
 		a.pending = slices.Clone(a.pending[n:])
 		ids := make([]string, n)
 		for i, ar := range batch {
-			ar.sent = true
+			ar.taken = true
 			ids[i] = ar.id
 		}
 		a.mu.Unlock()
 
+		sent := a.now()
 		ctx, cancel := context.WithTimeout(a.ctx, a.timeout)
 		replies, err := a.q.EnqueueBatch(ctx, ids)
 		cancel()
@@ -111,6 +117,7 @@ func (a *arrivals) flush() {
 		var abandoned []string
 		a.mu.Lock()
 		for i, ar := range batch {
+			ar.sent = sent
 			if err != nil {
 				ar.err = err
 			} else {
@@ -129,3 +136,23 @@ func (a *arrivals) flush() {
 		}
 	}
 }
+
+// roundTrip tracks the shortest recent round trip to Redis: what a reply
+// costs when nothing is wrong. It follows a slower network up slowly
+// (1/64 of the difference per call) and a faster one down at once.
+type roundTrip struct{ ns atomic.Int64 }
+
+func (r *roundTrip) observe(d time.Duration) {
+	for {
+		cur := r.ns.Load()
+		next := int64(d)
+		if cur > 0 && int64(d) > cur {
+			next = cur + (int64(d)-cur)/64
+		}
+		if r.ns.CompareAndSwap(cur, next) {
+			return
+		}
+	}
+}
+
+func (r *roundTrip) min() time.Duration { return time.Duration(r.ns.Load()) }

@@ -104,6 +104,7 @@ type Bucket struct {
 	// now is the local clock, used only to measure durations: nothing read
 	// from it is ever compared with Redis time. Tests skew it.
 	now func() time.Time
+	rtt roundTrip
 }
 
 // New validates cfg, checks that Redis answers (loading the scripts), and
@@ -136,7 +137,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 		return nil, fmt.Errorf("bucket: redis unreachable: %w", err)
 	}
 	life, stop := context.WithCancel(context.Background())
-	return &Bucket{
+	b := &Bucket{
 		cfg:   cfg,
 		q:     q,
 		arr:   &arrivals{q: q, max: 512, timeout: connectTimeout, ctx: life},
@@ -145,7 +146,9 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 		lead:  cfg.Lookahead / 4,
 		done:  make(chan struct{}),
 		now:   time.Now,
-	}, nil
+	}
+	b.arr.now = func() time.Time { return b.now() }
+	return b, nil
 }
 
 // grace is how long keys outlive what they describe, and how long an
@@ -284,7 +287,7 @@ type Report struct {
 	Wait       time.Duration // from the call to the return of Enter
 	Polls      int           // polls for a slot (1 in the normal queued case)
 	RoundTrips int           // Redis round trips made by this caller
-	Late       time.Duration // return of Enter minus the slot, on the local clock
+	Late       time.Duration // how late after its slot Enter returned, at most (local clock, less the usual round trip)
 	Reentries  int           // times the caller entered again (stale or lost slot)
 	// Slot is the instant the caller's token was due, on the Redis clock.
 	// It is for analysis only (comparing with the local clock assumes
@@ -318,7 +321,9 @@ func (b *Bucket) EnterReport(ctx context.Context) (Report, error) {
 // caller must arrive anew (its slot went stale or was lost).
 func (b *Bucket) enterOnce(ctx context.Context, rep *Report) (again bool, err error) {
 	id := uuid.NewString()
-	er, err := b.arr.enqueue(ctx, id)
+	er, sent, err := b.arr.enqueue(ctx, id)
+	received := b.now()
+	b.rtt.observe(received.Sub(sent))
 	rep.RoundTrips++
 	if err != nil {
 		if ctx.Err() != nil {
@@ -328,12 +333,9 @@ func (b *Bucket) enterOnce(ctx context.Context, rep *Report) (again bool, err er
 	}
 	rep.Ticket, rep.Position = er.Ticket, er.Position
 	switch er.Kind {
-	case queue.Granted:
+	case queue.Granted, queue.Assigned:
 		rep.Slot = time.UnixMicro(er.Slot)
-		return false, nil
-	case queue.Assigned:
-		rep.Slot = time.UnixMicro(er.Slot)
-		return b.sleepToSlot(ctx, b.now(), er.Delay, rep)
+		return b.sleepToSlot(ctx, sent, received, er.Delay, rep)
 	case queue.QueueFull:
 		return false, fmt.Errorf("%w (%d waiting)", ErrQueueFull, er.Position)
 	case queue.WaitTooLong:
@@ -356,7 +358,10 @@ func (b *Bucket) awaitSlot(ctx context.Context, id string, est time.Duration, re
 			b.cancel(id)
 			return false, err
 		}
+		sent := b.now()
 		pr, err := b.q.Poll(ctx, id)
+		received := b.now()
+		b.rtt.observe(received.Sub(sent))
 		rep.Polls++
 		rep.RoundTrips++
 		if err != nil {
@@ -366,7 +371,7 @@ func (b *Bucket) awaitSlot(ctx context.Context, id string, est time.Duration, re
 		switch pr.Kind {
 		case queue.Slot:
 			rep.Slot = time.UnixMicro(pr.Slot)
-			return b.sleepToSlot(ctx, b.now(), pr.Delay, rep)
+			return b.sleepToSlot(ctx, sent, received, pr.Delay, rep)
 		case queue.Stale, queue.Lost:
 			return true, nil
 		}
@@ -389,15 +394,17 @@ func (b *Bucket) awaitSlot(ctx context.Context, id string, est time.Duration, re
 	}
 }
 
-// sleepToSlot sleeps until a slot delay after the reply arrived at from,
-// then checks that the caller is not so late that its start would bunch
-// with later ones.
-func (b *Bucket) sleepToSlot(ctx context.Context, from time.Time, delay time.Duration, rep *Report) (bool, error) {
-	at := from.Add(delay)
-	if err := b.sleep(ctx, at.Sub(b.now())); err != nil {
+// sleepToSlot sleeps until the slot, then checks that the caller is not so
+// late that its start would bunch with later ones. The reply said "delay
+// from Redis's now", and Redis's now lies between sent and received: the
+// caller sleeps until received+delay, never before the slot, and judges its
+// lateness from sent+delay, less the round trip the network always takes,
+// so that a reply that sat unread (a starved or frozen process) counts too.
+func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, delay time.Duration, rep *Report) (bool, error) {
+	if err := b.sleep(ctx, received.Add(delay).Sub(b.now())); err != nil {
 		return false, err // the slot's token is spent; nobody else gets it
 	}
-	rep.Late = b.now().Sub(at)
+	rep.Late = max(0, b.now().Sub(sent.Add(delay))-b.rtt.min())
 	if b.cfg.MaxLateness >= 0 && rep.Late > b.cfg.MaxLateness {
 		return true, nil
 	}
