@@ -123,15 +123,15 @@ func (a *arrivals) flush() {
 			} else {
 				ar.reply = replies[i]
 				if ar.gone && replies[i].Kind == queue.Queued {
-					abandoned = append(abandoned, ar.id)
+					abandoned = append(abandoned, replies[i].Entry)
 				}
 			}
 			close(ar.done)
 		}
 		a.mu.Unlock()
-		for _, id := range abandoned {
+		for _, entry := range abandoned {
 			ctx, cancel := context.WithTimeout(a.ctx, a.timeout)
-			_, _ = a.q.Cancel(ctx, id)
+			_, _ = a.q.Cancel(ctx, entry)
 			cancel()
 		}
 	}

@@ -103,8 +103,9 @@ type Bucket struct {
 	once  sync.Once
 	// now is the local clock, used only to measure durations: nothing read
 	// from it is ever compared with Redis time. Tests skew it.
-	now func() time.Time
-	rtt roundTrip
+	now  func() time.Time
+	rtt  roundTrip
+	wake wakeups
 }
 
 // New validates cfg, checks that Redis answers (loading the scripts), and
@@ -128,6 +129,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 		LockTTL:   cfg.LockTTL,
 		Grace:     grace(cfg),
 		Tolerance: cfg.MaxLateness,
+		Lead:      cfg.Lookahead / 4,
 		MaxQueue:  cfg.MaxQueue,
 		MaxWait:   cfg.MaxWait,
 	})
@@ -148,6 +150,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 		now:   time.Now,
 	}
 	b.arr.now = func() time.Time { return b.now() }
+	b.wake = wakeups{rdb: rdb, channel: q.Keys().Wake}
 	return b, nil
 }
 
@@ -255,6 +258,7 @@ func (b *Bucket) Close() error {
 	b.once.Do(func() { close(b.done) })
 	b.stop()
 	b.arr.wg.Wait()
+	b.wake.close()
 	return b.sched.Close()
 }
 
@@ -344,28 +348,30 @@ func (b *Bucket) enterOnce(ctx context.Context, rep *Report) (again bool, err er
 	if !er.SchedulerRunning {
 		b.sched.Ensure()
 	}
-	return b.awaitSlot(ctx, id, er.Delay, rep)
+	return b.awaitSlot(ctx, er.Entry, er.Delay, rep)
 }
 
 // awaitSlot sleeps until shortly before the estimated slot, then polls for
 // the slot; a poll that finds none backs off and, when no scheduler holds the
 // lock, starts one here.
-func (b *Bucket) awaitSlot(ctx context.Context, id string, est time.Duration, rep *Report) (bool, error) {
+func (b *Bucket) awaitSlot(ctx context.Context, entry string, est time.Duration, rep *Report) (bool, error) {
+	wake, forget := b.wake.register(entry)
+	defer forget()
 	backoff := time.Millisecond
 	wait := est - b.lead
 	for {
-		if err := b.sleep(ctx, wait); err != nil {
-			b.cancel(id)
+		if err := b.sleep(ctx, wait, wake); err != nil {
+			b.cancel(entry)
 			return false, err
 		}
 		sent := b.now()
-		pr, err := b.q.Poll(ctx, id)
+		pr, err := b.q.Poll(ctx, entry)
 		received := b.now()
 		b.rtt.observe(received.Sub(sent))
 		rep.Polls++
 		rep.RoundTrips++
 		if err != nil {
-			b.cancel(id)
+			b.cancel(entry)
 			return false, b.redisErr(ctx, err)
 		}
 		switch pr.Kind {
@@ -401,7 +407,7 @@ func (b *Bucket) awaitSlot(ctx context.Context, id string, est time.Duration, re
 // lateness from sent+delay, less the round trip the network always takes,
 // so that a reply that sat unread (a starved or frozen process) counts too.
 func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, delay time.Duration, rep *Report) (bool, error) {
-	if err := b.sleep(ctx, received.Add(delay).Sub(b.now())); err != nil {
+	if err := b.sleep(ctx, received.Add(delay).Sub(b.now()), nil); err != nil {
 		return false, err // the slot's token is spent; nobody else gets it
 	}
 	rep.Late = max(0, b.now().Sub(sent.Add(delay))-b.rtt.min())
@@ -411,8 +417,8 @@ func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, dela
 	return false, nil
 }
 
-// sleep waits d, or until ctx ends or the bucket closes.
-func (b *Bucket) sleep(ctx context.Context, d time.Duration) error {
+// sleep waits d, or until wake fires, ctx ends or the bucket closes.
+func (b *Bucket) sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) error {
 	if d <= 0 {
 		return nil
 	}
@@ -421,6 +427,8 @@ func (b *Bucket) sleep(ctx context.Context, d time.Duration) error {
 	select {
 	case <-t.C:
 		return nil
+	case <-wake:
+		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-b.done:
@@ -428,13 +436,14 @@ func (b *Bucket) sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// cancel takes a caller that gives up out of the queue. Its own ctx has
-// ended, so it runs on a short detached one; if Redis cannot be reached the
-// ID stays queued and the scheduler gives it a slot nobody collects.
-func (b *Bucket) cancel(id string) {
+// cancel takes a caller that gives up out of the queue, by its entry or,
+// if it never learned it, by its ID. Its own ctx has ended, so it runs on a
+// short detached one; if Redis cannot be reached the caller stays queued
+// and the scheduler gives it a slot nobody collects.
+func (b *Bucket) cancel(entry string) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.LockTTL)
 	defer cancel()
-	_, _ = b.q.Cancel(ctx, id)
+	_, _ = b.q.Cancel(ctx, entry)
 }
 
 // redisErr prefers the caller's ctx error, so that errors.Is(err,

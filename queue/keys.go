@@ -9,6 +9,7 @@ type Keys struct {
 	State string // string "seq l1 a1 ...": ticket counter, then level and anchor of each policy
 	Slots string // sorted set: caller ID -> slot (µs, Redis time)
 	Lock  string // the scheduler's lock
+	Wake  string // pub/sub channel: callers whose slot came early
 }
 
 // NewKeys returns the keys of the bucket name under prefix:
@@ -22,6 +23,7 @@ func NewKeys(prefix, name string) Keys {
 		State: base + "state",
 		Slots: base + "slots",
 		Lock:  base + "lock",
+		Wake:  base + "wake",
 	}
 }
 

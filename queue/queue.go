@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -23,6 +24,7 @@ type Options struct {
 	LockTTL   time.Duration // the scheduler lock's TTL, renewed by every step
 	Grace     time.Duration // added to every key's TTL; uncollected slots are dropped after it
 	Tolerance time.Duration // a slot older than this when polled is stale; < 0: never
+	Lead      time.Duration // callers poll this long before their estimated slot
 	MaxQueue  int           // refuse new callers when this many wait; 0: unbounded
 	MaxWait   time.Duration // refuse new callers whose estimated wait exceeds it; 0: unbounded
 	MaxBatch  int           // most callers one step schedules; 0: 1000
@@ -88,6 +90,9 @@ type EnqueueReply struct {
 	SchedulerRunning bool          // Queued: the scheduler lock was held
 	Ticket           int64         // arrival order at Redis (granted and queued callers)
 	Slot             int64         // Granted, Assigned: the slot, µs on the Redis clock (for analysis only)
+	// Entry is how a Queued caller is known from now on: pass it to Poll
+	// and Cancel. It is "<id>|<estimated slot>".
+	Entry string
 }
 
 // Enqueue makes caller id arrive at the bucket.
@@ -109,7 +114,17 @@ func (q *Queue) EnqueueBatch(ctx context.Context, ids []string) ([]EnqueueReply,
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	return parseEnqueue(enqueueScript.Run(ctx, q.rdb, q.keys.list(), args...).Result())(len(ids))
+	out, err := parseEnqueue(enqueueScript.Run(ctx, q.rdb, q.keys.list(), args...).Result())(len(ids))
+	if err != nil {
+		return nil, err
+	}
+	for i := range out {
+		if out[i].Kind == Queued {
+			out[i].Entry = ids[i] + "|" + strconv.FormatInt(out[i].Slot, 10)
+			out[i].Slot = 0
+		}
+	}
+	return out, nil
 }
 
 // parseEnqueue checks an enqueue reply for n callers.
@@ -160,7 +175,7 @@ type StepReply struct {
 
 // Step runs one scheduler step as the holder of the lock token.
 func (q *Queue) Step(ctx context.Context, token string) (StepReply, error) {
-	args := append([]any{token, q.opt.LockTTL.Milliseconds(), us(q.opt.Lookahead), q.opt.MaxBatch, us(q.opt.Grace)}, q.policyArgs...)
+	args := append([]any{token, q.opt.LockTTL.Milliseconds(), us(q.opt.Lookahead), q.opt.MaxBatch, us(q.opt.Grace), us(q.opt.Lead), q.keys.Wake}, q.policyArgs...)
 	return parseStep(stepScript.Run(ctx, q.rdb, q.keys.list(), args...).Result())
 }
 
@@ -200,13 +215,14 @@ type PollReply struct {
 	Slot     int64         // Slot: the slot, µs on the Redis clock (for analysis only)
 }
 
-// Poll asks for caller id's slot, consuming it if found.
-func (q *Queue) Poll(ctx context.Context, id string) (PollReply, error) {
+// Poll asks for the slot of the caller queued as entry, consuming it if
+// found.
+func (q *Queue) Poll(ctx context.Context, entry string) (PollReply, error) {
 	tol := us(q.opt.Tolerance)
 	if q.opt.Tolerance < 0 {
 		tol = 1 << 52 // never stale
 	}
-	args := append([]any{id, tol}, q.policyArgs...)
+	args := append([]any{entry, tol}, q.policyArgs...)
 	return parsePoll(pollScript.Run(ctx, q.rdb, q.keys.list(), args...).Result())
 }
 
@@ -241,9 +257,9 @@ const (
 	NotFound CancelResult = 2 // unknown ID
 )
 
-// Cancel takes caller id out of the bucket.
-func (q *Queue) Cancel(ctx context.Context, id string) (CancelResult, error) {
-	return parseCancel(cancelScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.Slots}, id).Result())
+// Cancel takes the caller queued as entry out of the bucket.
+func (q *Queue) Cancel(ctx context.Context, entry string) (CancelResult, error) {
+	return parseCancel(cancelScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.Slots}, entry).Result())
 }
 
 // parseCancel checks a cancel reply.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -62,6 +63,7 @@ func slotsOf(t *testing.T, rdb *redis.Client, q *queue.Queue, ids []string) []in
 
 // enqueueN makes n callers arrive and queue: a placeholder at the head of
 // the list keeps the fast path closed while they arrive, and leaves after.
+// It returns their entries, in arrival order.
 func enqueueN(t *testing.T, rdb *redis.Client, q *queue.Queue, n int) []string {
 	t.Helper()
 	if err := rdb.RPush(ctx, q.Keys().Queue, "placeholder").Err(); err != nil {
@@ -77,6 +79,7 @@ func enqueueN(t *testing.T, rdb *redis.Client, q *queue.Queue, n int) []string {
 		if r.Kind != queue.Queued || r.Position != i+2 {
 			t.Fatalf("caller %d: %+v, want queued at %d", i, r, i+2)
 		}
+		ids[i] = r.Entry
 	}
 	if err := rdb.LRem(ctx, q.Keys().Queue, 1, "placeholder").Err(); err != nil {
 		t.Fatal(err)
@@ -366,4 +369,49 @@ func hashTag(key string) string {
 		}
 	}
 	return key
+}
+
+// TestEarlySlotsArePublished: when callers ahead leave, the slots of those
+// behind come earlier than the estimates they sleep on; the step publishes
+// their entries on the wake channel, and only theirs.
+func TestEarlySlotsArePublished(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: 10 * time.Millisecond},
+		queue.Options{Lookahead: 50 * time.Millisecond, Lead: 5 * time.Millisecond})
+	sub := rdb.Subscribe(ctx, q.Keys().Wake)
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil { // the subscription is live
+		t.Fatal(err)
+	}
+	entries := enqueueN(t, rdb, q, 40) // estimates 10 ms apart, up to 400 ms out
+	for _, e := range entries[:30] {   // the first 30 give up
+		if r, err := q.Cancel(ctx, e); err != nil || r != queue.Removed {
+			t.Fatalf("cancel: %v %v", r, err)
+		}
+	}
+	takeLock(t, rdb, q, "tok")
+	r, err := q.Step(ctx, "tok")
+	if err != nil || r.Scheduled == 0 {
+		t.Fatalf("step: %+v %v", r, err)
+	}
+	msg, err := sub.ReceiveMessage(withDeadline(t, 2*time.Second))
+	if err != nil {
+		t.Fatalf("no wake message: %v", err)
+	}
+	woken := strings.Fields(msg.Payload)
+	if len(woken) != r.Scheduled {
+		t.Fatalf("woke %d entries, scheduled %d, all early: %q", len(woken), r.Scheduled, msg.Payload)
+	}
+	for i, e := range woken {
+		if e != entries[30+i] {
+			t.Fatalf("woke %q, want %q (the survivors, in order)", e, entries[30+i])
+		}
+	}
+}
+
+func withDeadline(t *testing.T, d time.Duration) context.Context {
+	c, cancel := context.WithTimeout(ctx, d)
+	t.Cleanup(cancel)
+	return c
 }

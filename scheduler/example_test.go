@@ -26,8 +26,8 @@ func Example() {
 	q := queue.New(rdb, "sluice", "docs", []queue.Policy{{Capacity: 1, Amount: 1, Every: 50 * time.Millisecond}},
 		queue.Options{Lookahead: 10 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second, Tolerance: time.Second})
 	ctx := context.Background()
-	q.Enqueue(ctx, "first")  // granted
-	q.Enqueue(ctx, "second") // queued: its token is due in 50 ms
+	q.Enqueue(ctx, "first")               // granted
+	second, _ := q.Enqueue(ctx, "second") // queued: its token is due in 50 ms
 
 	s := scheduler.New(rdb, q, time.Second, 10*time.Millisecond)
 	defer s.Close()
@@ -35,7 +35,7 @@ func Example() {
 	for s.Running() {
 		time.Sleep(5 * time.Millisecond)
 	}
-	r, _ := q.Poll(ctx, "second")
+	r, _ := q.Poll(ctx, second.Entry)
 	fmt.Println(r.Kind == queue.Slot)
 	// Output: true
 }

@@ -13,12 +13,16 @@
 -- ARGV[5..] policies: n, then cap, amount, freq µs for each
 -- ARGV[after policies] m, then m caller IDs (fresh per Enter)
 --
+-- A queued caller is stored as the entry "<id>|<estimated slot µs>": the
+-- scheduler compares the slot it assigns with the estimate the caller sleeps
+-- on, and wakes the caller when the slot came earlier (callers ahead left).
 -- Reply: 6 integers per caller, {kind, delay µs, position, scheduler
 -- running 0/1, ticket, slot}:
 --   kind 0 granted now; 1 slot given directly, start after delay;
 --   2 queued, delay = estimate of the slot; 3 queue full; 4 wait too long
 --   (delay = the estimate). Refusals change nothing. slot is the granted
---   slot (µs, Redis time) for kinds 0 and 1, for analysis only.
+--   slot (µs, Redis time) for kinds 0 and 1, for analysis only, and the
+--   estimate in the entry for kind 2.
 local now = now_us()
 local lookahead = tonumber(ARGV[1])
 local max_queue = tonumber(ARGV[2])
@@ -55,9 +59,9 @@ for c = 1, m do
     else
       if running < 0 then running = redis.call('EXISTS', KEYS[4]) end
       qlen = qlen + 1
-      pushed[#pushed + 1] = id
+      pushed[#pushed + 1] = id .. '|' .. int(est)
       seq = seq + 1
-      r = {2, est - now, qlen, running, seq, 0}
+      r = {2, est - now, qlen, running, seq, est}
     end
   end
   for _, v in ipairs(r) do out[#out + 1] = v end

@@ -11,7 +11,11 @@
 -- ARGV[3] lookahead µs
 -- ARGV[4] max callers to schedule in this step
 -- ARGV[5] grace µs added to every key's TTL; slots older than this are dropped
--- ARGV[6..] policies: n, then cap, amount, freq µs for each
+-- ARGV[6] lead µs: callers poll this long before their estimated slot
+-- ARGV[7] wake channel: entries whose slot comes earlier than their
+--         estimate less the lead are published there, space-separated, so
+--         that their process wakes them in time
+-- ARGV[8..] policies: n, then cap, amount, freq µs for each
 --
 -- Reply {status, next µs, queue length, scheduled}:
 --   status -1 fenced (the lock is not ours: stop); 0 queue empty, lock
@@ -24,7 +28,9 @@ local lock_ttl = ARGV[2]
 local lookahead = tonumber(ARGV[3])
 local batch = tonumber(ARGV[4])
 local grace = tonumber(ARGV[5])
-local ps = read_policies(ARGV, 6)
+local lead = tonumber(ARGV[6])
+local channel = ARGV[7]
+local ps = read_policies(ARGV, 8)
 
 -- Slots never collected (their caller died) go once they are stale.
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. int(now - grace))
@@ -32,6 +38,7 @@ redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. int(now - grace))
 local st, seq = load(KEYS[2], ps, now)
 local scheduled = 0
 local last = now
+local early = {}
 while scheduled < batch do
   local slot = slot_all(st, ps, now, 1)
   if slot - now > lookahead then break end
@@ -39,8 +46,15 @@ while scheduled < batch do
   if not id then break end
   take(st)
   redis.call('ZADD', KEYS[3], int(slot), id)
+  local est = tonumber(string.match(id, '|(%d+)$'))
+  if est and slot < est - lead then
+    early[#early + 1] = id
+  end
   scheduled = scheduled + 1
   last = slot
+end
+if #early > 0 then
+  redis.call('PUBLISH', channel, table.concat(early, ' '))
 end
 if scheduled > 0 then
   save(KEYS[2], st, ps, now, grace, seq)
