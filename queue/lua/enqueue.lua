@@ -64,7 +64,11 @@ for c = 1, m do
       r = {2, est - now, qlen, running, seq, est}
     end
   end
-  for _, v in ipairs(r) do out[#out + 1] = v end
+  if m == 1 then
+    out = r
+  else
+    for _, v in ipairs(r) do out[#out + 1] = v end
+  end
 end
 
 if #pushed > 0 then

@@ -81,13 +81,23 @@ end
 -- ticket counter and whether the state key was missing.
 local function load(state_key, ps, now)
   local raw = redis.call('GET', state_key)
+  local st = {}
+  if #ps == 1 then -- the common case, without a loop or a table of values
+    local p = ps[1]
+    local seq, l, a
+    if raw then
+      seq, l, a = string.match(raw, '^(%S+) (%S+) (%S+)')
+    end
+    local level, anchor = refill(tonumber(l), tonumber(a), now, p.cap, p.amount, p.freq)
+    st[1] = {level = level, anchor = anchor}
+    return st, tonumber(seq) or 0, not raw
+  end
   local vals = {}
   if raw then
     for v in string.gmatch(raw, '%S+') do
       vals[#vals + 1] = tonumber(v)
     end
   end
-  local st = {}
   for i, p in ipairs(ps) do
     local level, anchor = refill(vals[2 * i], vals[2 * i + 1], now, p.cap, p.amount, p.freq)
     st[i] = {level = level, anchor = anchor}
@@ -130,10 +140,16 @@ end
 -- save writes the ticket counter and every policy's state, with a TTL that
 -- outlives the time to full by grace.
 local function save(state_key, st, ps, now, grace, seq)
-  local parts = {int(seq)}
-  for i = 1, #st do
-    parts[#parts + 1] = int(st[i].level)
-    parts[#parts + 1] = int(st[i].anchor)
+  local value
+  if #st == 1 then
+    value = string.format('%d %d %d', seq, st[1].level, st[1].anchor)
+  else
+    local parts = {int(seq)}
+    for i = 1, #st do
+      parts[#parts + 1] = int(st[i].level)
+      parts[#parts + 1] = int(st[i].anchor)
+    end
+    value = table.concat(parts, ' ')
   end
-  redis.call('SET', state_key, table.concat(parts, ' '), 'PX', ceil_ms(full_in(st, ps, now) + grace))
+  redis.call('SET', state_key, value, 'PX', ceil_ms(full_in(st, ps, now) + grace))
 end
