@@ -114,46 +114,41 @@ func (q *Queue) EnqueueBatch(ctx context.Context, ids []string) ([]EnqueueReply,
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	out, err := parseEnqueue(enqueueScript.Run(ctx, q.rdb, q.keys.list(), args...).Result())(len(ids))
+	reply, err := enqueueScript.Run(ctx, q.rdb, q.keys.list(), args...).Result()
+	return parseEnqueue(ids, reply, err)
+}
+
+// parseEnqueue checks an enqueue reply for callers ids.
+func parseEnqueue(ids []string, reply any, err error) ([]EnqueueReply, error) {
+	v, err := ints(reply, err)
 	if err != nil {
 		return nil, err
 	}
+	n := len(ids)
+	if len(v) != 3+3*n {
+		return nil, fmt.Errorf("%w: enqueue of %d callers gave %d values", ErrReply, n, len(v))
+	}
+	now, running, ticket := v[0], v[1] == 1, v[2]
+	out := make([]EnqueueReply, n)
 	for i := range out {
-		if out[i].Kind == Queued {
-			out[i].Entry = ids[i] + "|" + strconv.FormatInt(out[i].Slot, 10)
-			out[i].Slot = 0
+		e := v[3+3*i : 6+3*i]
+		kind, delay := EnqueueKind(e[0]), e[1]
+		if kind < Granted || kind > WaitTooLong || e[2] < 0 {
+			return nil, fmt.Errorf("%w: enqueue %v", ErrReply, e)
 		}
+		r := EnqueueReply{Kind: kind, Delay: time.Duration(delay) * time.Microsecond, Position: int(e[2])}
+		switch kind {
+		case Granted, Assigned:
+			r.Ticket, r.Slot = ticket, now+delay
+			ticket++
+		case Queued:
+			r.Ticket, r.SchedulerRunning = ticket, running
+			r.Entry = ids[i] + "|" + strconv.FormatInt(now+delay, 10)
+			ticket++
+		}
+		out[i] = r
 	}
 	return out, nil
-}
-
-// parseEnqueue checks an enqueue reply for n callers.
-func parseEnqueue(reply any, err error) func(n int) ([]EnqueueReply, error) {
-	return func(n int) ([]EnqueueReply, error) {
-		v, err := ints(reply, err)
-		if err != nil {
-			return nil, err
-		}
-		if len(v) != 6*n {
-			return nil, fmt.Errorf("%w: enqueue of %d callers gave %d values", ErrReply, n, len(v))
-		}
-		out := make([]EnqueueReply, n)
-		for i := range out {
-			e := v[6*i : 6*i+6]
-			if e[0] < 0 || e[0] > int64(WaitTooLong) {
-				return nil, fmt.Errorf("%w: enqueue %v", ErrReply, e)
-			}
-			out[i] = EnqueueReply{
-				Kind:             EnqueueKind(e[0]),
-				Delay:            time.Duration(e[1]) * time.Microsecond,
-				Position:         int(e[2]),
-				SchedulerRunning: e[3] == 1,
-				Ticket:           e[4],
-				Slot:             e[5],
-			}
-		}
-		return out, nil
-	}
 }
 
 // StepStatus is what a scheduler step decided.

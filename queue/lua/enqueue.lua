@@ -16,13 +16,14 @@
 -- A queued caller is stored as the entry "<id>|<estimated slot µs>": the
 -- scheduler compares the slot it assigns with the estimate the caller sleeps
 -- on, and wakes the caller when the slot came earlier (callers ahead left).
--- Reply: 6 integers per caller, {kind, delay µs, position, scheduler
--- running 0/1, ticket, slot}:
+-- Reply: {now µs, scheduler running 0/1, first ticket}, then 3 integers
+-- per caller, {kind, delay µs, position}:
 --   kind 0 granted now; 1 slot given directly, start after delay;
 --   2 queued, delay = estimate of the slot; 3 queue full; 4 wait too long
---   (delay = the estimate). Refusals change nothing. slot is the granted
---   slot (µs, Redis time) for kinds 0 and 1, for analysis only, and the
---   estimate in the entry for kind 2.
+--   (delay = the estimate). Refusals change nothing.
+-- Tickets (arrival order at Redis) go to granted and queued callers in
+-- order, from the first ticket up. now + delay is the slot (kinds 0, 1)
+-- or the estimate stored in the caller's entry (kind 2).
 local now = now_us()
 local lookahead = tonumber(ARGV[1])
 local max_queue = tonumber(ARGV[2])
@@ -35,39 +36,40 @@ local st, seq, fresh = load(KEYS[2], ps, now)
 local qlen = redis.call('LLEN', KEYS[1])
 local running = -1 -- read the lock only if someone queues
 local took, pushed = false, {}
-local out = {}
+local first = seq + 1
+local out, n = {now, 0, first}, 3
+-- put appends one caller's reply; writing in place (no table per caller,
+-- no # operator) matters when a batch holds hundreds of callers.
+local function put(kind, delay, position)
+  out[n + 1], out[n + 2], out[n + 3] = kind, delay, position
+  n = n + 3
+end
 for c = 1, m do
   local id = ARGV[i + c]
-  local r
   -- Nobody waits: a token due within the lookahead is this caller's at once.
   local slot = qlen == 0 and slot_all(st, ps, now, 1) or nil
   if slot and slot - now <= lookahead then
     if max_wait > 0 and slot - now > max_wait then
-      r = {4, slot - now, 0, 0, 0, 0}
+      put(4, slot - now, 0)
     else
       take(st)
       took = true
       seq = seq + 1
-      r = {slot == now and 0 or 1, slot - now, 0, 1, seq, slot}
+      put(slot == now and 0 or 1, slot - now, 0)
     end
   elseif max_queue > 0 and qlen >= max_queue then
-    r = {3, 0, qlen, 0, 0, 0}
+    put(3, 0, qlen)
   else
     local est = slot_all(st, ps, now, qlen + 1)
     if max_wait > 0 and est - now > max_wait then
-      r = {4, est - now, qlen + 1, 0, 0, 0}
+      put(4, est - now, qlen + 1)
     else
       if running < 0 then running = redis.call('EXISTS', KEYS[4]) end
       qlen = qlen + 1
       pushed[#pushed + 1] = id .. '|' .. int(est)
       seq = seq + 1
-      r = {2, est - now, qlen, running, seq, est}
+      put(2, est - now, qlen)
     end
-  end
-  if m == 1 then
-    out = r
-  else
-    for _, v in ipairs(r) do out[#out + 1] = v end
   end
 end
 
@@ -81,4 +83,5 @@ end
 if took or #pushed > 0 or fresh then
   save(KEYS[2], st, ps, now, grace, seq)
 end
+if running > 0 then out[2] = 1 end
 return out
