@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -494,5 +495,26 @@ func TestLongWaitPollsOnce(t *testing.T) {
 	}
 	if rep.Polls != 1 {
 		t.Fatalf("%d polls over a %v wait with a %v lock TTL, want 1", rep.Polls, rep.Wait, 100*time.Millisecond)
+	}
+}
+
+// TestFreshIDs: every arrival has its own ID, also across Buckets of one
+// name in one process (defect 6).
+func TestFreshIDs(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	cfg := bucket.Config{Name: t.Name(), Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour}
+	a, b := newBucket(t, rdb, cfg), newBucket(t, rdb, cfg)
+	seen := map[string]bool{}
+	for i := 0; i < 1000; i++ {
+		for _, id := range []string{bucket.NewID(a), bucket.NewID(b)} {
+			if seen[id] {
+				t.Fatalf("ID %q used twice", id)
+			}
+			if strings.ContainsAny(id, "| \n") {
+				t.Fatalf("ID %q holds a separator of entries or wake messages", id)
+			}
+			seen[id] = true
+		}
 	}
 }

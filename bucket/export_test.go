@@ -7,3 +7,6 @@ import "time"
 func SkewClock(b *Bucket, d time.Duration) {
 	b.now = func() time.Time { return time.Now().Add(d) }
 }
+
+// NewID exposes the ID of the next arrival.
+func NewID(b *Bucket) string { return b.newID() }
