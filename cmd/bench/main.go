@@ -1,24 +1,37 @@
-// Command bench measures the distributed token bucket (package bucket) on
-// Redis and prints a report.
+// Command bench measures the distributed token bucket (package bucket) and
+// semaphore (package semaphore) on Redis, and compares the bucket with
+// other limiters. It prints a report.
 //
 // With no flags it starts a throwaway redis-server (or, when none is on
 // PATH, an in-process miniredis whose figures are not representative) and
-// runs both scenarios in about 20 seconds:
+// runs the scenarios of "all" in under a minute:
 //
 //   - overhead: in one process, what Redis and the bucket cost when the
 //     limit is out of reach (round trips, uncontended Enter, bursts of
 //     concurrent callers, grants per second);
 //   - saturate: callers in several processes hammer one bucket; all grant
 //     records are then judged together: rate and utilization, the
-//     guarantee, waits, FIFO order, polls and round trips per grant.
+//     guarantee, waits, FIFO order, polls and round trips per grant;
+//   - semaphore: internal/semabench (a burst of acquires, a saturated
+//     semaphore over four clients) next to the goals of issue 5;
+//   - compare: the same workloads against golang.org/x/time/rate, a
+//     one-script GCRA reservation limiter (gcra.lua) and
+//     github.com/go-redis/redis_rate, side by side with ratios to Sluice.
+//
+// Not in "all" (it is heavier): scale, 10,000 callers queued once on one
+// bucket across 8 processes: Redis memory per waiting caller, polls and
+// round trips, the guarantee over the grants.
 //
 // docs/benchmarks.md defines every figure and records a run.
 //
 // Usage:
 //
-//	go run ./cmd/bench [--redis URL] [--scenario overhead|saturate|all]
+//	go run ./cmd/bench [--redis URL] [--scenario overhead,saturate,semaphore,compare,scale|all]
 //	    [--capacity 50] [--refill-amount 1] [--refill-frequency 2ms]
-//	    [--callers 400] [--procs 4] [--duration 10s] [--json | --gobench]
+//	    [--callers 400] [--procs 4] [--duration 10s] [--plot FILE.svg]
+//	    [--compare-callers 200] [--compare-duration 3s]
+//	    [--scale-callers 10000] [--scale-procs 8] [--scale-deadline 5s]
+//	    [--json | --gobench]
 package main
 
 import (
@@ -30,6 +43,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -38,6 +52,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
@@ -66,15 +81,30 @@ type options struct {
 	json      bool
 	grants    string
 	gobench   bool
+	plot      string
 	scenarios map[string]bool
+
+	compareCallers  int
+	compareDuration time.Duration
+
+	scaleCallers  int
+	scaleProcs    int
+	scaleDeadline time.Duration
+	scaleStagger  time.Duration
 }
+
+// scenarioNames in the order they run; allScenarios are those "all" runs.
+var (
+	scenarioNames = []string{"overhead", "saturate", "semaphore", "compare", "scale"}
+	allScenarios  = []string{"overhead", "saturate", "semaphore", "compare"}
+)
 
 func parse(args []string, stderr io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.redisURL, "redis", "", "redis:// or rediss:// `URL` of an existing server (default: start a throwaway redis-server)")
-	fs.StringVar(&o.scenario, "scenario", "all", "overhead | saturate | all")
+	fs.StringVar(&o.scenario, "scenario", "all", "comma-separated scenarios: overhead, saturate, semaphore, compare, scale; all = "+strings.Join(allScenarios, ","))
 	fs.IntVar(&o.bucket.Capacity, "capacity", 50, "bucket capacity: the largest burst")
 	fs.IntVar(&o.bucket.RefillAmount, "refill-amount", 1, "tokens added per refill")
 	fs.DurationVar(&o.bucket.RefillFrequency, "refill-frequency", 2*time.Millisecond, "time between refills")
@@ -84,6 +114,13 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.json, "json", false, "print the figures as JSON instead of the table")
 	fs.StringVar(&o.grants, "grants", "", "saturate: also write every grant record to `FILE` as JSON lines")
 	fs.BoolVar(&o.gobench, "gobench", false, "print the figures in the Go benchmark format (for benchstat) instead of the table")
+	fs.StringVar(&o.plot, "plot", "", "saturate: draw the grant timeline against the allowed envelope and the wait histogram to `FILE` (.svg or .png)")
+	fs.IntVar(&o.compareCallers, "compare-callers", 200, "compare: callers looping on the saturated limit (one process)")
+	fs.DurationVar(&o.compareDuration, "compare-duration", 3*time.Second, "compare: length of each contender's saturated run")
+	fs.IntVar(&o.scaleCallers, "scale-callers", 10000, "scale: callers queued once, spread over the processes")
+	fs.IntVar(&o.scaleProcs, "scale-procs", 8, "scale: worker processes")
+	fs.DurationVar(&o.scaleDeadline, "scale-deadline", 5*time.Second, "scale: each caller's deadline for its one Enter")
+	fs.DurationVar(&o.scaleStagger, "scale-stagger", time.Second, "scale: the callers' arrivals are spread over this long")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "Usage: bench [flags]\n\nMeasures the Redis token bucket; see docs/benchmarks.md.\n\nFlags:")
 		fs.PrintDefaults()
@@ -94,13 +131,18 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	switch o.scenario {
-	case "overhead", "saturate":
-		o.scenarios = map[string]bool{o.scenario: true}
-	case "all":
-		o.scenarios = map[string]bool{"overhead": true, "saturate": true}
-	default:
-		return o, fmt.Errorf("--scenario %q: want overhead, saturate or all", o.scenario)
+	o.scenarios = map[string]bool{}
+	for name := range strings.SplitSeq(o.scenario, ",") {
+		switch name = strings.TrimSpace(name); {
+		case name == "all":
+			for _, n := range allScenarios {
+				o.scenarios[n] = true
+			}
+		case slices.Contains(scenarioNames, name):
+			o.scenarios[name] = true
+		default:
+			return o, fmt.Errorf("--scenario %q: want a comma-separated list of %s, or all", o.scenario, strings.Join(scenarioNames, ", "))
+		}
 	}
 	switch {
 	case o.json && o.gobench:
@@ -111,6 +153,16 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("--procs %d: want between 1 and --callers (%d)", o.procs, o.callers)
 	case o.duration <= 0:
 		return o, fmt.Errorf("--duration %v: want > 0", o.duration)
+	case o.compareCallers < 1:
+		return o, fmt.Errorf("--compare-callers %d: want ≥ 1", o.compareCallers)
+	case o.compareDuration <= 0:
+		return o, fmt.Errorf("--compare-duration %v: want > 0", o.compareDuration)
+	case o.scaleProcs < 1 || o.scaleProcs > o.scaleCallers:
+		return o, fmt.Errorf("--scale-procs %d: want between 1 and --scale-callers (%d)", o.scaleProcs, o.scaleCallers)
+	case o.scaleDeadline <= 0 || o.scaleStagger < 0:
+		return o, fmt.Errorf("--scale-deadline %v, --scale-stagger %v: want > 0 and ≥ 0", o.scaleDeadline, o.scaleStagger)
+	case o.plot != "" && !o.scenarios["saturate"]:
+		return o, errors.New("--plot draws the saturate scenario: add it to --scenario")
 	}
 	// bucket.New checks these too, but only after the overhead scenario.
 	b := o.bucket
@@ -161,11 +213,41 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if o.scenarios["saturate"] {
 		cfg := o.bucket
 		cfg.Name = name + "-saturate"
-		s, err := saturate(ctx, tg, cfg, o.callers, o.procs, o.duration, o.grants, stderr)
+		s, grants, err := saturate(ctx, tg, cfg, o.callers, o.procs, o.duration, o.grants, stderr)
 		if err != nil {
 			return fmt.Errorf("saturate: %w", err)
 		}
 		rep.Saturate = &s
+		if o.plot != "" {
+			l := guarantee.Limit{Capacity: cfg.Capacity, Amount: cfg.RefillAmount, Every: cfg.RefillFrequency}
+			if err := writePlot(o.plot, grants, l, s.Saturation); err != nil {
+				return err
+			}
+			fmt.Fprintf(stderr, "saturate: plot written to %s\n", o.plot)
+		}
+	}
+	if o.scenarios["semaphore"] {
+		sm, err := semaphoreScenario(ctx, tg.opt, name+"-sema", stderr)
+		if err != nil {
+			return fmt.Errorf("semaphore: %w", err)
+		}
+		rep.Semaphore = &sm
+	}
+	if o.scenarios["compare"] {
+		c, err := compare(ctx, tg.opt, name+"-compare", o.bucket, o.compareCallers, o.compareDuration, stderr)
+		if err != nil {
+			return fmt.Errorf("compare: %w", err)
+		}
+		rep.Compare = &c
+	}
+	if o.scenarios["scale"] {
+		cfg := o.bucket
+		cfg.Name = name + "-scale"
+		sc, err := scale(ctx, tg, cfg, o.scaleCallers, o.scaleProcs, o.scaleDeadline, o.scaleStagger, stderr)
+		if err != nil {
+			return fmt.Errorf("scale: %w", err)
+		}
+		rep.Scale = &sc
 	}
 	switch {
 	case o.json:

@@ -8,15 +8,20 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/sluicehq/sluice/bucket"
 )
 
 // Report is everything one run measured.
 type Report struct {
-	Machine  Machine   `json:"machine"`
-	Redis    RedisInfo `json:"redis"`
-	Limit    Limit     `json:"limit"`
-	Overhead *Overhead `json:"overhead,omitempty"`
-	Saturate *Saturate `json:"saturate,omitempty"`
+	Machine   Machine    `json:"machine"`
+	Redis     RedisInfo  `json:"redis"`
+	Limit     Limit      `json:"limit"`
+	Overhead  *Overhead  `json:"overhead,omitempty"`
+	Saturate  *Saturate  `json:"saturate,omitempty"`
+	Semaphore *Semaphore `json:"semaphore,omitempty"`
+	Compare   *Compare   `json:"compare,omitempty"`
+	Scale     *Scale     `json:"scale,omitempty"`
 }
 
 // Machine is where the run happened.
@@ -114,6 +119,143 @@ func writeTable(w io.Writer, r Report) error {
 		dist("lateness: Enter return − slot", s.Late, "all grants")
 		dist("lateness, steady state", s.LateSteady, fmt.Sprintf("%s Enters begun ≥ %v after the first", commas(s.LateSteady.N), s.Warmup.Round(time.Millisecond)))
 	}
+	if sm := r.Semaphore; sm != nil {
+		fmt.Fprintln(tw)
+		fmt.Fprintf(tw, "SEMAPHORE: internal/semabench, %d clients (one per simulated process, all in this process); goals of issue 5\n", sm.Clients)
+		row("", "value", "goal", "", "")
+		for _, x := range sm.Rows {
+			mark := ""
+			if x.Goal != "" {
+				mark = "ok"
+				if !x.OK {
+					mark = "MISSED"
+				}
+			}
+			row(x.Metric, x.Value, x.Goal, mark, "")
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if c := r.Compare; c != nil {
+		if err := writeCompare(w, c); err != nil {
+			return err
+		}
+	}
+	if sc := r.Scale; sc != nil {
+		return writeScale(w, sc)
+	}
+	return nil
+}
+
+// writeCompare writes the side-by-side table of the compare scenario: each
+// contender's figure and its ratio to Sluice's.
+func writeCompare(w io.Writer, c *Compare) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	l := c.Limit
+	fmt.Fprintln(tw)
+	fmt.Fprintf(tw, "COMPARE: the same workloads in this run, one process each; (×) is the ratio to sluice; saturated: %d callers loop for %v on capacity %d, %d every %v = %s/s\n",
+		c.Callers, c.Duration, l.Capacity, l.RefillAmount, l.RefillFrequency, num(l.PerSecond))
+	res := c.Results
+	if len(res) == 0 {
+		return tw.Flush()
+	}
+	header := []string{""}
+	for _, r := range res {
+		header = append(header, r.Name)
+	}
+	fmt.Fprintf(tw, "  %s\t\n", strings.Join(header, "\t"))
+	// cells writes one row: v(r) formatted by f, with the ratio to the
+	// first (Sluice) when ratio is set.
+	cells := func(name string, v func(CompareResult) float64, format func(float64) string, ratio bool) {
+		out := []string{name}
+		base := v(res[0])
+		for i, r := range res {
+			x := v(r)
+			cell := format(x)
+			if ratio && i > 0 {
+				if base != 0 {
+					cell += fmt.Sprintf(" (%s×)", ratioString(x/base))
+				} else {
+					cell += " (—)"
+				}
+			}
+			out = append(out, cell)
+		}
+		fmt.Fprintf(tw, "  %s\t\n", strings.Join(out, "\t"))
+	}
+	d := func(x float64) string { return dur(time.Duration(x)) }
+	f3 := func(x float64) string { return fmt.Sprintf("%.3f", x) }
+	cells("uncontended call, p50", func(r CompareResult) float64 { return float64(r.Uncontended.P50) }, d, true)
+	cells("uncontended call, p99", func(r CompareResult) float64 { return float64(r.Uncontended.P99) }, d, true)
+	for i, a := range res[0].Admit {
+		cells(fmt.Sprintf("%s at once: last returns, median", commas(a.Callers)), func(r CompareResult) float64 { return float64(r.Admit[i].Last.P50) }, d, true)
+	}
+	h := res[0].Hammer
+	cells(fmt.Sprintf("grants/s, %d callers, no limit in reach", h.Callers), func(r CompareResult) float64 { return r.Hammer.PerSecond }, func(x float64) string { return commas(int(x + 0.5)) }, true)
+	cells("  round trips per grant", func(r CompareResult) float64 { return r.Hammer.RoundTripsPerGrant }, f3, true)
+	cells("saturated: grants", func(r CompareResult) float64 { return float64(r.Saturated.Grants) }, func(x float64) string { return commas(int(x)) }, false)
+	cells("  utilization", func(r CompareResult) float64 { return r.Saturated.Throughput.Utilization }, func(x float64) string { return fmt.Sprintf("%.2f %%", 100*x) }, true)
+	cells("  worst excess (return times)", func(r CompareResult) float64 { return float64(r.Saturated.Excess.All) }, func(x float64) string { return excess(Excess{All: int(x)}) }, false)
+	cells(fmt.Sprintf("  worst excess, windows +%v", bucketSlack()), func(r CompareResult) float64 { return float64(r.Saturated.ExcessSlack) }, func(x float64) string { return excess(Excess{All: int(x)}) }, false)
+	cells("  wait p50 (steady)", func(r CompareResult) float64 { return float64(r.Saturated.Wait.P50) }, d, true)
+	cells("  wait max (steady)", func(r CompareResult) float64 { return float64(r.Saturated.Wait.Max) }, d, true)
+	cells("  wait max / median", func(r CompareResult) float64 { return r.Saturated.MaxOverMedian }, f3, true)
+	cells("  overtaken (by a later call)", func(r CompareResult) float64 { return 100 * ratio(r.Saturated.Overtaken, r.Saturated.Grants) }, func(x float64) string { return fmt.Sprintf("%.2f %%", x) }, false)
+	cells("  round trips per grant", func(r CompareResult) float64 { return r.Saturated.RoundTripsPerGrant() }, f3, true)
+	cells("  cut off at the end", func(r CompareResult) float64 { return float64(r.Saturated.CutOff) }, func(x float64) string { return commas(int(x)) }, false)
+	cells("  errors", func(r CompareResult) float64 { return float64(r.Saturated.Errors) }, func(x float64) string { return commas(int(x)) }, false)
+	return tw.Flush()
+}
+
+// bucketSlack is how much longer the slack windows are: Sluice's
+// MaxLateness default and the reply's trip.
+func bucketSlack() time.Duration { return bucket.DefaultMaxLateness + startSlack }
+
+// ratioString formats a ratio with two or three significant digits.
+func ratioString(x float64) string {
+	switch {
+	case x >= 100:
+		return fmt.Sprintf("%.0f", x)
+	case x >= 10:
+		return fmt.Sprintf("%.1f", x)
+	case x >= 0.01:
+		return fmt.Sprintf("%.2f", x)
+	}
+	return fmt.Sprintf("%.2g", x)
+}
+
+// writeScale writes the scale scenario's table.
+func writeScale(w io.Writer, s *Scale) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw)
+	fmt.Fprintf(tw, "SCALE: %s callers in %d processes Enter once on one bucket, arriving over %v, deadline %v\n",
+		commas(s.Callers), s.Procs, s.Stagger, s.Deadline)
+	row := func(name, v, note string) { fmt.Fprintf(tw, "  %s\t%s\t%s\n", name, v, note) }
+	verdict := "ok"
+	if s.PerWaiter > scaleGoalBytes {
+		verdict = "MISSED"
+	}
+	row("callers queued at the peak", commas(int(s.QueuedPeak)), fmt.Sprintf("LLEN of the queue key, sampled every %v (%d samples rose)", scaleSample, s.Samples))
+	row("Redis memory per waiting caller", fmt.Sprintf("%.0f B", s.PerWaiter), fmt.Sprintf("goal ≤ %d B %s: INFO used_memory Δ %s B / queued", scaleGoalBytes, verdict, commas(int(s.UsedMemory))))
+	row("  less connection buffers", fmt.Sprintf("%.0f B", s.PerWaiterData), fmt.Sprintf("(used_memory Δ − mem_clients_normal Δ %s B) / queued", commas(int(s.ClientMemory))))
+	row("  the queue key alone", fmt.Sprintf("%.0f B", s.PerWaiterQueue), fmt.Sprintf("MEMORY USAGE %s B / queued", commas(int(s.QueueKeyMemory))))
+	note := fmt.Sprintf("%s left at their deadline; %d errors", commas(s.Deadlines), s.Errors)
+	if s.Err != "" {
+		note += "; first: " + s.Err
+	}
+	row("grants", commas(s.Grants), note)
+	row("worst excess, slots (Redis clock)", excess(s.ExcessSlots), windows(s.ExcessSlots))
+	row("worst excess, start times", excess(s.ExcessStarts), windows(s.ExcessStarts))
+	row("worst excess, start times, slack", excess(Excess{All: s.ExcessStartsSlack}), fmt.Sprintf("windows judged MaxLateness + %v longer", startSlack))
+	row("utilization", fmt.Sprintf("%.2f %%", 100*s.Throughput.Utilization), fmt.Sprintf("rate after the initial burst %s/s", num(s.Throughput.Rate)))
+	row("grants overtaken, by slot", pct(s.OvertakenSlot, s.Grants), "")
+	row("polls per queued waiter (granted)", fmt.Sprintf("%.3f", s.PollsPerQueued), fmt.Sprintf("%s queued grants; max %d polls", commas(s.Queued), s.MaxPolls))
+	row("polls per caller (all)", fmt.Sprintf("%.3f", s.PollsPer), fmt.Sprintf("%s polls by %s callers, those that left included", commas(s.Polls), commas(s.Callers)))
+	row("round trips per grant, all", fmt.Sprintf("%.3f", s.RoundTripsPerGrant()), fmt.Sprintf("%s sent by all processes (cancellations included); handshakes (%s) left out", commas(int(s.RoundTrips)), commas(int(s.SetupRoundTrips))))
+	row("round trips per caller, all", fmt.Sprintf("%.3f", per(s.RoundTrips, s.Callers)), fmt.Sprintf("scheduler steps %s", commas(int(s.Steps))))
+	row("wait of queued grants p50 / p99 / max", fmt.Sprintf("%s / %s / %s", dur(s.Wait.P50), dur(s.Wait.P99), dur(s.Wait.Max)), "every caller arrives once: no steady state")
+	row("lateness p50 / p99 / max", fmt.Sprintf("%s / %s / %s", dur(s.Late.P50), dur(s.Late.P99), dur(s.Late.Max)), fmt.Sprintf("%d returned > MaxLateness after slot, %d re-entries", s.Tardy, s.Reentries))
 	return tw.Flush()
 }
 
@@ -166,6 +308,33 @@ func writeGobench(w io.Writer, r Report) error {
 			s.Tardy, "tardy",
 			s.Reentries, "reentries",
 			s.Errors, "errors")
+	}
+	if sm := r.Semaphore; sm != nil {
+		line("Semaphore/burst", sm.Burst, ns(sm.BurstMedian), "ns/burst", ns(sm.BurstMax), "max-ns/burst")
+		line("Semaphore/saturated", sm.Holds, f(sm.HoldsPerSec), "holds/s", f(sm.Utilization), "utilization",
+			ms(sm.WaitP50), "ms-wait-p50", ms(sm.WaitP99), "ms-wait-p99", ms(sm.WaitP99-sm.WaitIdeal), "ms-p99-over-ideal",
+			sm.Violations, "violations", sm.Lost, "lost", sm.Errors, "errors")
+	}
+	if c := r.Compare; c != nil {
+		for _, x := range c.Results {
+			name := "Compare/" + x.Key
+			line(name+"/uncontended", x.Uncontended.N, ns(x.Uncontended.P50), "ns/op", ns(x.Uncontended.P99), "p99-ns/op")
+			for _, a := range x.Admit {
+				line(fmt.Sprintf("%s/admit-%d", name, a.Callers), a.Rounds, ns(a.Last.P50), "ns/burst", ns(a.Last.Max), "max-ns/burst")
+			}
+			h := x.Hammer
+			line(fmt.Sprintf("%s/hammer-%d", name, h.Callers), h.Grants, f(h.PerSecond), "grants/s", f(h.RoundTripsPerGrant), "round-trips/op")
+			s := x.Saturated
+			line(name+"/saturated", s.Grants, f(s.Throughput.Utilization), "utilization", s.Excess.All, "excess", s.ExcessSlack, "excess-slack",
+				ms(s.Wait.P50), "ms-wait-p50", ms(s.Wait.Max), "ms-wait-max", f(s.MaxOverMedian), "max/median",
+				f(100*ratio(s.Overtaken, s.Grants)), "pct-overtaken", f(s.RoundTripsPerGrant()), "round-trips/op", s.CutOff, "cut-off", s.Errors, "errors")
+		}
+	}
+	if s := r.Scale; s != nil {
+		line("Scale", s.Callers, s.QueuedPeak, "queued", f(s.PerWaiter), "B/waiter", f(s.PerWaiterData), "B/waiter-data",
+			f(s.PerWaiterQueue), "B/waiter-queue-key", s.ExcessSlots.All, "excess-slots", s.ExcessStarts.All, "excess-starts",
+			f(s.PollsPerQueued), "polls/waiter", f(s.PollsPer), "polls/caller", f(s.RoundTripsPerGrant()), "round-trips/op",
+			f(per(s.RoundTrips, s.Callers)), "round-trips/caller", s.Grants, "grants", s.Deadlines, "deadlines", s.Errors, "errors")
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

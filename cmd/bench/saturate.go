@@ -46,7 +46,7 @@ type target struct {
 
 // saturate runs callers spread over procs processes (1: this one), each
 // looping Enter on one bucket for d, and analyses all grants together.
-func saturate(ctx context.Context, tg target, cfg bucket.Config, callers, procs int, d time.Duration, dump string, stderr io.Writer) (Saturate, error) {
+func saturate(ctx context.Context, tg target, cfg bucket.Config, callers, procs int, d time.Duration, dump string, stderr io.Writer) (Saturate, []loadgen.Grant, error) {
 	s := Saturate{Callers: callers, Procs: procs, Duration: d}
 	l := guarantee.Limit{Capacity: cfg.Capacity, Amount: cfg.RefillAmount, Every: cfg.RefillFrequency}
 	rate := float64(l.Amount) / l.Every.Seconds()
@@ -76,11 +76,11 @@ func saturate(ctx context.Context, tg target, cfg bucket.Config, callers, procs 
 		grants, stats, err = inWorkers(ctx, specs, stderr)
 	}
 	if err != nil {
-		return s, err
+		return s, nil, err
 	}
 	if dump != "" {
 		if err := writeGrants(dump, grants); err != nil {
-			return s, err
+			return s, nil, err
 		}
 	}
 	maxLate := cfg.MaxLateness
@@ -90,7 +90,7 @@ func saturate(ctx context.Context, tg target, cfg bucket.Config, callers, procs 
 	s.Saturation = analyse(grants, l, min(turn, d/2), maxLate, stats.RoundTrips)
 	s.SetupRoundTrips = stats.SetupRoundTrips
 	s.Steps, s.Fenced, s.SchedulerErrors = stats.SchedulerSteps, stats.SchedulerFenced, stats.SchedulerErrors
-	return s, nil
+	return s, grants, nil
 }
 
 // inProcess runs spec's callers in this process.
