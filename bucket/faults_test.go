@@ -785,3 +785,48 @@ func TestEnterHonoursDeadlineWhileRedisHangs(t *testing.T) {
 		}
 	}
 }
+
+// TestDeadlineErrorMatchesCtx: an Enter cut short by its ctx's deadline
+// returns an error matching context.DeadlineExceeded, as the API promises.
+//
+// BUG (reported, not fixed here: bucket.go is the lead's; found by
+// FuzzConfig): with ContextTimeoutEnabled, go-redis sets the socket's
+// deadline to the ctx's. The socket can time out a moment before the
+// ctx's timer has marked it done, so redisErr sees ctx.Err() == nil and
+// returns "bucket: redis: read tcp ...: i/o timeout", which matches
+// neither context.DeadlineExceeded nor ctx.Err(). Measured: 1 of 200
+// Enters on a 20 ms deadline against a frozen Redis. Fix: in redisErr,
+// also treat the error as the ctx's when ctx's deadline has passed
+// (time.Now() ≥ Deadline()) or the error is a net.Error with Timeout().
+func TestDeadlineErrorMatchesCtx(t *testing.T) {
+	t.Skip("BUG: an Enter cut by its deadline sometimes returns \"bucket: redis: ... i/o timeout\", not context.DeadlineExceeded (see comment)")
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	b := newBucket(t, rdb, bucket.Config{Name: t.Name(), Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour,
+		LockTTL: 10 * time.Millisecond, Lookahead: 5 * time.Millisecond})
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Resume()
+	var bad, n atomic.Int64
+	for range 3 {
+		var wg sync.WaitGroup
+		for range 300 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+				defer cancel()
+				err := b.Enter(ctx)
+				n.Add(1)
+				if !errors.Is(err, context.DeadlineExceeded) && bad.Add(1) == 1 {
+					t.Errorf("Enter cut by its deadline: %v, want context.DeadlineExceeded", err)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	t.Logf("%d of %d errors did not match context.DeadlineExceeded", bad.Load(), n.Load())
+}
