@@ -23,7 +23,8 @@ type arrivals struct {
 	timeout time.Duration // bound on one batched call
 	ctx     context.Context
 	now     func() time.Time
-	wg      sync.WaitGroup // the flusher goroutine
+	leave   func(entry string) // cancels a caller that left during its enqueue
+	wg      sync.WaitGroup     // the flusher goroutine
 
 	mu      sync.Mutex
 	busy    bool // an enqueue is in flight (inline or the flusher's)
@@ -130,9 +131,7 @@ func (a *arrivals) flush() {
 		}
 		a.mu.Unlock()
 		for _, entry := range abandoned {
-			ctx, cancel := context.WithTimeout(a.ctx, a.timeout)
-			_, _ = a.q.Cancel(ctx, entry)
-			cancel()
+			a.leave(entry)
 		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -109,6 +110,7 @@ type Bucket struct {
 	now  func() time.Time
 	rtt  roundTrip
 	wake wakeups
+	left leavers
 	// IDs are a random UUID drawn once per Bucket and a counter: fresh for
 	// every arrival, unique across processes, and far cheaper than a
 	// crypto-random UUID per Enter (which cost a third of the CPU of a
@@ -167,6 +169,8 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 	u := uuid.New()
 	b.idPrefix = base64.RawURLEncoding.EncodeToString(u[:]) + "."
 	b.wake = wakeups{rdb: rdb, channel: q.Keys().Wake}
+	b.left = leavers{q: q, timeout: cfg.LockTTL}
+	b.arr.leave = b.left.leave
 	return b, nil
 }
 
@@ -272,6 +276,7 @@ func (b *Bucket) SchedulerStats() scheduler.Stats { return b.sched.Stats() }
 // go on using the bucket. Close is safe to call more than once.
 func (b *Bucket) Close() error {
 	b.once.Do(func() { close(b.done) })
+	b.left.close()
 	b.stop()
 	b.arr.wg.Wait()
 	b.wake.close()
@@ -453,20 +458,22 @@ func (b *Bucket) sleep(ctx context.Context, d time.Duration, wake <-chan struct{
 }
 
 // cancel takes a caller that gives up out of the queue, by its entry or,
-// if it never learned it, by its ID. Its own ctx has ended, so it runs on a
-// short detached one; if Redis cannot be reached the caller stays queued
-// and the scheduler gives it a slot nobody collects.
-func (b *Bucket) cancel(entry string) {
-	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.LockTTL)
-	defer cancel()
-	_, _ = b.q.Cancel(ctx, entry)
-}
+// if it never learned it, by its ID, in the background: the caller returns
+// at once even if Redis hangs.
+func (b *Bucket) cancel(entry string) { b.left.leave(entry) }
 
 // redisErr prefers the caller's ctx error, so that errors.Is(err,
 // ctx.Err()) holds when the caller's deadline is what cut the call short.
+// go-redis sets the socket deadline to the ctx's, so the socket can time
+// out a moment before ctx.Err() is set: a timeout at the deadline counts
+// as the deadline.
 func (b *Bucket) redisErr(ctx context.Context, err error) error {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return fmt.Errorf("bucket: %w (%v)", ctxErr, err)
+	}
+	var ne net.Error
+	if deadline, ok := ctx.Deadline(); ok && errors.As(err, &ne) && ne.Timeout() && time.Until(deadline) < time.Millisecond {
+		return fmt.Errorf("bucket: %w (%v)", context.DeadlineExceeded, err)
 	}
 	return fmt.Errorf("bucket: redis: %w", err)
 }

@@ -123,10 +123,10 @@ func granted(gs []loadgen.Grant) []loadgen.Grant {
 }
 
 // knownCancelDelay is how much later than deadlineSlack an Enter may
-// return today, for a bucket with lock TTL lockTTL: the known bug that
-// TestEnterHonoursDeadlineWhileRedisHangs describes (a cancel blocking for
-// up to LockTTL on an unresponsive Redis). Return 0 once it is fixed.
-func knownCancelDelay(lockTTL time.Duration) time.Duration { return lockTTL }
+// return for a bucket with lock TTL lockTTL. It was LockTTL while cancels
+// ran synchronously (TestEnterHonoursDeadlineWhileRedisHangs); they run in
+// the background now.
+func knownCancelDelay(lockTTL time.Duration) time.Duration { return 0 }
 
 // checkDeadlines fails t if an Enter returned later than its deadline plus
 // deadlineSlack plus extra, and returns the worst overrun (negative: all
@@ -748,17 +748,11 @@ func TestCancelStormStayersGrantedAtFullRate(t *testing.T) {
 // TestEnterHonoursDeadlineWhileRedisHangs: with Redis frozen, an Enter on
 // a 100 ms deadline must return within about 100 ms, whatever LockTTL is.
 //
-// BUG (reported, not fixed here: bucket.go is the lead's): when the
-// caller's ctx ends during a Redis call or while queued, Enter calls
-// b.cancel(id) synchronously, and cancel runs on a detached context of
-// LockTTL. With Redis frozen (or a blackholed network), that call blocks
-// for the full LockTTL, so Enter returns LockTTL past the caller's
-// deadline (measured: 2.005 s past a 100 ms deadline with LockTTL 2 s;
-// 301 ms with LockTTL 300 ms in TestRedisFrozen). The cancel should run
-// in the background (owned by the Bucket, awaited by Close) or on a
-// bound that does not outlive the caller's deadline.
+// Found by this suite: Enter used to cancel its place synchronously on a
+// detached context of LockTTL, so with Redis frozen it returned LockTTL
+// past the caller's deadline (2.005 s past a 100 ms deadline with LockTTL
+// 2 s). Cancels now run in the background (bucket/leavers.go).
 func TestEnterHonoursDeadlineWhileRedisHangs(t *testing.T) {
-	t.Skip("BUG: Enter returns up to LockTTL past its deadline when Redis hangs: bucket.cancel runs synchronously on a detached LockTTL context (see comment)")
 	srv := redistest.New(t)
 	srv.RequireReal(t)
 	rdb := srv.Client()
@@ -789,17 +783,13 @@ func TestEnterHonoursDeadlineWhileRedisHangs(t *testing.T) {
 // TestDeadlineErrorMatchesCtx: an Enter cut short by its ctx's deadline
 // returns an error matching context.DeadlineExceeded, as the API promises.
 //
-// BUG (reported, not fixed here: bucket.go is the lead's; found by
-// FuzzConfig): with ContextTimeoutEnabled, go-redis sets the socket's
-// deadline to the ctx's. The socket can time out a moment before the
-// ctx's timer has marked it done, so redisErr sees ctx.Err() == nil and
-// returns "bucket: redis: read tcp ...: i/o timeout", which matches
-// neither context.DeadlineExceeded nor ctx.Err(). Measured: 1 of 200
-// Enters on a 20 ms deadline against a frozen Redis. Fix: in redisErr,
-// also treat the error as the ctx's when ctx's deadline has passed
-// (time.Now() ≥ Deadline()) or the error is a net.Error with Timeout().
+// Found by FuzzConfig: with ContextTimeoutEnabled, go-redis sets the
+// socket's deadline to the ctx's, and the socket can time out a moment
+// before the ctx's timer marks it done; Enter then returned "bucket:
+// redis: read tcp ...: i/o timeout" (1 of 200 Enters on a 20 ms deadline
+// against a frozen Redis). redisErr now counts a timeout at the deadline
+// as the deadline.
 func TestDeadlineErrorMatchesCtx(t *testing.T) {
-	t.Skip("BUG: an Enter cut by its deadline sometimes returns \"bucket: redis: ... i/o timeout\", not context.DeadlineExceeded (see comment)")
 	srv := redistest.New(t)
 	srv.RequireReal(t)
 	rdb := srv.Client()

@@ -136,7 +136,7 @@ func parseEnqueue(ids []string, reply any, err error) ([]EnqueueReply, error) {
 		if kind < Granted || kind > WaitTooLong || e[2] < 0 {
 			return nil, fmt.Errorf("%w: enqueue %v", ErrReply, e)
 		}
-		r := EnqueueReply{Kind: kind, Delay: time.Duration(delay) * time.Microsecond, Position: int(e[2])}
+		r := EnqueueReply{Kind: kind, Delay: dur(delay, time.Microsecond), Position: int(e[2])}
 		switch kind {
 		case Granted, Assigned:
 			r.Ticket, r.Slot = ticket, now+delay
@@ -185,7 +185,7 @@ func parseStep(reply any, err error) (StepReply, error) {
 	}
 	return StepReply{
 		Status:    StepStatus(v[0]),
-		Next:      time.Duration(v[1]) * time.Microsecond,
+		Next:      dur(v[1], time.Microsecond),
 		Waiting:   int(v[2]),
 		Scheduled: int(v[3]),
 	}, nil
@@ -232,9 +232,9 @@ func parsePoll(reply any, err error) (PollReply, error) {
 	}
 	r := PollReply{
 		Kind:     PollKind(v[0]),
-		Delay:    time.Duration(v[1]) * time.Microsecond,
+		Delay:    dur(v[1], time.Microsecond),
 		Position: int(v[2]),
-		LockTTL:  time.Duration(v[3]) * time.Millisecond,
+		LockTTL:  dur(v[3], time.Millisecond),
 		Slot:     v[4],
 	}
 	if v[3] < 0 {
@@ -254,19 +254,53 @@ const (
 
 // Cancel takes the caller queued as entry out of the bucket.
 func (q *Queue) Cancel(ctx context.Context, entry string) (CancelResult, error) {
-	return parseCancel(cancelScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.Slots}, entry).Result())
-}
-
-// parseCancel checks a cancel reply.
-func parseCancel(reply any, err error) (CancelResult, error) {
+	r, err := q.CancelBatch(ctx, []string{entry})
 	if err != nil {
 		return 0, err
 	}
-	v, ok := reply.(int64)
-	if !ok || v < 0 || v > 2 {
-		return 0, fmt.Errorf("%w: cancel %v", ErrReply, reply)
+	return r[0], nil
+}
+
+// CancelBatch takes several callers out of the bucket in one round trip.
+func (q *Queue) CancelBatch(ctx context.Context, entries []string) ([]CancelResult, error) {
+	args := make([]any, len(entries))
+	for i, e := range entries {
+		args[i] = e
 	}
-	return CancelResult(v), nil
+	reply, err := cancelScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.Slots}, args...).Result()
+	return parseCancel(len(entries), reply, err)
+}
+
+// parseCancel checks a cancel reply for n callers.
+func parseCancel(n int, reply any, err error) ([]CancelResult, error) {
+	v, err := ints(reply, err)
+	if err != nil {
+		return nil, err
+	}
+	if len(v) != n {
+		return nil, fmt.Errorf("%w: cancel of %d callers gave %d values", ErrReply, n, len(v))
+	}
+	out := make([]CancelResult, n)
+	for i, x := range v {
+		if x < 0 || x > 2 {
+			return nil, fmt.Errorf("%w: cancel %v", ErrReply, v)
+		}
+		out[i] = CancelResult(x)
+	}
+	return out, nil
+}
+
+// dur converts a reply's count of unit into a Duration, saturating instead
+// of wrapping past ±292 years (a valid config can ask for longer).
+func dur(n int64, unit time.Duration) time.Duration {
+	const maxDur = time.Duration(1<<63 - 1)
+	switch {
+	case n > int64(maxDur/unit):
+		return maxDur
+	case n < -int64(maxDur/unit):
+		return -maxDur
+	}
+	return time.Duration(n) * unit
 }
 
 // ints checks that a script reply is a list of integers.
