@@ -1,0 +1,17 @@
+// Package semaphore is a distributed semaphore on Redis: at most Capacity
+// permits are held at once across every process that uses the same Name,
+// and waiters are served first come, first served by their arrival at
+// Redis.
+//
+// Every permit is a lease on the Redis clock, renewed in the background
+// while held; a holder whose process dies frees its permit within one
+// LeaseTTL, and a holder that loses its lease (it was frozen, or Redis
+// restarted) learns it from Permit.Lost. Releasing twice, or after the
+// lease ended, never frees someone else's permit. Waiters are woken by
+// pub/sub, with a bounded fallback check; success is always a script's
+// reply. One script (sync.lua) carries everything a process sends in one
+// round trip: releases, renewals, arrivals, cancellations.
+//
+// A Semaphore implements sluice.Limiter. See docs/semaphore.md for the keys,
+// the script and the life of a lease.
+package semaphore
