@@ -244,7 +244,7 @@ func excessPlot(slots, starts []time.Time, l guarantee.Limit, sec func(time.Time
 	}
 	p.X.Label.Text = "s since the first slot"
 	p.Y.Label.Text = "excess (≤ 0: the limit held)"
-	p.Legend.Top = true
+	p.Legend.Top, p.Legend.Left = false, true
 	xy := func(ts []time.Time) plotter.XYs {
 		ex := windowExcess(ts, l, w)
 		xys := make(plotter.XYs, len(ts))
@@ -263,8 +263,11 @@ func excessPlot(slots, starts []time.Time, l guarantee.Limit, sec func(time.Time
 	if err := addLine(p, xy(starts), colStart, false, "by start"); err != nil {
 		return nil, err
 	}
-	p.Y.Max = math.Max(p.Y.Max, 2)
-	p.Y.Min = math.Min(p.Y.Min, -5)
+	// The first grants' windows are far below the allowance (a window of
+	// one grant is 1 − Capacity − RefillAmount): show the band near 0,
+	// where a broken limit would show.
+	p.Y.Max = math.Max(p.Y.Max, 3)
+	p.Y.Min = -10
 	return p, nil
 }
 

@@ -236,9 +236,9 @@ func writeScale(w io.Writer, s *Scale) error {
 	if s.PerWaiter > scaleGoalBytes {
 		verdict = "MISSED"
 	}
-	row("callers queued at the peak", commas(int(s.QueuedPeak)), fmt.Sprintf("LLEN of the queue key, sampled every %v (%d samples rose)", scaleSample, s.Samples))
+	row("callers queued at the peak", commas(int(s.QueuedPeak)), fmt.Sprintf("LLEN of the queue key, sampled every %v (%d samples as it grew)", scaleSample, s.Samples))
 	row("Redis memory per waiting caller", fmt.Sprintf("%.0f B", s.PerWaiter), fmt.Sprintf("goal ≤ %d B %s: INFO used_memory Δ %s B / queued", scaleGoalBytes, verdict, commas(int(s.UsedMemory))))
-	row("  less connection buffers", fmt.Sprintf("%.0f B", s.PerWaiterData), fmt.Sprintf("(used_memory Δ − mem_clients_normal Δ %s B) / queued", commas(int(s.ClientMemory))))
+	row("  less connection buffers", fmt.Sprintf("%.0f B", s.PerWaiterData), fmt.Sprintf("(used_memory Δ − mem_clients_normal Δ %s B of %d more connections) / queued", commas(int(s.ClientMemory)), s.Connections))
 	row("  the queue key alone", fmt.Sprintf("%.0f B", s.PerWaiterQueue), fmt.Sprintf("MEMORY USAGE %s B / queued", commas(int(s.QueueKeyMemory))))
 	note := fmt.Sprintf("%s left at their deadline; %d errors", commas(s.Deadlines), s.Errors)
 	if s.Err != "" {

@@ -31,6 +31,7 @@ type Scale struct {
 	QueuedPeak     int64   `json:"queued_peak"`
 	UsedMemory     int64   `json:"used_memory_delta"`      // INFO used_memory, minus the value before the workers started
 	ClientMemory   int64   `json:"client_memory_delta"`    // INFO mem_clients_normal, likewise: connections' buffers
+	Connections    int64   `json:"connections_delta"`      // INFO connected_clients, likewise
 	QueueKeyMemory int64   `json:"queue_key_memory"`       // MEMORY USAGE of the queue key (SAMPLES 0)
 	PerWaiter      float64 `json:"bytes_per_waiter"`       // UsedMemory / QueuedPeak
 	PerWaiterData  float64 `json:"bytes_per_waiter_data"`  // (UsedMemory − ClientMemory) / QueuedPeak
@@ -80,6 +81,7 @@ func scale(ctx context.Context, tg target, cfg bucket.Config, callers, procs int
 	}
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	var peak memSample
+	var rising []memSample
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		t := time.NewTicker(scaleSample)
@@ -101,7 +103,7 @@ func scale(ctx context.Context, tg target, cfg bucket.Config, callers, procs int
 			m.queued = n
 			m.queueKey, _ = rdb.MemoryUsage(sampleCtx, keys.Queue, 0).Result()
 			peak = m
-			s.Samples++
+			rising = append(rising, m)
 		}
 	})
 	grants, stats, err := inWorkers(ctx, specs, stderr)
@@ -113,7 +115,9 @@ func scale(ctx context.Context, tg target, cfg bucket.Config, callers, procs int
 	s.QueuedPeak = peak.queued
 	s.UsedMemory = peak.used - base.used
 	s.ClientMemory = peak.clients - base.clients
+	s.Connections = peak.conns - base.conns
 	s.QueueKeyMemory = peak.queueKey
+	s.Samples = len(rising)
 	if s.QueuedPeak > 0 {
 		s.PerWaiter = float64(s.UsedMemory) / float64(s.QueuedPeak)
 		s.PerWaiterData = float64(s.UsedMemory-s.ClientMemory) / float64(s.QueuedPeak)
@@ -141,12 +145,13 @@ func scale(ctx context.Context, tg target, cfg bucket.Config, callers, procs int
 }
 
 type memSample struct {
-	used, clients, queueKey, queued int64
+	used, clients, conns, queueKey, queued int64
 }
 
-// memory reads used_memory and mem_clients_normal from INFO memory.
+// memory reads used_memory and mem_clients_normal from INFO memory, and
+// connected_clients from INFO clients.
 func memory(ctx context.Context, rdb *redis.Client) (memSample, error) {
-	info, err := rdb.Info(ctx, "memory").Result()
+	info, err := rdb.Info(ctx, "memory", "clients").Result()
 	if err != nil {
 		return memSample{}, err
 	}
@@ -163,6 +168,8 @@ func memory(ctx context.Context, rdb *redis.Client) (memSample, error) {
 			dst = &m.used
 		case "mem_clients_normal":
 			dst = &m.clients
+		case "connected_clients":
+			dst = &m.conns
 		default:
 			continue
 		}
@@ -173,8 +180,8 @@ func memory(ctx context.Context, rdb *redis.Client) (memSample, error) {
 		*dst = n
 		seen++
 	}
-	if seen != 2 {
-		return m, fmt.Errorf("INFO memory: used_memory or mem_clients_normal missing")
+	if seen != 3 {
+		return m, fmt.Errorf("INFO: used_memory, mem_clients_normal or connected_clients missing")
 	}
 	return m, nil
 }
