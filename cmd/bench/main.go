@@ -91,6 +91,10 @@ type options struct {
 	scaleProcs    int
 	scaleDeadline time.Duration
 	scaleStagger  time.Duration
+
+	chaos         time.Duration
+	seed          uint64
+	chaosDeadline time.Duration
 }
 
 // scenarioNames in the order they run; allScenarios are those "all" runs.
@@ -121,6 +125,9 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.scaleProcs, "scale-procs", 8, "scale: worker processes")
 	fs.DurationVar(&o.scaleDeadline, "scale-deadline", 5*time.Second, "scale: each caller's deadline for its one Enter")
 	fs.DurationVar(&o.scaleStagger, "scale-stagger", time.Second, "scale: the callers' arrivals are spread over this long")
+	fs.DurationVar(&o.chaos, "chaos", 0, "run the chaos soak for `DURATION` (e.g. 2m) instead of the scenarios: saturated callers in --procs processes while faults happen at random")
+	fs.Uint64Var(&o.seed, "seed", 0, "chaos: seed of the fault schedule (0: from the clock; the seed used is printed)")
+	fs.DurationVar(&o.chaosDeadline, "chaos-deadline", 2*time.Second, "chaos: every Enter's deadline")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "Usage: bench [flags]\n\nMeasures the Redis token bucket; see docs/benchmarks.md.\n\nFlags:")
 		fs.PrintDefaults()
@@ -161,6 +168,10 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("--scale-procs %d: want between 1 and --scale-callers (%d)", o.scaleProcs, o.scaleCallers)
 	case o.scaleDeadline <= 0 || o.scaleStagger < 0:
 		return o, fmt.Errorf("--scale-deadline %v, --scale-stagger %v: want > 0 and ≥ 0", o.scaleDeadline, o.scaleStagger)
+	case o.chaos < 0 || (o.chaos > 0 && o.chaos < 2*(chaosQuietHead+chaosQuietTail)):
+		return o, fmt.Errorf("--chaos %v: want at least %v", o.chaos, 2*(chaosQuietHead+chaosQuietTail))
+	case o.chaosDeadline <= 0:
+		return o, fmt.Errorf("--chaos-deadline %v: want > 0", o.chaosDeadline)
 	case o.plot != "" && !o.scenarios["saturate"]:
 		return o, errors.New("--plot draws the saturate scenario: add it to --scenario")
 	}
@@ -202,6 +213,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	probe.Close()
 
 	name := fmt.Sprintf("bench-%d-%d", os.Getpid(), time.Now().UnixNano())
+	if o.chaos > 0 {
+		if o.seed == 0 {
+			o.seed = uint64(time.Now().UnixNano())
+		}
+		cfg := o.bucket
+		cfg.Name = name + "-chaos"
+		c, err := chaosSoak(ctx, tg, cfg, o.callers, o.procs, o.chaos, o.chaosDeadline, o.seed, stderr)
+		if err != nil {
+			return fmt.Errorf("chaos (seed %d): %w", o.seed, err)
+		}
+		rep.Chaos = &c
+		o.scenarios = nil
+	}
 	if o.scenarios["overhead"] {
 		fmt.Fprintln(stderr, "overhead: round trips, uncontended Enter, concurrent callers, grants/s...")
 		ov, err := overhead(ctx, tg.opt, name)
@@ -273,7 +297,7 @@ func connect(url string, stderr io.Writer, info *RedisInfo) (target, func(), err
 	srv, err := redistest.Start()
 	if err == nil {
 		info.Server = "throwaway redis-server at " + srv.Addr()
-		return target{opt: &redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true}}, srv.Close, nil
+		return target{opt: &redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true}, srv: srv}, srv.Close, nil
 	}
 	if !errors.Is(err, redistest.ErrNoRedisServer) {
 		return target{}, nil, err

@@ -22,6 +22,7 @@ type Report struct {
 	Semaphore *Semaphore `json:"semaphore,omitempty"`
 	Compare   *Compare   `json:"compare,omitempty"`
 	Scale     *Scale     `json:"scale,omitempty"`
+	Chaos     *Chaos     `json:"chaos,omitempty"`
 }
 
 // Machine is where the run happened.
@@ -114,6 +115,20 @@ func writeTable(w io.Writer, r Report) error {
 		val("returned > MaxLateness after slot", commas(s.Tardy), fmt.Sprintf("MaxLateness %v", s.MaxLateness))
 		val("re-entries", commas(s.Reentries), fmt.Sprintf("%d grants re-entered at least once", s.ReenteredCalls))
 		val("scheduler steps", commas(int(s.Steps)), fmt.Sprintf("fenced %d, errors %d", s.Fenced, s.SchedulerErrors))
+		if c := s.RedisCPU; c != nil {
+			shared := "server used by this run only"
+			if c.Shared {
+				shared = "SHARED server (--redis): other clients count too, an upper bound"
+			}
+			verdict := "ok"
+			if c.PerGrant > redisCPUGoal {
+				verdict = "MISSED"
+			}
+			val("Redis time per grant, commands", dur(c.PerGrant), fmt.Sprintf("goal ≤ %s %s; INFO commandstats Δ usec %s (scripts %s) / grants, inner commands not counted twice; %s",
+				dur(redisCPUGoal), verdict, dur(time.Duration(c.CommandsUsec)*time.Microsecond), dur(time.Duration(c.ScriptsUsec)*time.Microsecond), shared))
+			val("Redis CPU per grant, process", dur(c.ProcessCPUPerGrant), fmt.Sprintf("INFO used_cpu_sys + used_cpu_user Δ %s / grants: all threads, I/O and event loop included", dur(c.ProcessCPU)))
+			val("  costliest commands", "", c.topString(4))
+		}
 		row("", "p50", "p99", "max", "")
 		dist("wait, queued callers, steady state", s.Wait, fmt.Sprintf("%s Enters begun ≥ %v after the first", commas(s.Wait.N), s.Warmup.Round(time.Millisecond)))
 		dist("lateness: Enter return − slot", s.Late, "all grants")
@@ -143,7 +158,12 @@ func writeTable(w io.Writer, r Report) error {
 		}
 	}
 	if sc := r.Scale; sc != nil {
-		return writeScale(w, sc)
+		if err := writeScale(w, sc); err != nil {
+			return err
+		}
+	}
+	if c := r.Chaos; c != nil {
+		return writeChaos(w, c, r.Limit)
 	}
 	return nil
 }
@@ -308,6 +328,10 @@ func writeGobench(w io.Writer, r Report) error {
 			s.Tardy, "tardy",
 			s.Reentries, "reentries",
 			s.Errors, "errors")
+		if c := s.RedisCPU; c != nil {
+			line("Saturate/redis-cpu", s.Grants, f(float64(c.PerGrant)/float64(time.Microsecond)), "redis-us/op",
+				f(float64(c.ProcessCPUPerGrant)/float64(time.Microsecond)), "redis-process-cpu-us/op")
+		}
 	}
 	if sm := r.Semaphore; sm != nil {
 		line("Semaphore/burst", sm.Burst, ns(sm.BurstMedian), "ns/burst", ns(sm.BurstMax), "max-ns/burst")
@@ -335,6 +359,14 @@ func writeGobench(w io.Writer, r Report) error {
 			f(s.PerWaiterQueue), "B/waiter-queue-key", s.ExcessSlots.All, "excess-slots", s.ExcessStarts.All, "excess-starts",
 			f(s.PollsPerQueued), "polls/waiter", f(s.PollsPer), "polls/caller", f(s.RoundTripsPerGrant()), "round-trips/op",
 			f(per(s.RoundTrips, s.Callers)), "round-trips/caller", s.Grants, "grants", s.Deadlines, "deadlines", s.Errors, "errors")
+	}
+	if c := r.Chaos; c != nil {
+		total := 0
+		for _, n := range c.Errors {
+			total += n
+		}
+		line("Chaos", c.Enters, c.Grants, "grants", c.ExcessSlots, "excess-slots", c.ExcessStart, "excess-starts-slack",
+			c.Hangs, "hangs", c.Lost, "lost", total, "errors", len(c.Faults), "faults", c.Restarts, "restarts")
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // Saturate is the saturated run: its set-up and the analysis of all its
@@ -32,6 +33,10 @@ type Saturate struct {
 	Steps           int64 `json:"scheduler_steps"`
 	Fenced          int64 `json:"scheduler_fenced"`
 	SchedulerErrors int64 `json:"scheduler_errors"`
+	// RedisCPU is what the run cost the server (INFO commandstats and
+	// INFO cpu before and after); nil when the server does not report it
+	// (miniredis).
+	RedisCPU *RedisCPU `json:"redis_cpu,omitempty"`
 }
 
 // workerStartup is how long after their start worker processes begin
@@ -42,6 +47,9 @@ const workerStartup = 500 * time.Millisecond
 type target struct {
 	opt *redis.Options
 	url string // --redis, passed on to worker processes; "" for a local server
+	// srv is the throwaway redis-server this command started, nil for
+	// --redis or miniredis: only it may be killed, paused and restarted.
+	srv *redistest.Server
 }
 
 // saturate runs callers spread over procs processes (1: this one), each
@@ -65,6 +73,9 @@ func saturate(ctx context.Context, tg target, cfg bucket.Config, callers, procs 
 		}
 		specs[i] = loadgen.Spec{Proc: i, Addr: tg.opt.Addr, URL: tg.url, Bucket: cfg, Callers: n, Until: d, Timeout: timeout}
 	}
+	probe := client(tg.opt, 1)
+	defer probe.Close()
+	before, cpuErr := readCPU(ctx, probe)
 	var (
 		grants []loadgen.Grant
 		stats  loadgen.WorkerStats
@@ -77,6 +88,22 @@ func saturate(ctx context.Context, tg target, cfg bucket.Config, callers, procs 
 	}
 	if err != nil {
 		return s, nil, err
+	}
+	if cpuErr == nil {
+		var after cpuSample
+		if after, cpuErr = readCPU(ctx, probe); cpuErr == nil {
+			n := 0
+			for _, g := range grants {
+				if g.OK() {
+					n++
+				}
+			}
+			c := redisCPU(before, after, n, tg.url != "")
+			s.RedisCPU = &c
+		}
+	}
+	if cpuErr != nil {
+		fmt.Fprintf(stderr, "saturate: no Redis CPU figures: %v\n", cpuErr)
 	}
 	if dump != "" {
 		if err := writeGrants(dump, grants); err != nil {

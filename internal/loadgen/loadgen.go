@@ -7,6 +7,7 @@ package loadgen
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,6 +41,14 @@ type Grant struct {
 	Reentries  int    `json:"re,omitempty"`
 	Slot       int64  `json:"sl,omitempty"` // unix µs of the slot on the Redis clock
 	Err        string `json:"err,omitempty"`
+	// Seq numbers a caller's Enters from 1 when Spec.Announce is set
+	// (0 otherwise), so that an outcome can be matched with its
+	// announcement.
+	Seq int `json:"n,omitempty"`
+	// Begun marks an announcement (Spec.Announce): the caller is about to
+	// call Enter; its outcome follows in a record with the same Caller and
+	// Seq. Proc keeps announcements apart from outcomes (Proc.Pending).
+	Begun bool `json:"b,omitempty"`
 }
 
 // OK reports whether the Enter succeeded.
@@ -71,6 +81,21 @@ type Spec struct {
 	// begin, so that several workers start together; Until counts from
 	// it. Run itself ignores it.
 	StartAt int64 `json:"start_at,omitempty"`
+	// Announce makes every caller send a record with Begun set before
+	// each Enter, so that an Enter that never returns can be found
+	// (Proc.Pending).
+	Announce bool `json:"announce,omitempty"`
+	// Heartbeat, when set, makes a worker report its scheduler's step
+	// count this often, so that the parent can tell which process runs
+	// the scheduler (Proc.LastStep).
+	Heartbeat time.Duration `json:"heartbeat,omitempty"`
+	// Backoff, when set, is how long a caller waits after a failed Enter
+	// before the next, as a real client would, rather than spinning
+	// while Redis is down.
+	Backoff time.Duration `json:"backoff,omitempty"`
+	// QuietRedis silences go-redis's own log lines in a worker (a dead
+	// server makes its pool log every failed dial).
+	QuietRedis bool `json:"quiet_redis,omitempty"`
 }
 
 // Run runs spec's callers through b and sends every grant to out. It
@@ -100,12 +125,17 @@ func Run(ctx context.Context, b *bucket.Bucket, spec Spec, out func(Grant)) {
 				if spec.Timeout > 0 {
 					ectx, cancel = context.WithTimeout(ctx, spec.Timeout)
 				}
+				seq := 0
+				if spec.Announce {
+					seq = n + 1
+					out(Grant{Proc: spec.Proc, Caller: c, Seq: seq, Start: time.Now().UnixNano(), Begun: true})
+				}
 				start := time.Now()
 				rep, err := b.EnterReport(ectx)
 				end := time.Now()
 				cancel()
 				g := Grant{Proc: spec.Proc, Caller: c, Ticket: rep.Ticket, Start: start.UnixNano(), End: end.UnixNano(),
-					Position: rep.Position, Polls: rep.Polls, RoundTrips: rep.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries}
+					Position: rep.Position, Polls: rep.Polls, RoundTrips: rep.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries, Seq: seq}
 				if !rep.Slot.IsZero() {
 					g.Slot = rep.Slot.UnixMicro()
 				}
@@ -115,6 +145,14 @@ func Run(ctx context.Context, b *bucket.Bucket, spec Spec, out func(Grant)) {
 				out(g)
 				if err != nil && ctx.Err() != nil {
 					return
+				}
+				if err != nil && spec.Backoff > 0 {
+					t := time.NewTimer(spec.Backoff)
+					select {
+					case <-t.C:
+					case <-ctx.Done():
+					}
+					t.Stop()
 				}
 			}
 		}()
@@ -145,6 +183,9 @@ func worker(raw string) error {
 	var spec Spec
 	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
 		return err
+	}
+	if spec.QuietRedis {
+		redis.SetLogger(quietLogger{})
 	}
 	opt := &redis.Options{Addr: spec.Addr}
 	if spec.URL != "" {
@@ -181,6 +222,26 @@ func worker(raw string) error {
 		}
 		t.Stop()
 	}
+	var beat sync.WaitGroup
+	beatDone := make(chan struct{})
+	if spec.Heartbeat > 0 {
+		beat.Go(func() {
+			t := time.NewTicker(spec.Heartbeat)
+			defer t.Stop()
+			for {
+				select {
+				case <-t.C:
+				case <-beatDone:
+					return
+				}
+				line, _ := json.Marshal(heartbeatLine{Heartbeat: heartbeat{Steps: b.SchedulerStats().Steps}})
+				mu.Lock()
+				w.Write(append(line, '\n'))
+				w.Flush()
+				mu.Unlock()
+			}
+		})
+	}
 	Run(ctx, b, spec, func(g Grant) {
 		line, _ := json.Marshal(g)
 		mu.Lock()
@@ -188,6 +249,8 @@ func worker(raw string) error {
 		w.Flush()
 		mu.Unlock()
 	})
+	close(beatDone)
+	beat.Wait()
 	// Close first, so that the lock's release is counted too.
 	b.Close()
 	st := b.SchedulerStats()
@@ -204,6 +267,11 @@ func worker(raw string) error {
 	w.Write(append(line, '\n'))
 	return w.Flush()
 }
+
+// quietLogger drops go-redis's log lines.
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
 
 // WorkerStats are a worker's totals, reported once as it exits.
 type WorkerStats struct {
@@ -225,6 +293,17 @@ type statsLine struct {
 }
 
 const statsPrefix = `{"stats":`
+
+// heartbeatLine is a worker's periodic report (Spec.Heartbeat).
+type heartbeatLine struct {
+	Heartbeat heartbeat `json:"hb"`
+}
+
+type heartbeat struct {
+	Steps int64 `json:"steps"`
+}
+
+const heartbeatPrefix = `{"hb":`
 
 // RoundTripCounter is a go-redis hook (add it with AddHook) that counts
 // round trips: each command and each pipeline or transaction counts one,
@@ -287,6 +366,9 @@ type Proc struct {
 	n        int
 	stats    WorkerStats
 	hasStats bool
+	pending  map[[2]int]Grant // announcements without an outcome yet
+	steps    int64            // the last heartbeat's step count
+	stepAt   time.Time        // when a heartbeat last showed the count grow
 }
 
 // Start starts a worker process running spec: the current binary re-executed
@@ -314,7 +396,7 @@ func Start(spec Spec, args ...string) (*Proc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	p := &Proc{cmd: cmd, stdin: stdin, done: make(chan struct{}), ready: make(chan struct{})}
+	p := &Proc{cmd: cmd, stdin: stdin, done: make(chan struct{}), ready: make(chan struct{}), pending: map[[2]int]Grant{}}
 	go p.read(stdout)
 	return p, nil
 }
@@ -342,14 +424,33 @@ func (p *Proc) read(r io.Reader) {
 			p.mu.Unlock()
 			continue
 		}
+		if bytes.HasPrefix(line, []byte(heartbeatPrefix)) {
+			var hb heartbeatLine
+			if err := json.Unmarshal(line, &hb); err != nil {
+				p.err = fmt.Errorf("worker output %q: %w", line, err)
+				continue
+			}
+			p.mu.Lock()
+			if hb.Heartbeat.Steps > p.steps {
+				p.steps, p.stepAt = hb.Heartbeat.Steps, time.Now()
+			}
+			p.mu.Unlock()
+			continue
+		}
 		var g Grant
 		if err := json.Unmarshal(line, &g); err != nil {
 			p.err = fmt.Errorf("worker output %q: %w", line, err)
 			continue
 		}
 		p.mu.Lock()
-		p.grants = append(p.grants, g)
-		p.n++
+		switch key := [2]int{g.Caller, g.Seq}; {
+		case g.Begun:
+			p.pending[key] = g
+		default:
+			delete(p.pending, key)
+			p.grants = append(p.grants, g)
+			p.n++
+		}
 		p.mu.Unlock()
 	}
 	p.err = errors.Join(p.err, p.cmd.Wait())
@@ -373,6 +474,40 @@ func (p *Proc) Count() int {
 
 // Stop asks the worker to stop starting Enters (it closes its stdin).
 func (p *Proc) Stop() { p.stdin.Close() }
+
+// Signal sends sig to the worker process (SIGKILL, SIGSTOP, SIGCONT for
+// fault tests).
+func (p *Proc) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
+
+// Grants returns the outcomes received so far, without waiting.
+func (p *Proc) Grants() []Grant {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.grants)
+}
+
+// Pending returns the announcements (Spec.Announce) whose outcome has not
+// been received: Enters in flight, or, once the worker is gone or stuck,
+// Enters that never returned.
+func (p *Proc) Pending() []Grant {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]Grant, 0, len(p.pending))
+	for _, g := range p.pending {
+		out = append(out, g)
+	}
+	slices.SortFunc(out, func(a, b Grant) int { return cmp.Compare(a.Start, b.Start) })
+	return out
+}
+
+// LastStep is when a heartbeat (Spec.Heartbeat) last showed the worker's
+// scheduler step count grow (zero if never): the worker that stepped most
+// recently is the likeliest holder of the scheduler lock.
+func (p *Proc) LastStep() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stepAt
+}
 
 // Wait waits for the worker to exit and returns its grants.
 func (p *Proc) Wait() ([]Grant, error) {

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// TestChaosSoak runs a short chaos soak on a throwaway redis-server, with
+// a fixed seed, and holds it to the soak's goal: no excess in any Redis
+// epoch, no hang, no lost caller. Every fault kind happens once (the
+// schedule deals each kind once per round).
+func TestChaosSoak(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the soak takes about 30 s")
+	}
+	redistest.New(t).RequireReal(t) // run starts its own; CI fails without redis-server
+	var stdout, stderr bytes.Buffer
+	args := []string{"--chaos", "25s", "--seed", "1", "--procs", "3", "--callers", "60",
+		"--capacity", "10", "--refill-frequency", "5ms", "--json"}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := run(ctx, args, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	var rep Report
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
+	}
+	c := rep.Chaos
+	if c == nil {
+		t.Fatalf("no chaos section: %s", stdout.String())
+	}
+	var table bytes.Buffer
+	if err := writeChaos(&table, c, rep.Limit); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s", table.String())
+	if !c.OK() {
+		t.Errorf("chaos goal missed: excess slots %d, starts %d, early %d, hangs %d, lost %d (seed %d)",
+			c.ExcessSlots, c.ExcessStart, c.Early, c.Hangs, c.Lost, c.Seed)
+	}
+	if c.Grants < 1000 {
+		t.Errorf("%d grants in 25 s at 200/s, want ≥ 1000", c.Grants)
+	}
+	var kinds []string
+	for _, f := range c.Faults {
+		if !slices.Contains(kinds, f.Kind) {
+			kinds = append(kinds, f.Kind)
+		}
+	}
+	if len(kinds) < 8 {
+		t.Errorf("fault kinds %q: want all 8", kinds)
+	}
+	if c.Restarts == 0 || len(c.Epochs) != c.Restarts+1 {
+		t.Errorf("%d restarts, %d epochs", c.Restarts, len(c.Epochs))
+	}
+}
+
+// TestScriptCommandsCoverLua reads every redis.call in queue/lua/*.lua and
+// fails when one is missing from scriptCommands, whose rows the Redis CPU
+// figure leaves out as already counted inside EVALSHA.
+func TestScriptCommandsCoverLua(t *testing.T) {
+	files, err := filepath.Glob("../../queue/lua/*.lua")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no Lua scripts found: %v", err)
+	}
+	call := regexp.MustCompile(`redis\.(?:p?call)\(\s*['"]([A-Za-z]+)['"]`)
+	for _, f := range files {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range call.FindAllStringSubmatch(string(src), -1) {
+			if cmd := strings.ToLower(m[1]); !slices.Contains(scriptCommands, cmd) {
+				t.Errorf("%s calls %s, missing from scriptCommands", filepath.Base(f), strings.ToUpper(cmd))
+			}
+		}
+	}
+}
+
+// TestRedisCPU: inner commands are not added to their script's time, and
+// this command's INFO calls are left out.
+func TestRedisCPU(t *testing.T) {
+	before, err := parseCPU("# Commandstats\r\ncmdstat_evalsha:calls=10,usec=100,usec_per_call=10.00\r\n# CPU\r\nused_cpu_sys:1.0\r\nused_cpu_user:2.0\r\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := parseCPU("# Commandstats\r\ncmdstat_evalsha:calls=20,usec=1100,usec_per_call=55.00\r\n" +
+		"cmdstat_zscore:calls=10,usec=50,usec_per_call=5.00\r\ncmdstat_info:calls=3,usec=90,usec_per_call=30\r\n" +
+		"cmdstat_script|load:calls=1,usec=20,usec_per_call=20\r\n# CPU\r\nused_cpu_sys:1.5\r\nused_cpu_user:2.5\r\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redisCPU(before, after, 10, false)
+	if c.CommandsUsec != 1020 || c.ScriptsUsec != 1000 || c.PerGrant != 102*time.Microsecond {
+		t.Errorf("commands %d µs, scripts %d µs, per grant %v; want 1020, 1000, 102µs", c.CommandsUsec, c.ScriptsUsec, c.PerGrant)
+	}
+	if c.ProcessCPU != time.Second || c.ProcessCPUPerGrant != 100*time.Millisecond {
+		t.Errorf("process CPU %v, per grant %v; want 1s, 100ms", c.ProcessCPU, c.ProcessCPUPerGrant)
+	}
+}

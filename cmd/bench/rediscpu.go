@@ -1,0 +1,175 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// scriptCommands are the commands the bucket's scripts run: those of
+// queue/lua/*.lua (TestScriptCommandsCoverLua keeps the list complete) and
+// of github.com/bsm/redislock's scripts. Redis 7 counts a command run
+// inside a script twice in INFO commandstats: in its own row and inside
+// the usec of the EVALSHA or EVAL that ran it (checked: a script running
+// 200,000 SETs shows 444 ms under eval and 99 ms under set, with 436 ms
+// of CPU in all). Their rows are therefore left out of the sum. The
+// bucket never sends one of them directly.
+var scriptCommands = []string{
+	"time", "get", "set", "getrange", "del", "exists", "pexpire", "pttl", "publish",
+	"llen", "rpush", "lpop", "lpos", "lrem", "lrange", "zadd", "zscore", "zrem", "zrange", "zremrangebyscore",
+}
+
+// probeCommands are what this command itself sends to read the figures.
+var probeCommands = []string{"info", "config|resetstat"}
+
+// RedisCPU is what a run cost the Redis server, from INFO before and
+// after it.
+type RedisCPU struct {
+	// Shared is true when the server came from --redis: other clients'
+	// commands count too, so the figures are an upper bound.
+	Shared bool `json:"shared"`
+	// CommandsUsec sums the usec of every INFO commandstats row, less the
+	// rows of scriptCommands (already inside their script's usec) and of
+	// this command's own INFO calls: the time Redis spent executing what
+	// clients sent, scripts included. ScriptsUsec is the EVALSHA and EVAL
+	// part of it.
+	CommandsUsec int64 `json:"commands_usec"`
+	ScriptsUsec  int64 `json:"scripts_usec"`
+	// PerGrant is CommandsUsec per grant: the figure of the project's goal.
+	PerGrant time.Duration `json:"commands_per_grant_ns"`
+	// ProcessCPU is the change of INFO cpu used_cpu_sys + used_cpu_user:
+	// every thread of the server, with reading requests, writing replies
+	// and the event loop, which commandstats leave out.
+	ProcessCPU         time.Duration `json:"process_cpu_ns"`
+	ProcessCPUPerGrant time.Duration `json:"process_cpu_per_grant_ns"`
+	// Top lists the rows that cost most (script rows first among equals).
+	Top []CommandCost `json:"top"`
+}
+
+// CommandCost is one commandstats row's change over the run.
+type CommandCost struct {
+	Name  string `json:"name"`
+	Calls int64  `json:"calls"`
+	Usec  int64  `json:"usec"`
+	// Inner is true for the rows of commands run by scripts, not summed.
+	Inner bool `json:"inner,omitempty"`
+}
+
+// redisCPUGoal is the project's goal for CommandsUsec per grant.
+const redisCPUGoal = 20 * time.Microsecond
+
+// cpuSample is one reading of INFO commandstats and INFO cpu.
+type cpuSample struct {
+	rows map[string]CommandCost
+	cpu  float64 // seconds, sys + user
+}
+
+func readCPU(ctx context.Context, rdb *redis.Client) (cpuSample, error) {
+	info, err := rdb.Info(ctx, "commandstats", "cpu").Result()
+	if err != nil {
+		return cpuSample{}, err
+	}
+	return parseCPU(info)
+}
+
+// parseCPU reads the rows of INFO commandstats
+// ("cmdstat_evalsha:calls=5,usec=80,usec_per_call=16.00,...") and
+// used_cpu_sys, used_cpu_user of INFO cpu.
+func parseCPU(info string) (cpuSample, error) {
+	s := cpuSample{rows: map[string]CommandCost{}}
+	var cpuSeen int
+	for line := range strings.SplitSeq(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		if name, ok := strings.CutPrefix(k, "cmdstat_"); ok {
+			c := CommandCost{Name: name}
+			for field := range strings.SplitSeq(v, ",") {
+				fk, fv, _ := strings.Cut(field, "=")
+				var dst *int64
+				switch fk {
+				case "calls":
+					dst = &c.Calls
+				case "usec":
+					dst = &c.Usec
+				default:
+					continue
+				}
+				n, err := strconv.ParseInt(fv, 10, 64)
+				if err != nil {
+					return s, fmt.Errorf("INFO commandstats %s: %w", k, err)
+				}
+				*dst = n
+			}
+			s.rows[name] = c
+			continue
+		}
+		if k == "used_cpu_sys" || k == "used_cpu_user" {
+			x, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return s, fmt.Errorf("INFO cpu %s: %w", k, err)
+			}
+			s.cpu += x
+			cpuSeen++
+		}
+	}
+	if cpuSeen != 2 {
+		return s, fmt.Errorf("INFO cpu: used_cpu_sys or used_cpu_user missing")
+	}
+	return s, nil
+}
+
+// redisCPU is the cost of the run between before and after, spread over
+// grants.
+func redisCPU(before, after cpuSample, grants int, shared bool) RedisCPU {
+	r := RedisCPU{Shared: shared}
+	var rows []CommandCost
+	for name, a := range after.rows {
+		b := before.rows[name]
+		d := CommandCost{Name: name, Calls: a.Calls - b.Calls, Usec: a.Usec - b.Usec}
+		if d.Calls <= 0 || slices.Contains(probeCommands, name) {
+			continue
+		}
+		d.Inner = slices.Contains(scriptCommands, name)
+		rows = append(rows, d)
+		if d.Inner {
+			continue
+		}
+		r.CommandsUsec += d.Usec
+		if name == "evalsha" || name == "eval" {
+			r.ScriptsUsec += d.Usec
+		}
+	}
+	slices.SortFunc(rows, func(x, y CommandCost) int {
+		if x.Usec != y.Usec {
+			return int(y.Usec - x.Usec)
+		}
+		return strings.Compare(x.Name, y.Name)
+	})
+	r.Top = rows[:min(len(rows), 8)]
+	r.ProcessCPU = time.Duration((after.cpu - before.cpu) * float64(time.Second))
+	if grants > 0 {
+		r.PerGrant = time.Duration(r.CommandsUsec) * time.Microsecond / time.Duration(grants)
+		r.ProcessCPUPerGrant = r.ProcessCPU / time.Duration(grants)
+	}
+	return r
+}
+
+// topString lists the costliest rows: "evalsha 12,345 calls 80 ms, ...".
+func (r RedisCPU) topString(n int) string {
+	var parts []string
+	for _, c := range r.Top[:min(n, len(r.Top))] {
+		inner := ""
+		if c.Inner {
+			inner = " (in scripts)"
+		}
+		parts = append(parts, fmt.Sprintf("%s%s %s calls %s", c.Name, inner, commas(int(c.Calls)), dur(time.Duration(c.Usec)*time.Microsecond)))
+	}
+	return strings.Join(parts, ", ")
+}
