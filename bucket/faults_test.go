@@ -341,13 +341,20 @@ func TestRedisFrozen(t *testing.T) {
 func TestRedisSlow(t *testing.T) {
 	srv := redistest.New(t)
 	srv.RequireReal(t)
+	// A caller judges its lateness from when its request left, less the
+	// shortest round trip seen: round trips that vary by more than
+	// MaxLateness make callers re-enter (each spends a token). The advice
+	// in docs/guarantees.md: MaxLateness above the spread of round trips.
+	// The jittery case follows it; with the default it reached only
+	// 0.22–0.27 of the rate here.
 	for _, c := range []struct {
 		lo, hi  time.Duration // one way: a round trip costs twice
 		minUtil float64
+		late    time.Duration // MaxLateness
 	}{
-		{0, 0, 0.8},
-		{2500 * time.Microsecond, 2500 * time.Microsecond, 0.6},
-		{2500 * time.Microsecond, 25 * time.Millisecond, 0.3},
+		{0, 0, 0.8, bucket.DefaultMaxLateness},
+		{2500 * time.Microsecond, 2500 * time.Microsecond, 0.6, bucket.DefaultMaxLateness},
+		{2500 * time.Microsecond, 25 * time.Millisecond, 0.5, bucket.DefaultMaxLateness + 2*(25*time.Millisecond-2500*time.Microsecond)},
 	} {
 		t.Run(fmt.Sprintf("rtt=%v-%v", 2*c.lo, 2*c.hi), func(t *testing.T) {
 			px, err := faultproxy.New(srv.Addr())
@@ -359,7 +366,7 @@ func TestRedisSlow(t *testing.T) {
 			rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: 40})
 			defer rdb.Close()
 			cfg := bucket.Config{Name: t.Name(), Capacity: 5, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond,
-				LockTTL: 300 * time.Millisecond, MaxLateness: bucket.DefaultMaxLateness}
+				LockTTL: 300 * time.Millisecond, MaxLateness: c.late}
 			b := newBucket(t, rdb, cfg)
 			const timeout, run = 5 * time.Second, 1500 * time.Millisecond
 			l := startLoad(t, b, 0, 30, timeout)
@@ -543,10 +550,26 @@ func TestWaiterProcessKilled(t *testing.T) {
 			}
 		}
 	}
+	// Tokens a busy machine loses, not the bucket: B's own late callers
+	// re-enter and spend a token each, and a gap between grants longer
+	// than a full bucket's worth of refills (B starved of CPU) lets the
+	// refills in it overflow.
+	reB, overflow := 0, 0
+	var times []time.Time
+	for _, g := range bGrants {
+		if g.OK() && g.Time().After(killedAt) {
+			reB += g.Reentries
+			times = append(times, g.Time())
+		}
+	}
+	slices.SortFunc(times, func(x, y time.Time) int { return x.Compare(y) })
+	for i := 1; i < len(times); i++ {
+		overflow += max(0, int(times[i].Sub(times[i-1])/cfg.RefillFrequency)-cfg.Capacity)
+	}
 	refills := int(lastB.Sub(killedAt) / cfg.RefillFrequency)
-	if lost := refills - bAfter; lost > deadCallers+5 {
-		t.Errorf("B got %d grants in %d refills after the kill: %d tokens lost, want ≤ %d (the dead callers') + 5",
-			bAfter, refills, lost, deadCallers)
+	if lost := refills - bAfter; lost > deadCallers+reB+overflow+5 {
+		t.Errorf("B got %d grants in %d refills after the kill: %d tokens lost, want ≤ %d (the dead callers') + %d (B's re-entries) + %d (overflow in stalls) + 5",
+			bAfter, refills, lost, deadCallers, reB, overflow)
 	}
 	stall := maxGap(bGrants, killedAt, lastB)
 	t.Logf("waiter process killed with its callers queued: %d slots wasted (≤ %d dead callers), B got %d of %d refills after, longest stall %v",
