@@ -90,7 +90,10 @@ type Config struct {
 	// caller that wakes later (its process was frozen or starved of CPU)
 	// does not start on its stale slot, which would bunch starts together
 	// at the upstream: it enters again at the back of the queue, and its
-	// old token is spent. 0 means 25 ms; negative means never re-enter.
+	// old token is spent. Lateness is judged conservatively, from when the
+	// request left less the shortest round trip seen, so round trips to
+	// Redis that vary by more than MaxLateness cause re-entries: set it
+	// above that spread. 0 means 25 ms; negative means never re-enter.
 	MaxLateness time.Duration
 }
 
