@@ -22,6 +22,12 @@
 // bucket across 8 processes: Redis memory per waiting caller, polls and
 // round trips, the guarantee over the grants.
 //
+// --chaos DURATION runs a soak instead: saturated callers in worker
+// processes while faults happen at random (processes and redis-server
+// killed, stopped, restarted; links delayed and cut; bursts of
+// cancellations), judged for excess per Redis epoch, hangs and lost
+// callers, with a fault log; --seed replays the fault schedule.
+//
 // docs/benchmarks.md defines every figure and records a run.
 //
 // Usage:
@@ -32,6 +38,7 @@
 //	    [--compare-callers 200] [--compare-duration 3s]
 //	    [--scale-callers 10000] [--scale-procs 8] [--scale-deadline 5s]
 //	    [--json | --gobench]
+//	go run ./cmd/bench --chaos 2m [--seed N] [--chaos-deadline 2s] [--callers 400] [--procs 4]
 package main
 
 import (
