@@ -475,7 +475,7 @@ func TestClockSkew(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	checkGrants(t, all, cfg)
+	checkGrants(t, all, fast.Config())
 	for _, g := range all {
 		if g.Wait() > 2*time.Second {
 			t.Fatalf("a skewed caller waited %v: the skew leaked into a sleep", g.Wait())

@@ -415,3 +415,44 @@ func withDeadline(t *testing.T, d time.Duration) context.Context {
 	t.Cleanup(cancel)
 	return c
 }
+
+// TestEnqueueFront: a caller that missed its slot comes back at the head of
+// the queue, is scheduled first, and is not refused by MaxQueue.
+func TestEnqueueFront(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: time.Millisecond}, queue.Options{Lookahead: 5 * time.Millisecond, MaxQueue: 6})
+	entries := enqueueN(t, rdb, q, 5)
+	sixth, _ := q.Enqueue(ctx, "sixth") // the queue is full now
+	if sixth.Kind != queue.Queued {
+		t.Fatalf("sixth: %+v, want queued", sixth)
+	}
+	entries = append(entries, sixth.Entry)
+	if r, _ := q.Enqueue(ctx, "late-newcomer"); r.Kind != queue.QueueFull {
+		t.Fatalf("newcomer: %+v, want queue full", r)
+	}
+	back, err := q.EnqueueFront(ctx, "came-back")
+	if err != nil || back.Kind != queue.Queued || back.Position != 1 {
+		t.Fatalf("EnqueueFront: %+v %v, want queued at the head", back, err)
+	}
+	head, _ := rdb.LIndex(ctx, q.Keys().Queue, 0).Result()
+	if head != back.Entry {
+		t.Fatalf("head of the queue is %q, want %q", head, back.Entry)
+	}
+	takeLock(t, rdb, q, "tok")
+	for {
+		r, err := q.Step(ctx, "tok")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Status == queue.Released {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	all := append([]string{back.Entry}, entries...)
+	slots := slotsOf(t, rdb, q, all)
+	if !slices.IsSorted(slots) || slots[0] >= slots[1] {
+		t.Fatalf("slots %v: the caller that came back is not served first", slots)
+	}
+}
