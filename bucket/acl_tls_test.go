@@ -45,7 +45,7 @@ const sluiceACL = "on >s3cret resetkeys ~sluice:* resetchannels &sluice:* -@all 
 // scriptCommands are the commands run inside queue/lua/*.lua and
 // redislock's scripts; TestACLCoversScripts keeps the list complete.
 const scriptCommands = "+time +get +set +getrange +del +exists +pexpire +pttl +publish " +
-	"+llen +rpush +lpush +lpop +lpos +lrem +lrange +zadd +zscore +zrem +zrange +zremrangebyscore"
+	"+llen +rpush +lpop +lpos +lrem +lrange +zadd +zscore +zrem +zrange +zremrangebyscore"
 
 // TestACLCoversScripts reads every redis.call in queue/lua/*.lua and
 // fails when one is missing from the ACL line, so that a new command in a

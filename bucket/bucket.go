@@ -89,8 +89,8 @@ type Config struct {
 	// MaxLateness is how late after its slot a caller may still start. A
 	// caller that wakes later (its process was frozen or starved of CPU)
 	// does not start on its stale slot, which would bunch starts together
-	// at the upstream: it enters again, at the head of the queue since it
-	// has waited its turn, and its old token is spent. Lateness is judged conservatively, from when the
+	// at the upstream: it enters again at the back of the queue, and its
+	// old token is spent. Lateness is judged conservatively, from when the
 	// request left less the shortest round trip seen, so round trips to
 	// Redis that vary by more than MaxLateness cause re-entries: set it
 	// above that spread. 0 means 25 ms; negative means never re-enter.
@@ -316,7 +316,7 @@ type Report struct {
 	Polls      int           // polls for a slot (1 in the normal queued case)
 	RoundTrips int           // Redis round trips made by this caller
 	Late       time.Duration // how late after its slot Enter returned, at most (local clock, less the usual round trip)
-	Reentries  int           // times the caller came back (stale or lost slot), each time at the head of the queue
+	Reentries  int           // times the caller entered again (stale or lost slot)
 	// Slot is the instant the caller's token was due, on the Redis clock.
 	// It is for analysis only (comparing with the local clock assumes
 	// both are synchronised); Enter never uses it.
@@ -336,7 +336,7 @@ func (b *Bucket) EnterReport(ctx context.Context) (Report, error) {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		again, err := b.enterOnce(ctx, &rep, rep.Reentries > 0)
+		again, err := b.enterOnce(ctx, &rep)
 		if !again {
 			rep.Wait = b.now().Sub(start)
 			return rep, err
@@ -346,19 +346,10 @@ func (b *Bucket) EnterReport(ctx context.Context) (Report, error) {
 }
 
 // enterOnce makes one arrival with a fresh ID. It reports again when the
-// caller must arrive anew (its slot went stale or was lost). A caller
-// coming back (back) has waited its turn already: it rejoins at the head
-// of the queue, and keeps its first ticket in the report.
-func (b *Bucket) enterOnce(ctx context.Context, rep *Report, back bool) (again bool, err error) {
+// caller must arrive anew (its slot went stale or was lost).
+func (b *Bucket) enterOnce(ctx context.Context, rep *Report) (again bool, err error) {
 	id := b.newID()
-	var er queue.EnqueueReply
-	var sent time.Time
-	if back {
-		sent = b.now()
-		er, err = b.q.EnqueueFront(ctx, id)
-	} else {
-		er, sent, err = b.arr.enqueue(ctx, id)
-	}
+	er, sent, err := b.arr.enqueue(ctx, id)
 	received := b.now()
 	b.rtt.observe(received.Sub(sent))
 	rep.RoundTrips++
@@ -368,9 +359,7 @@ func (b *Bucket) enterOnce(ctx context.Context, rep *Report, back bool) (again b
 		}
 		return false, b.redisErr(ctx, err)
 	}
-	if !back {
-		rep.Ticket, rep.Position = er.Ticket, er.Position
-	}
+	rep.Ticket, rep.Position = er.Ticket, er.Position
 	switch er.Kind {
 	case queue.Granted, queue.Assigned:
 		rep.Slot = time.UnixMicro(er.Slot)

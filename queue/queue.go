@@ -107,25 +107,10 @@ func (q *Queue) Enqueue(ctx context.Context, id string) (EnqueueReply, error) {
 // EnqueueBatch makes callers arrive at the bucket in one round trip, in the
 // order given, each handled as if it had come alone.
 func (q *Queue) EnqueueBatch(ctx context.Context, ids []string) ([]EnqueueReply, error) {
-	return q.enqueue(ctx, ids, false)
-}
-
-// EnqueueFront makes a caller that missed its slot (its process was late)
-// arrive again at the head of the queue: it already waited its turn. It is
-// never refused.
-func (q *Queue) EnqueueFront(ctx context.Context, id string) (EnqueueReply, error) {
-	r, err := q.enqueue(ctx, []string{id}, true)
-	if err != nil {
-		return EnqueueReply{}, err
-	}
-	return r[0], nil
-}
-
-func (q *Queue) enqueue(ctx context.Context, ids []string, front bool) ([]EnqueueReply, error) {
-	args := make([]any, 0, 4+len(q.policyArgs)+2+len(ids))
+	args := make([]any, 0, 4+len(q.policyArgs)+1+len(ids))
 	args = append(args, us(q.opt.Lookahead), q.opt.MaxQueue, us(q.opt.MaxWait), us(q.opt.Grace))
 	args = append(args, q.policyArgs...)
-	args = append(args, boolArg(front), len(ids))
+	args = append(args, len(ids))
 	for _, id := range ids {
 		args = append(args, id)
 	}
@@ -303,13 +288,6 @@ func parseCancel(n int, reply any, err error) ([]CancelResult, error) {
 		out[i] = CancelResult(x)
 	}
 	return out, nil
-}
-
-func boolArg(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // dur converts a reply's count of unit into a Duration, saturating instead

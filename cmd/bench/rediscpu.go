@@ -21,7 +21,7 @@ import (
 // bucket never sends one of them directly.
 var scriptCommands = []string{
 	"time", "get", "set", "getrange", "del", "exists", "pexpire", "pttl", "publish",
-	"llen", "rpush", "lpush", "lpop", "lpos", "lrem", "lrange", "zadd", "zscore", "zrem", "zrange", "zremrangebyscore",
+	"llen", "rpush", "lpop", "lpos", "lrem", "lrange", "zadd", "zscore", "zrem", "zrange", "zremrangebyscore",
 }
 
 // probeCommands are what this command itself sends to read the figures.

@@ -11,11 +11,7 @@
 -- ARGV[3] max wait µs, 0 = unbounded
 -- ARGV[4] grace µs added to every key's TTL
 -- ARGV[5..] policies: n, then cap, amount, freq µs for each
--- ARGV[after policies] front 0/1, m, then m caller IDs (fresh per arrival)
---
--- front = 1 marks callers that come back after they missed their slot
--- (their process was late): they already waited their turn, so they join
--- the head of the queue, in the order given, and are not refused.
+-- ARGV[after policies] m, then m caller IDs (fresh per Enter)
 --
 -- A queued caller is stored as the entry "<id>|<estimated slot µs>": the
 -- scheduler compares the slot it assigns with the estimate the caller sleeps
@@ -34,8 +30,6 @@ local max_queue = tonumber(ARGV[2])
 local max_wait = tonumber(ARGV[3])
 local grace = tonumber(ARGV[4])
 local ps, i = read_policies(ARGV, 5)
-local front = ARGV[i] == '1'
-i = i + 1
 local m = tonumber(ARGV[i])
 
 local st, seq, fresh = load(KEYS[2], ps, now)
@@ -63,14 +57,6 @@ for c = 1, m do
       seq = seq + 1
       put(slot == now and 0 or 1, slot - now, 0)
     end
-  elseif front then
-    local k = #pushed + 1
-    local est = slot_all(st, ps, now, k)
-    if running < 0 then running = redis.call('EXISTS', KEYS[4]) end
-    qlen = qlen + 1
-    pushed[k] = id .. '|' .. int(est)
-    seq = seq + 1
-    put(2, est - now, k)
   elseif max_queue > 0 and qlen >= max_queue then
     put(3, 0, qlen)
   else
@@ -87,14 +73,8 @@ for c = 1, m do
   end
 end
 
-if #pushed > 0 and front then
-  local rev = {}
-  for k = #pushed, 1, -1 do rev[#rev + 1] = pushed[k] end
-  redis.call('LPUSH', KEYS[1], unpack(rev))
-elseif #pushed > 0 then
-  redis.call('RPUSH', KEYS[1], unpack(pushed))
-end
 if #pushed > 0 then
+  redis.call('RPUSH', KEYS[1], unpack(pushed))
   local tail = slot_all(st, ps, now, qlen)
   redis.call('PEXPIRE', KEYS[1], ceil_ms(tail - now + grace))
 end
