@@ -149,43 +149,13 @@ func compareOne(ctx context.Context, opt *redis.Options, name string, k contende
 // compareAdmit releases n callers at once on a fresh limiter with the limit
 // far above reach, compareRounds times after an untimed round.
 func compareAdmit(ctx context.Context, rdb *redis.Client, name string, k contender, n int) (Admit, error) {
-	a := Admit{Callers: n, Rounds: compareRounds}
-	var lasts []time.Duration
-	for round := -1; round < compareRounds; round++ {
-		l, err := k.New(rdb, fmt.Sprintf("%s-%d", name, round+1), farAbove)
+	return admitBursts(ctx, Admit{Callers: n, Rounds: compareRounds}, func(round int) (func(context.Context) error, func(), error) {
+		l, err := k.New(rdb, fmt.Sprintf("%s-%d", name, round), farAbove)
 		if err != nil {
-			return a, err
+			return nil, nil, err
 		}
-		gate := make(chan struct{})
-		ends := make([]time.Time, n)
-		errs := make([]error, n)
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Go(func() {
-				<-gate
-				errs[i] = l.Wait(ctx)
-				ends[i] = time.Now()
-			})
-		}
-		start := time.Now()
-		close(gate)
-		wg.Wait()
-		l.Close()
-		if err := ctx.Err(); err != nil {
-			return a, err
-		}
-		if round < 0 {
-			continue
-		}
-		for _, err := range errs {
-			if err != nil {
-				a.Errors++
-			}
-		}
-		lasts = append(lasts, slices.MaxFunc(ends, time.Time.Compare).Sub(start))
-	}
-	a.Last = distOf(lasts)
-	return a, nil
+		return l.Wait, func() { l.Close() }, nil
+	})
 }
 
 // compareHammerRun has compareHammerCallers loop Wait with the limit far

@@ -147,27 +147,40 @@ func admit(ctx context.Context, opt *redis.Options, name string, callers int) (A
 	if err := concurrently(callers, func(int) error { return rdb.Ping(ctx).Err() }); err != nil {
 		return a, err
 	}
+	return admitBursts(ctx, a, func(round int) (func(context.Context) error, func(), error) {
+		b, err := bucket.New(rdb, unlimited(fmt.Sprintf("%s-%d", name, round)))
+		if err != nil {
+			return nil, nil, err
+		}
+		return b.Enter, func() { b.Close() }, nil
+	})
+}
+
+// admitBursts runs a.Rounds timed bursts (after one untimed) of a.Callers
+// calls released at once, each burst on the limiter that fresh(round)
+// makes, and times the last return of each.
+func admitBursts(ctx context.Context, a Admit, fresh func(round int) (wait func(context.Context) error, done func(), err error)) (Admit, error) {
 	var lasts []time.Duration
-	for round := -1; round < admitRounds; round++ {
-		b, err := bucket.New(rdb, unlimited(fmt.Sprintf("%s-%d", name, round+1)))
+	for round := -1; round < a.Rounds; round++ {
+		wait, done, err := fresh(round + 1)
 		if err != nil {
 			return a, err
 		}
 		gate := make(chan struct{})
-		ends := make([]time.Time, callers)
-		errs := make([]error, callers)
+		ends := make([]time.Time, a.Callers)
+		errs := make([]error, a.Callers)
 		var wg sync.WaitGroup
-		for i := range callers {
+		for i := range a.Callers {
 			wg.Go(func() {
 				<-gate
-				errs[i] = b.Enter(ctx)
+				errs[i] = wait(ctx)
 				ends[i] = time.Now()
 			})
 		}
 		start := time.Now()
 		close(gate)
 		wg.Wait()
-		b.Close()
+		done()
 		if err := ctx.Err(); err != nil {
 			return a, err
 		}
