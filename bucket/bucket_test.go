@@ -496,8 +496,10 @@ func TestLongWaitPollsOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Polls != 1 {
-		t.Fatalf("%d polls over a %v wait with a %v lock TTL, want 1", rep.Polls, rep.Wait, 100*time.Millisecond)
+	// One poll; a second if a busy machine delays the scheduler past the
+	// caller's lead. Polling every lock TTL would be about 15.
+	if rep.Polls > 2 {
+		t.Fatalf("%d polls over a %v wait with a %v lock TTL, want 1 (2 on a busy machine)", rep.Polls, rep.Wait, 100*time.Millisecond)
 	}
 }
 
