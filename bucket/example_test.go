@@ -57,7 +57,8 @@ func ExampleBucket_EnterReport() {
 	defer srv.Close()
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	defer rdb.Close()
-	b, err := bucket.New(rdb, bucket.Config{Name: "report", Capacity: 1, RefillAmount: 1, RefillFrequency: 30 * time.Millisecond})
+	b, err := bucket.New(rdb, bucket.Config{Name: "report", Capacity: 1, RefillAmount: 1, RefillFrequency: 300 * time.Millisecond,
+		Lookahead: 100 * time.Millisecond}) // the second caller queues, and its slot is assigned well before it polls
 	if err != nil {
 		fmt.Println(err)
 		return
