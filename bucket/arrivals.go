@@ -142,6 +142,9 @@ func (a *arrivals) flush() {
 type roundTrip struct{ ns atomic.Int64 }
 
 func (r *roundTrip) observe(d time.Duration) {
+	if d <= 0 {
+		return
+	}
 	for {
 		cur := r.ns.Load()
 		next := int64(d)

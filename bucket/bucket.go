@@ -351,7 +351,6 @@ func (b *Bucket) enterOnce(ctx context.Context, rep *Report) (again bool, err er
 	id := b.newID()
 	er, sent, err := b.arr.enqueue(ctx, id)
 	received := b.now()
-	b.rtt.observe(received.Sub(sent))
 	rep.RoundTrips++
 	if err != nil {
 		if ctx.Err() != nil {
@@ -359,6 +358,7 @@ func (b *Bucket) enterOnce(ctx context.Context, rep *Report) (again bool, err er
 		}
 		return false, b.redisErr(ctx, err)
 	}
+	b.rtt.observe(received.Sub(sent)) // only replies: a failed call says nothing of the network
 	rep.Ticket, rep.Position = er.Ticket, er.Position
 	switch er.Kind {
 	case queue.Granted, queue.Assigned:
@@ -391,13 +391,13 @@ func (b *Bucket) awaitSlot(ctx context.Context, entry string, est time.Duration,
 		sent := b.now()
 		pr, err := b.q.Poll(ctx, entry)
 		received := b.now()
-		b.rtt.observe(received.Sub(sent))
 		rep.Polls++
 		rep.RoundTrips++
 		if err != nil {
 			b.cancel(entry)
 			return false, b.redisErr(ctx, err)
 		}
+		b.rtt.observe(received.Sub(sent))
 		switch pr.Kind {
 		case queue.Slot:
 			rep.Slot = time.UnixMicro(pr.Slot)

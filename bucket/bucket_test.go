@@ -523,3 +523,36 @@ func TestFreshIDs(t *testing.T) {
 		}
 	}
 }
+
+// TestFailedCallsLeaveLatenessAlone: Enters cut short by their deadline
+// (no reply, so no round trip measured) must not blunt the lateness check
+// of later ones: the shortest round trip seen stays a round trip.
+func TestFailedCallsLeaveLatenessAlone(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	b := newBucket(t, rdb, bucket.Config{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour, MaxLateness: 5 * time.Millisecond})
+	if err := b.Enter(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Redis frozen: the first caller's enqueue hangs in flight, the others
+	// gather behind it and give up before any reply.
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	var wg sync.WaitGroup
+	for i := 0; i < 50; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = b.Enter(ctx) }()
+	}
+	wg.Wait()
+	cancel()
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if rtt := bucket.MinRoundTrip(b); rtt > time.Second {
+		t.Fatalf("shortest round trip seen is %v after failed calls: no lateness would ever count", rtt)
+	}
+}

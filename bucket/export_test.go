@@ -10,3 +10,6 @@ func SkewClock(b *Bucket, d time.Duration) {
 
 // NewID exposes the ID of the next arrival.
 func NewID(b *Bucket) string { return b.newID() }
+
+// MinRoundTrip exposes the shortest recent round trip the Bucket has seen.
+func MinRoundTrip(b *Bucket) time.Duration { return b.rtt.min() }
