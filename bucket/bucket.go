@@ -465,12 +465,18 @@ func (b *Bucket) sleep(ctx context.Context, d time.Duration, wake <-chan struct{
 // at once even if Redis hangs.
 func (b *Bucket) cancel(entry string) { b.left.leave(entry) }
 
-// redisErr prefers the caller's ctx error, so that errors.Is(err,
+// redisErr reports ErrClosed after Close, and otherwise prefers the
+// caller's ctx error, so that errors.Is(err,
 // ctx.Err()) holds when the caller's deadline is what cut the call short.
 // go-redis sets the socket deadline to the ctx's, so the socket can time
 // out a moment before ctx.Err() is set: a timeout at the deadline counts
 // as the deadline.
 func (b *Bucket) redisErr(ctx context.Context, err error) error {
+	select {
+	case <-b.done: // Close cut the call short
+		return ErrClosed
+	default:
+	}
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return fmt.Errorf("bucket: %w (%v)", ctxErr, err)
 	}
