@@ -28,6 +28,7 @@ type arrivals struct {
 
 	mu      sync.Mutex
 	busy    bool // an enqueue is in flight (inline or the flusher's)
+	closed  bool // no flusher may start
 	pending []*arrival
 }
 
@@ -79,14 +80,32 @@ func (a *arrivals) enqueue(ctx context.Context, id string) (queue.EnqueueReply, 
 }
 
 // handOff, under mu, passes the callers who gathered during an enqueue to
-// the flusher, or marks the way free.
+// the flusher, or marks the way free. After close it sends them away.
 func (a *arrivals) handOff() {
+	if a.closed {
+		for _, ar := range a.pending {
+			ar.err = context.Canceled // the caller reports ErrClosed
+			close(ar.done)
+		}
+		a.pending = nil
+	}
 	if len(a.pending) == 0 {
 		a.busy = false
 		return
 	}
 	a.wg.Add(1)
 	go a.flush()
+}
+
+// close stops the flusher (cancelling its call) and waits for it. No
+// flusher starts afterwards: the flag is set under mu, where handOff
+// decides.
+func (a *arrivals) close(cancel context.CancelFunc) {
+	a.mu.Lock()
+	a.closed = true
+	a.mu.Unlock()
+	cancel()
+	a.wg.Wait()
 }
 
 // flush sends the gathered callers in batches until none is left. It is

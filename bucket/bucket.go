@@ -280,8 +280,7 @@ func (b *Bucket) SchedulerStats() scheduler.Stats { return b.sched.Stats() }
 func (b *Bucket) Close() error {
 	b.once.Do(func() { close(b.done) })
 	b.left.close()
-	b.stop()
-	b.arr.wg.Wait()
+	b.arr.close(b.stop)
 	b.wake.close()
 	return b.sched.Close()
 }

@@ -556,3 +556,48 @@ func TestFailedCallsLeaveLatenessAlone(t *testing.T) {
 		t.Fatalf("shortest round trip seen is %v after failed calls: no lateness would ever count", rtt)
 	}
 }
+
+// TestCloseDuringBurst: Close while hundreds of callers are arriving (some
+// inline, some gathered for a batch, some queued): every one returns, those
+// cut short with ErrClosed, and no goroutine outlives the Bucket (goleak in
+// TestMain).
+func TestCloseDuringBurst(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	b, err := bucket.New(rdb, bucket.Config{Name: t.Name(), Capacity: 5, RefillAmount: 1, RefillFrequency: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 300)
+	for i := 0; i < 300; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- b.Enter(context.Background()) }()
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("callers still blocked 10 s after Close")
+	}
+	close(errs)
+	granted, closed := 0, 0
+	for err := range errs {
+		switch {
+		case err == nil:
+			granted++
+		case errors.Is(err, bucket.ErrClosed):
+			closed++
+		default:
+			t.Errorf("Enter: %v, want nil or ErrClosed", err)
+		}
+	}
+	if granted > 5 {
+		t.Errorf("%d granted by a bucket of 5 tokens an hour", granted)
+	}
+	t.Logf("%d granted, %d closed", granted, closed)
+}
