@@ -167,39 +167,7 @@ func compareHammerRun(ctx context.Context, rdb *redis.Client, rt *loadgen.RoundT
 		return h, err
 	}
 	defer l.Close()
-	lat := make([][]time.Duration, h.Callers)
-	errs := make([]int, h.Callers)
-	before := rt.RoundTrips()
-	start := time.Now()
-	deadline := start.Add(h.Duration)
-	var wg sync.WaitGroup
-	for i := range h.Callers {
-		wg.Go(func() {
-			for ctx.Err() == nil && time.Now().Before(deadline) {
-				t := time.Now()
-				if err := l.Wait(ctx); err != nil {
-					errs[i]++
-					continue
-				}
-				lat[i] = append(lat[i], time.Since(t))
-			}
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	trips := rt.RoundTrips() - before
-	if err := ctx.Err(); err != nil {
-		return h, err
-	}
-	all := slices.Concat(lat...)
-	for _, e := range errs {
-		h.Errors += e
-	}
-	h.Grants = len(all)
-	h.PerSecond = float64(h.Grants) / elapsed.Seconds()
-	h.Enter = distOf(all)
-	h.RoundTripsPerGrant = per(trips, h.Grants)
-	return h, nil
+	return hammerLoop(ctx, h, rt, l.Wait)
 }
 
 // call is one Wait of the saturated workload.

@@ -230,17 +230,23 @@ func hammer(ctx context.Context, opt *redis.Options, name string) (Hammer, error
 		return h, err
 	}
 	defer b.Close()
-	lat := make([][]time.Duration, hammerCallers)
-	errs := make([]int, hammerCallers)
+	return hammerLoop(ctx, h, &rt, b.Enter)
+}
+
+// hammerLoop has h.Callers goroutines loop wait for h.Duration, and fills
+// in the grants, their latencies and the round trips rt counted.
+func hammerLoop(ctx context.Context, h Hammer, rt *loadgen.RoundTripCounter, wait func(context.Context) error) (Hammer, error) {
+	lat := make([][]time.Duration, h.Callers)
+	errs := make([]int, h.Callers)
 	before := rt.RoundTrips()
 	start := time.Now()
-	deadline := start.Add(hammerDuration)
+	deadline := start.Add(h.Duration)
 	var wg sync.WaitGroup
-	for i := range hammerCallers {
+	for i := range h.Callers {
 		wg.Go(func() {
 			for ctx.Err() == nil && time.Now().Before(deadline) {
 				t := time.Now()
-				if err := b.Enter(ctx); err != nil {
+				if err := wait(ctx); err != nil {
 					errs[i]++
 					continue
 				}
