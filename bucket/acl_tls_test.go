@@ -32,20 +32,20 @@ import (
 // sluiceACL is the least a Redis user needs to use Sluice's buckets with
 // the default KeyPrefix: keys and channels under sluice:, the script
 // commands (EVALSHA, with EVAL as go-redis's fallback, and SCRIPT LOAD at
-// New), the commands the scripts and the lock (github.com/bsm/redislock)
+// New), the direct poll's TIME and GETDEL, the commands the scripts and the lock (github.com/bsm/redislock)
 // run inside them (Redis 7 checks those against the caller's ACL too), and
 // the wake-up channel's SUBSCRIBE (with PING, which go-redis sends on a
 // subscribed connection). go-redis's HELLO needs no permission; Redis 7.0
 // has no CLIENT SETINFO (go-redis ignores its failure). docs/guarantees.md
 // quotes this line.
 const sluiceACL = "on >s3cret resetkeys ~sluice:* resetchannels &sluice:* -@all " +
-	"+evalsha +eval +script|load +ping +subscribe +unsubscribe " +
+	"+evalsha +eval +script|load +ping +subscribe +unsubscribe +getdel " +
 	scriptCommands
 
 // scriptCommands are the commands run inside queue/lua/*.lua and
 // redislock's scripts; TestACLCoversScripts keeps the list complete.
 const scriptCommands = "+time +get +set +getrange +del +exists +pexpire +pttl +publish " +
-	"+llen +rpush +lpop +lpos +lrem +lrange +zadd +zscore +zrem +zrange +zremrangebyscore"
+	"+llen +rpush +lpop +lpos +lrem +lrange"
 
 // TestACLCoversScripts reads every redis.call in queue/lua/*.lua and
 // fails when one is missing from the ACL line, so that a new command in a

@@ -26,6 +26,7 @@ import (
 	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/queue"
 )
 
 // deadlineSlack is how far past its ctx deadline an Enter may return: a
@@ -532,10 +533,11 @@ func TestWaiterProcessKilled(t *testing.T) {
 	checkGrants(t, append(slices.Clone(aGrants), bGrants...), cfg)
 
 	// The uncollected slots are the dead callers' wasted tokens.
-	wasted, err := rdb.ZCard(context.Background(), keys.Slots).Result()
+	uncollected, err := queue.Slots(context.Background(), rdb, keys)
 	if err != nil {
 		t.Fatal(err)
 	}
+	wasted := len(uncollected)
 	if wasted > deadCallers {
 		t.Errorf("%d uncollected slots, want ≤ %d (one per dead caller)", wasted, deadCallers)
 	}
@@ -577,7 +579,11 @@ func TestWaiterProcessKilled(t *testing.T) {
 
 	// Every key has a TTL, and is gone once the TTL has passed.
 	var longest time.Duration
-	for _, k := range []string{keys.Queue, keys.State, keys.Slots, keys.Lock} {
+	all := []string{keys.Queue, keys.State, keys.Lock}
+	for id := range uncollected {
+		all = append(all, keys.Slot+id)
+	}
+	for _, k := range all {
 		ttl, err := rdb.PTTL(context.Background(), k).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -591,8 +597,9 @@ func TestWaiterProcessKilled(t *testing.T) {
 		t.Errorf("a key lives %v more, want ≤ grace (%v) plus the last slot", longest, g)
 	}
 	waitFor(t, longest+2*time.Second, "the keys to expire", func() bool {
-		n, _ := rdb.Exists(context.Background(), keys.Queue, keys.State, keys.Slots, keys.Lock).Result()
-		return n == 0
+		n, _ := rdb.Exists(context.Background(), all...).Result()
+		left, _ := queue.Slots(context.Background(), rdb, keys)
+		return n == 0 && len(left) == 0
 	})
 	t.Logf("all keys gone %v after the run (longest TTL %v)", time.Since(endedAt).Round(time.Millisecond), longest.Round(time.Millisecond))
 }

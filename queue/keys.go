@@ -5,11 +5,16 @@ import "strings"
 // Keys are the Redis keys of one bucket. They share the hash tag {name}, so
 // on Redis Cluster they live in one slot and the scripts may touch them all.
 type Keys struct {
-	Queue string // list of waiting caller IDs
+	Queue string // list of waiting callers' entries, "<id>|<estimate>"
 	State string // string "seq l1 a1 ...": ticket counter, then level and anchor of each policy
-	Slots string // sorted set: caller ID -> slot (µs, Redis time)
-	Lock  string // the scheduler's lock
-	Wake  string // pub/sub channel: callers whose slot came early
+	// Slot is the prefix of the slot keys: the scheduler writes a caller's
+	// slot (µs, Redis time) to the string Slot+"<id>", and the caller's
+	// poll reads and deletes it (GETDEL). One key per scheduled caller, so
+	// a poll is one plain command, not a script, and each key expires on
+	// its own.
+	Slot string
+	Lock string // the scheduler's lock
+	Wake string // pub/sub channel: callers whose slot came early
 }
 
 // NewKeys returns the keys of the bucket name under prefix:
@@ -21,7 +26,7 @@ func NewKeys(prefix, name string) Keys {
 	return Keys{
 		Queue: base + "queue",
 		State: base + "state",
-		Slots: base + "slots",
+		Slot:  base + "slot:",
 		Lock:  base + "lock",
 		Wake:  base + "wake",
 	}
@@ -33,4 +38,22 @@ var nameEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 // different names never escape to the same string.
 func EscapeName(name string) string { return nameEscaper.Replace(name) }
 
-func (k Keys) list() []string { return []string{k.Queue, k.State, k.Slots, k.Lock} }
+// SlotKey is the key that holds the slot of the caller known by entry
+// ("<id>|<estimate>") or by its bare ID.
+func (k Keys) SlotKey(entry string) string {
+	id, _, _ := strings.Cut(entry, "|")
+	return k.Slot + id
+}
+
+// SlotPattern is a SCAN MATCH pattern for every slot key of the bucket:
+// the glob characters of the prefix are escaped.
+func (k Keys) SlotPattern() string {
+	return globEscaper.Replace(k.Slot) + "*"
+}
+
+var globEscaper = strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`)
+
+// list is KEYS of every script: the queue, the state, the prefix of the
+// slot keys (declared so that Redis Cluster routes and checks it like the
+// keys made from it, which share its hash tag), and the lock.
+func (k Keys) list() []string { return []string{k.Queue, k.State, k.Slot, k.Lock} }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -39,6 +40,12 @@ type Queue struct {
 	keys Keys
 	opt  Options
 
+	// direct is rdb when it is one server (*redis.Client): then a poll is
+	// first TIME and GETDEL in one pipeline, which costs Redis a fraction
+	// of a script. On Cluster or Ring, TIME could reach another node than
+	// the slot key, with another clock, so polls stay scripts.
+	direct *redis.Client
+
 	policyArgs []any // "n, cap, amount, freq µs, ..." as the scripts read them
 }
 
@@ -52,7 +59,11 @@ func New(rdb redis.Scripter, prefix, name string, policies []Policy, opt Options
 	for _, p := range policies {
 		args = append(args, p.Capacity, p.Amount, p.Every.Microseconds())
 	}
-	return &Queue{rdb: rdb, keys: NewKeys(prefix, name), opt: opt, policyArgs: args}
+	q := &Queue{rdb: rdb, keys: NewKeys(prefix, name), opt: opt, policyArgs: args}
+	if c, ok := rdb.(*redis.Client); ok && c != nil {
+		q.direct = c
+	}
+	return q
 }
 
 // Keys returns the bucket's keys.
@@ -114,7 +125,7 @@ func (q *Queue) EnqueueBatch(ctx context.Context, ids []string) ([]EnqueueReply,
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	reply, err := enqueueScript.Run(ctx, q.rdb, q.keys.list(), args...).Result()
+	reply, err := enqueueScript.Run(ctx, q.rdb, q.keys.list()[:2], args...).Result()
 	return parseEnqueue(ids, reply, err)
 }
 
@@ -208,17 +219,62 @@ type PollReply struct {
 	Position int           // Waiting: 1-based place in the queue
 	LockTTL  time.Duration // Waiting: the scheduler lock's remaining TTL, < 0 if none
 	Slot     int64         // Slot: the slot, µs on the Redis clock (for analysis only)
+	// RoundTrips is how many round trips the poll took: 1, or 2 when the
+	// direct poll found no slot and the script ran after it.
+	RoundTrips int
 }
 
 // Poll asks for the slot of the caller queued as entry, consuming it if
-// found.
+// found. On one server it first tries TIME and GETDEL of the slot key in
+// one pipeline; only when no slot is there yet (or on Cluster) does it run
+// the poll script, which also tells where in the queue the caller is.
 func (q *Queue) Poll(ctx context.Context, entry string) (PollReply, error) {
 	tol := us(q.opt.Tolerance)
 	if q.opt.Tolerance < 0 {
 		tol = 1 << 52 // never stale
 	}
+	trips := 0
+	if q.direct != nil {
+		trips++
+		r, found, err := q.pollDirect(ctx, entry, tol)
+		if err != nil || found {
+			r.RoundTrips = trips
+			return r, err
+		}
+	}
 	args := append([]any{entry, tol}, q.policyArgs...)
-	return parsePoll(pollScript.Run(ctx, q.rdb, q.keys.list(), args...).Result())
+	r, err := parsePoll(pollScript.Run(ctx, q.rdb, q.keys.list(), args...).Result())
+	r.RoundTrips = trips + 1
+	return r, err
+}
+
+// pollDirect is the script's first branch in plain commands: a slot key,
+// once written, is only ever read and deleted by its own caller's poll, so
+// TIME need not run atomically with GETDEL; the pipeline only has to reach
+// the one server whose clock wrote the slot.
+func (q *Queue) pollDirect(ctx context.Context, entry string, tol int64) (PollReply, bool, error) {
+	var now *redis.TimeCmd
+	var slot *redis.StringCmd
+	_, err := q.direct.Pipelined(ctx, func(p redis.Pipeliner) error {
+		now = p.Time(ctx)
+		slot = p.GetDel(ctx, q.keys.SlotKey(entry))
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return PollReply{}, false, err
+	}
+	if errors.Is(slot.Err(), redis.Nil) {
+		return PollReply{}, false, nil
+	}
+	s, err := slot.Int64()
+	if err != nil {
+		return PollReply{}, false, fmt.Errorf("%w: slot key holds %q", ErrReply, slot.Val())
+	}
+	d := s - now.Val().UnixMicro()
+	if d < -tol {
+		return PollReply{Kind: Stale, Delay: dur(d, time.Microsecond)}, true, nil
+	}
+	return PollReply{Kind: Slot, Delay: dur(d, time.Microsecond), Slot: s}, true, nil
 }
 
 // parsePoll checks a poll reply.
@@ -267,7 +323,7 @@ func (q *Queue) CancelBatch(ctx context.Context, entries []string) ([]CancelResu
 	for i, e := range entries {
 		args[i] = e
 	}
-	reply, err := cancelScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.Slots}, args...).Result()
+	reply, err := cancelScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.Slot, q.keys.State}, args...).Result()
 	return parseCancel(len(entries), reply, err)
 }
 
@@ -321,4 +377,25 @@ func ints(v any, err error) ([]int64, error) {
 		out[i] = n
 	}
 	return out, nil
+}
+
+// Slots returns the slots written and not yet collected, by caller ID (µs,
+// Redis time). It SCANs the server for the bucket's slot keys: for tests
+// and diagnosis, not for a hot path. On Cluster, pass the client of the
+// node that holds the bucket's slot.
+func Slots(ctx context.Context, rdb redis.Cmdable, k Keys) (map[string]int64, error) {
+	out := map[string]int64{}
+	iter := rdb.Scan(ctx, 0, k.SlotPattern(), 1000).Iterator()
+	for iter.Next(ctx) {
+		key := iter.Val()
+		v, err := rdb.Get(ctx, key).Int64()
+		if errors.Is(err, redis.Nil) {
+			continue // collected or expired meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		out[strings.TrimPrefix(key, k.Slot)] = v
+	}
+	return out, iter.Err()
 }

@@ -47,16 +47,40 @@ func takeLock(t *testing.T, rdb *redis.Client, q *queue.Queue, token string) {
 	}
 }
 
-// slotsOf returns the slot of each ID, in arrival order, from the slots set.
+// slotsOf returns the slot of each ID, in arrival order, from its slot key.
 func slotsOf(t *testing.T, rdb *redis.Client, q *queue.Queue, ids []string) []int64 {
 	t.Helper()
 	out := make([]int64, len(ids))
 	for i, id := range ids {
-		s, err := rdb.ZScore(ctx, q.Keys().Slots, id).Result()
+		s, err := rdb.Get(ctx, q.Keys().SlotKey(id)).Int64()
 		if err != nil {
 			t.Fatalf("slot of %s (#%d): %v", id, i, err)
 		}
-		out[i] = int64(s)
+		out[i] = s
+	}
+	return out
+}
+
+// countSlots is how many slot keys the bucket has.
+func countSlots(t *testing.T, rdb *redis.Client, q *queue.Queue) int {
+	t.Helper()
+	m, err := queue.Slots(ctx, rdb, q.Keys())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(m)
+}
+
+// queueSlotKeys lists the bucket's slot keys.
+func queueSlotKeys(t *testing.T, rdb *redis.Client, q *queue.Queue) []string {
+	t.Helper()
+	m, err := queue.Slots(ctx, rdb, q.Keys())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for id := range m {
+		out = append(out, q.Keys().Slot+id)
 	}
 	return out
 }
@@ -152,7 +176,7 @@ func TestTwoSchedulersAtOnce(t *testing.T) {
 	if scheduled[0] == 0 || scheduled[1] == 0 {
 		t.Fatalf("one scheduler did all the work (%v): the test did not overlap them", scheduled)
 	}
-	if n, _ := rdb.ZCard(ctx, q.Keys().Slots).Result(); n != int64(len(ids)) {
+	if n := countSlots(t, rdb, q); n != len(ids) {
 		t.Fatalf("%d slots for %d callers", n, len(ids))
 	}
 	slots := slotsOf(t, rdb, q, ids)
@@ -188,7 +212,7 @@ func TestStaleSchedulerIsFenced(t *testing.T) {
 	if n, _ := rdb.LLen(ctx, q.Keys().Queue).Result(); n != 10 {
 		t.Fatalf("queue has %d, want 10 untouched", n)
 	}
-	if n, _ := rdb.ZCard(ctx, q.Keys().Slots).Result(); n != 0 {
+	if n := countSlots(t, rdb, q); n != 0 {
 		t.Fatalf("fenced step wrote %d slots", n)
 	}
 	if fmt.Sprint(before) != fmt.Sprint(after) {
@@ -232,7 +256,7 @@ func TestStaleSlotRefused(t *testing.T) {
 		t.Fatalf("step: %+v %v", r, err)
 	}
 	// Wait, on the Redis clock, until the slot is more than the tolerance old.
-	slot, _ := rdb.ZScore(ctx, q.Keys().Slots, ids[0]).Result()
+	slot, _ := rdb.Get(ctx, q.Keys().SlotKey(ids[0])).Float64()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		now, err := rdb.Time(ctx).Result()
@@ -301,7 +325,11 @@ func TestEveryKeyExpires(t *testing.T) {
 	if _, err := q.Step(ctx, "tok"); err != nil {
 		t.Fatal(err)
 	}
-	keys := []string{q.Keys().Queue, q.Keys().State, q.Keys().Slots, q.Keys().Lock}
+	slots := queueSlotKeys(t, rdb, q)
+	if len(slots) == 0 {
+		t.Fatal("the step wrote no slot keys")
+	}
+	keys := append([]string{q.Keys().Queue, q.Keys().State, q.Keys().Lock}, slots...)
 	for _, k := range keys {
 		ttl, err := rdb.PTTL(ctx, k).Result()
 		if err != nil {
@@ -341,7 +369,7 @@ func TestNamesAreData(t *testing.T) {
 		}
 		seen[k.Queue] = n
 		tag := hashTag(k.Queue)
-		for _, other := range []string{k.State, k.Slots, k.Lock} {
+		for _, other := range []string{k.State, k.SlotKey("id|1"), k.Lock} {
 			if hashTag(other) != tag {
 				t.Fatalf("name %q: keys %q and %q have different hash tags", n, k.Queue, other)
 			}

@@ -96,7 +96,7 @@ func TestRedisCPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	after, err := parseCPU("# Commandstats\r\ncmdstat_evalsha:calls=20,usec=1100,usec_per_call=55.00\r\n" +
-		"cmdstat_zscore:calls=10,usec=50,usec_per_call=5.00\r\ncmdstat_info:calls=3,usec=90,usec_per_call=30\r\n" +
+		"cmdstat_get:calls=10,usec=50,usec_per_call=5.00\r\ncmdstat_info:calls=3,usec=90,usec_per_call=30\r\n" +
 		"cmdstat_script|load:calls=1,usec=20,usec_per_call=20\r\n# CPU\r\nused_cpu_sys:1.5\r\nused_cpu_user:2.5\r\n")
 	if err != nil {
 		t.Fatal(err)
@@ -107,5 +107,28 @@ func TestRedisCPU(t *testing.T) {
 	}
 	if c.ProcessCPU != time.Second || c.ProcessCPUPerGrant != 100*time.Millisecond {
 		t.Errorf("process CPU %v, per grant %v; want 1s, 100ms", c.ProcessCPU, c.ProcessCPUPerGrant)
+	}
+
+	// Direct polls: 4 of the 10 TIME calls came with a GETDEL, outside scripts.
+	direct, err := parseCPU("# Commandstats\r\ncmdstat_evalsha:calls=20,usec=1100,usec_per_call=55.00\r\n" +
+		"cmdstat_time:calls=10,usec=50,usec_per_call=5.00\r\ncmdstat_getdel:calls=4,usec=8,usec_per_call=2.00\r\n" +
+		"# CPU\r\nused_cpu_sys:1.5\r\nused_cpu_user:2.5\r\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c = redisCPU(before, direct, 10, false)
+	if want := int64(1000 + 20 + 8); c.CommandsUsec != want {
+		t.Errorf("with direct polls: commands %d µs, want %d (scripts, 4 of 10 TIMEs, GETDELs)", c.CommandsUsec, want)
+	}
+
+	// The floor scripts (EVAL) are a unit of measure, not the bucket's cost.
+	floor, err := parseCPU("# Commandstats\r\ncmdstat_evalsha:calls=20,usec=1100,usec_per_call=55.00\r\n" +
+		"cmdstat_eval:calls=5,usec=100,usec_per_call=20.00\r\n# CPU\r\nused_cpu_sys:1.5\r\nused_cpu_user:2.5\r\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c = redisCPU(before, floor, 10, false)
+	if c.CommandsUsec != 1000 || c.FloorUsec != 20 || c.PerGrantFloors != 5 {
+		t.Errorf("with floor scripts: commands %d µs, floor %.1f µs, %.2f floors per grant; want 1000, 20, 5", c.CommandsUsec, c.FloorUsec, c.PerGrantFloors)
 	}
 }

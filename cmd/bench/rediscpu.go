@@ -17,15 +17,33 @@ import (
 // inside a script twice in INFO commandstats: in its own row and inside
 // the usec of the EVALSHA or EVAL that ran it (checked: a script running
 // 200,000 SETs shows 444 ms under eval and 99 ms under set, with 436 ms
-// of CPU in all). Their rows are therefore left out of the sum. The
-// bucket never sends one of them directly.
+// of CPU in all). Their rows are therefore left out of the sum. The one
+// exception is TIME, which a bucket's direct poll also sends, with one
+// GETDEL (which no script runs): see directTime.
 var scriptCommands = []string{
 	"time", "get", "set", "getrange", "del", "exists", "pexpire", "pttl", "publish",
-	"llen", "rpush", "lpop", "lpos", "lrem", "lrange", "zadd", "zscore", "zrem", "zrange", "zremrangebyscore",
+	"llen", "rpush", "lpop", "lpos", "lrem", "lrange",
+}
+
+// directTime is the part of the TIME row's usec sent by clients, not by
+// scripts: a direct poll is one TIME and one GETDEL, and nothing else
+// sends GETDEL, so that many of the TIME calls are direct; they are
+// counted at the row's mean cost.
+func directTime(timeRow, getdelRow CommandCost) int64 {
+	if timeRow.Calls <= 0 || getdelRow.Calls <= 0 {
+		return 0
+	}
+	direct := min(getdelRow.Calls, timeRow.Calls)
+	return timeRow.Usec * direct / timeRow.Calls
 }
 
 // probeCommands are what this command itself sends to read the figures.
 var probeCommands = []string{"info", "config|resetstat"}
+
+// floorScript is the one-line script this command sends at the grant pace
+// during a run (see paceFloor), as EVAL so that its row is its own: a
+// bucket sends EVALSHA, and EVAL only when a server lost its scripts.
+const floorScript = "return 1"
 
 // RedisCPU is what a run cost the Redis server, from INFO before and
 // after it.
@@ -49,6 +67,13 @@ type RedisCPU struct {
 	ProcessCPUPerGrant time.Duration `json:"process_cpu_per_grant_ns"`
 	// Top lists the rows that cost most (script rows first among equals).
 	Top []CommandCost `json:"top"`
+	// FloorUsec is the mean commandstats time of one EVAL of floorScript,
+	// sent by this command at the grant pace during the same run: what the
+	// server charges for the least a script can do, on this machine under
+	// this load. PerGrantFloors is PerGrant in those units. Both are 0
+	// when no floor script ran.
+	FloorUsec      float64 `json:"one_line_script_usec"`
+	PerGrantFloors float64 `json:"per_grant_in_one_line_scripts"`
 }
 
 // CommandCost is one commandstats row's change over the run.
@@ -130,10 +155,19 @@ func parseCPU(info string) (cpuSample, error) {
 func redisCPU(before, after cpuSample, grants int, shared bool) RedisCPU {
 	r := RedisCPU{Shared: shared}
 	var rows []CommandCost
+	delta := func(name string) CommandCost {
+		a, b := after.rows[name], before.rows[name]
+		return CommandCost{Name: name, Calls: a.Calls - b.Calls, Usec: a.Usec - b.Usec}
+	}
+	r.CommandsUsec += directTime(delta("time"), delta("getdel"))
 	for name, a := range after.rows {
 		b := before.rows[name]
 		d := CommandCost{Name: name, Calls: a.Calls - b.Calls, Usec: a.Usec - b.Usec}
 		if d.Calls <= 0 || slices.Contains(probeCommands, name) {
+			continue
+		}
+		if name == "eval" { // this command's floor script, not the bucket's
+			r.FloorUsec = float64(d.Usec) / float64(d.Calls)
 			continue
 		}
 		d.Inner = slices.Contains(scriptCommands, name)
@@ -157,8 +191,30 @@ func redisCPU(before, after cpuSample, grants int, shared bool) RedisCPU {
 	if grants > 0 {
 		r.PerGrant = time.Duration(r.CommandsUsec) * time.Microsecond / time.Duration(grants)
 		r.ProcessCPUPerGrant = r.ProcessCPU / time.Duration(grants)
+		if r.FloorUsec > 0 {
+			r.PerGrantFloors = float64(r.CommandsUsec) / float64(grants) / r.FloorUsec
+		}
 	}
 	return r
+}
+
+// paceFloor sends floorScript every interval until ctx ends, and returns
+// how many it sent. Sent one at a time and spread out like the grants,
+// each finds the server as cold or warm as the bucket's scripts do.
+func paceFloor(ctx context.Context, rdb *redis.Client, interval time.Duration) int {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	n := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return n
+		case <-t.C:
+			if rdb.Eval(ctx, floorScript, nil).Err() == nil {
+				n++
+			}
+		}
+	}
 }
 
 // topString lists the costliest rows: "evalsha 12,345 calls 80 ms, ...".

@@ -1,9 +1,9 @@
 -- cancel.lua: callers give up their places, one or many at once.
 --
--- KEYS[1] queue, KEYS[2] slots (as in enqueue.lua)
+-- KEYS[1] queue, KEYS[2] slot key prefix, KEYS[3] state (as in enqueue.lua)
 -- ARGV[1..] each caller's entry ("<id>|<estimate>"), or its bare ID when
 --         the caller gave up before its enqueue's reply told it the entry
---         (then the entry is searched for: a rare path, O(queue length))
+--         (then the queue is searched for it: a rare path, O(queue length))
 --
 -- Reply, one per caller: 0 removed from the queue before it had a slot:
 -- no token spent; 1 it had a slot: removed, that token is spent (nobody
@@ -17,20 +17,32 @@ local function find(prefix, list)
 end
 
 local out = {}
+local removed = 0
 for c = 1, #ARGV do
   local entry = ARGV[c]
-  if not string.find(entry, '|', 1, true) then
-    local prefix = entry .. '|'
-    entry = find(prefix, redis.call('LRANGE', KEYS[1], 0, -1))
-      or find(prefix, redis.call('ZRANGE', KEYS[2], 0, -1))
-      or entry
+  local id = string.match(entry, '^(.*)|')
+  if not id then
+    id = entry
+    entry = find(id .. '|', redis.call('LRANGE', KEYS[1], 0, -1))
   end
-  if redis.call('LREM', KEYS[1], 1, entry) == 1 then
+  if entry and redis.call('LREM', KEYS[1], 1, entry) == 1 then
     out[c] = 0
-  elseif redis.call('ZREM', KEYS[2], entry) == 1 then
+    removed = removed + 1
+  elseif redis.call('DEL', KEYS[2] .. id) == 1 then
     out[c] = 1
   else
     out[c] = 2
+  end
+end
+-- The state's done counts tickets no longer queued, so that the next
+-- caller's ticket (done + its position) stays unique: leave it the rest.
+if removed > 0 then
+  local raw = redis.call('GET', KEYS[3])
+  if raw then
+    local done, rest = string.match(raw, '^(%d+)(.*)$')
+    if done then
+      redis.call('SET', KEYS[3], string.format('%d', tonumber(done) + removed) .. rest, 'KEEPTTL')
+    end
   end
 end
 return out

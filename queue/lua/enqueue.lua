@@ -2,10 +2,12 @@
 -- arrivals of its concurrent callers into one call). They are handled in
 -- the order given, each exactly as if it had come alone.
 --
--- KEYS[1] queue  list of waiting caller IDs, head = next to be scheduled
--- KEYS[2] state  string "seq l1 a1 l2 a2 ...": ticket counter, level and anchor of each policy
--- KEYS[3] slots  zset: caller ID -> assigned slot (µs, Redis time)
--- KEYS[4] lock   the scheduler lock (bsm/redislock key); only its existence is read
+-- KEYS[1] queue  list of waiting callers' entries, head = next to be scheduled
+-- KEYS[2] state  string "done until l1 a1 l2 a2 ...": see load in lib.lua
+-- (Only these two keys: the state's until tells whether a scheduler holds
+-- the lock, and slot keys are the step's and the poll's. The other
+-- scripts name KEYS[3], the prefix of the slot keys, and KEYS[4], the
+-- scheduler lock, a bsm/redislock key.)
 -- ARGV[1] lookahead µs: a slot this close may be given without queueing
 -- ARGV[2] max queue length, 0 = unbounded
 -- ARGV[3] max wait µs, 0 = unbounded
@@ -24,6 +26,12 @@
 -- Tickets (arrival order at Redis) go to granted and queued callers in
 -- order, from the first ticket up. now + delay is the slot (kinds 0, 1)
 -- or the estimate stored in the caller's entry (kind 2).
+--
+-- Cost: this runs once per arrival (or batch of arrivals), so it does as
+-- few commands as it can. A caller that queues costs TIME, GET, LLEN and
+-- RPUSH, plus PEXPIRE when it creates the queue (later the scheduler's
+-- steps renew the queue's TTL); one granted at once costs TIME, GET, LLEN
+-- and SET.
 local now = now_us()
 local lookahead = tonumber(ARGV[1])
 local max_queue = tonumber(ARGV[2])
@@ -32,11 +40,11 @@ local grace = tonumber(ARGV[4])
 local ps, i = read_policies(ARGV, 5)
 local m = tonumber(ARGV[i])
 
-local st, seq, fresh = load(KEYS[2], ps, now)
+local st, done, till, fresh = load(KEYS[2], ps, now)
 local qlen = redis.call('LLEN', KEYS[1])
-local running = -1 -- read the lock only if someone queues
+local created = qlen == 0
 local took, pushed = false, {}
-local first = seq + 1
+local first = done + qlen + 1
 local out, n = {now, 0, first}, 3
 -- put appends one caller's reply; writing in place (no table per caller,
 -- no # operator) matters when a batch holds hundreds of callers.
@@ -54,7 +62,7 @@ for c = 1, m do
     else
       take(st)
       took = true
-      seq = seq + 1
+      done = done + 1
       put(slot == now and 0 or 1, slot - now, 0)
     end
   elseif max_queue > 0 and qlen >= max_queue then
@@ -64,10 +72,8 @@ for c = 1, m do
     if max_wait > 0 and est - now > max_wait then
       put(4, est - now, qlen + 1)
     else
-      if running < 0 then running = redis.call('EXISTS', KEYS[4]) end
       qlen = qlen + 1
       pushed[#pushed + 1] = id .. '|' .. int(est)
-      seq = seq + 1
       put(2, est - now, qlen)
     end
   end
@@ -75,13 +81,15 @@ end
 
 if #pushed > 0 then
   redis.call('RPUSH', KEYS[1], unpack(pushed))
-  local tail = slot_all(st, ps, now, qlen)
-  redis.call('PEXPIRE', KEYS[1], ceil_ms(tail - now + grace))
+  if created then
+    local tail = slot_all(st, ps, now, qlen)
+    redis.call('PEXPIRE', KEYS[1], ceil_ms(tail - now + grace))
+  end
+  if till > now then out[2] = 1 end
 end
--- Save when tokens were taken, the ticket counter moved, or the state is
--- new (a new state key must not vanish before the queue it describes).
-if took or #pushed > 0 or fresh then
-  save(KEYS[2], st, ps, now, grace, seq)
+-- Save when tokens were taken, or the state is new (a new state key must
+-- not vanish before the queue it describes).
+if took or fresh then
+  save(KEYS[2], st, ps, now, grace, done, till)
 end
-if running > 0 then out[2] = 1 end
 return out

@@ -72,25 +72,30 @@ local function slot_for(level, anchor, now, k, amount, freq)
   return anchor + math.ceil((k - level) / amount) * freq
 end
 
--- The state key is one string of integers separated by spaces: the ticket
--- counter, then level and anchor of each policy ("seq l1 a1 l2 a2 ..."). A
--- string costs one GET and one SET ... PX, where a hash would need HMGET,
--- HSET and PEXPIRE: this is on every caller's path.
+-- The state key is one string of integers separated by spaces: "done
+-- until l1 a1 l2 a2 ...". done counts the tickets no longer in the queue
+-- (granted at once, popped by the scheduler, or cancelled while queued),
+-- so a caller pushed to position p of the queue has ticket done + p;
+-- until is the Redis instant (µs) to which the last step renewed the
+-- scheduler lock, 0 once released; then level and anchor of each policy.
+-- A string costs one GET and one SET ... PX, where a hash would need
+-- HMGET, HSET and PEXPIRE: this is on every caller's path. Because a
+-- queued arrival changes none of it, a queued enqueue writes nothing here.
 
--- load reads and refills every policy's state, and returns it with the
--- ticket counter and whether the state key was missing.
+-- load reads and refills every policy's state, and returns it with done,
+-- until, and whether the state key was missing.
 local function load(state_key, ps, now)
   local raw = redis.call('GET', state_key)
   local st = {}
   if #ps == 1 then -- the common case, without a loop or a table of values
     local p = ps[1]
-    local seq, l, a
+    local done, till, l, a
     if raw then
-      seq, l, a = string.match(raw, '^(%S+) (%S+) (%S+)')
+      done, till, l, a = string.match(raw, '^(%S+) (%S+) (%S+) (%S+)')
     end
     local level, anchor = refill(tonumber(l), tonumber(a), now, p.cap, p.amount, p.freq)
     st[1] = {level = level, anchor = anchor}
-    return st, tonumber(seq) or 0, not raw
+    return st, tonumber(done) or 0, tonumber(till) or 0, not raw
   end
   local vals = {}
   if raw then
@@ -99,10 +104,10 @@ local function load(state_key, ps, now)
     end
   end
   for i, p in ipairs(ps) do
-    local level, anchor = refill(vals[2 * i], vals[2 * i + 1], now, p.cap, p.amount, p.freq)
+    local level, anchor = refill(vals[2 * i + 1], vals[2 * i + 2], now, p.cap, p.amount, p.freq)
     st[i] = {level = level, anchor = anchor}
   end
-  return st, vals[1] or 0, not raw
+  return st, vals[1] or 0, vals[2] or 0, not raw
 end
 
 -- slot_all is the slot of the k-th token across every policy.
@@ -137,14 +142,14 @@ local function full_in(st, ps, now)
   return d
 end
 
--- save writes the ticket counter and every policy's state, with a TTL that
+-- save writes done, until and every policy's state, with a TTL that
 -- outlives the time to full by grace.
-local function save(state_key, st, ps, now, grace, seq)
+local function save(state_key, st, ps, now, grace, done, till)
   local value
   if #st == 1 then
-    value = string.format('%d %d %d', seq, st[1].level, st[1].anchor)
+    value = string.format('%d %d %d %d', done, till, st[1].level, st[1].anchor)
   else
-    local parts = {int(seq)}
+    local parts = {int(done), int(till)}
     for i = 1, #st do
       parts[#parts + 1] = int(st[i].level)
       parts[#parts + 1] = int(st[i].anchor)

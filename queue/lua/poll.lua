@@ -1,8 +1,8 @@
 -- poll.lua: a queued caller asks for its slot. A slot is consumed by the
 -- poll that finds it: it cannot be used twice.
 --
--- KEYS[1] queue, KEYS[2] state, KEYS[3] slots, KEYS[4] lock (as in enqueue.lua)
--- ARGV[1] caller ID
+-- KEYS[1] queue, KEYS[2] state, KEYS[3] slot key prefix, KEYS[4] lock (as in enqueue.lua)
+-- ARGV[1] caller's entry, "<id>|<estimate>"
 -- ARGV[2] tolerance µs: a slot older than this is stale and not handed out
 -- ARGV[3..] policies: n, then cap, amount, freq µs for each
 --
@@ -17,9 +17,12 @@ local now = now_us()
 local id = ARGV[1]
 local tolerance = tonumber(ARGV[2])
 
-local slot = redis.call('ZSCORE', KEYS[3], id)
+local key = KEYS[3] .. (string.match(id, '^(.*)|') or id)
+-- GET then DEL, not GETDEL: a GETDEL in INFO commandstats is then always a
+-- client's direct poll (see Queue.Poll), never this script's.
+local slot = redis.call('GET', key)
 if slot then
-  redis.call('ZREM', KEYS[3], id)
+  redis.call('DEL', key)
   local d = tonumber(slot) - now
   if d < -tolerance then
     return {3, d, 0, 0, 0}

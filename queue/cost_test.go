@@ -1,0 +1,274 @@
+package queue_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/queue"
+)
+
+// Tests of what the scripts were trimmed to: a queued arrival writes no
+// state, enqueue reads the scheduler's liveness from the state, and a
+// poll is plain commands on one server.
+
+// TestTicketsUnique: tickets come from the state's done counter plus the
+// caller's position, with done moved by grants, steps and cancels. Under
+// a random mix of all of them, every ticket is new and larger than every
+// earlier one.
+func TestTicketsUnique(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	q := newQueue(t, rdb, queue.Policy{Capacity: 3, Amount: 1, Every: 200 * time.Microsecond}, queue.Options{Lookahead: time.Millisecond})
+	takeLock(t, rdb, q, "tok")
+	rng := rand.New(rand.NewPCG(1, 2))
+	var queued []string
+	last := int64(0)
+	issued := 0
+	for round := range 300 {
+		switch op := rng.IntN(10); {
+		case op < 6: // a batch of arrivals
+			ids := make([]string, 1+rng.IntN(4))
+			for i := range ids {
+				ids[i] = fmt.Sprintf("c%d-%d", round, i)
+			}
+			rs, err := q.EnqueueBatch(ctx, ids)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range rs {
+				if r.Kind > queue.Queued {
+					continue
+				}
+				if r.Ticket <= last {
+					t.Fatalf("round %d: ticket %d after %d (%+v)", round, r.Ticket, last, r)
+				}
+				last = r.Ticket
+				issued++
+				if r.Kind == queue.Queued {
+					queued = append(queued, r.Entry)
+				}
+			}
+		case op < 8: // a step
+			if _, err := q.Step(ctx, "tok"); err != nil {
+				t.Fatal(err)
+			}
+			takeLock(t, rdb, q, "tok") // the step releases the lock when the queue empties
+		default: // cancels, of queued and of already scheduled callers
+			if len(queued) == 0 {
+				continue
+			}
+			k := 1 + rng.IntN(min(3, len(queued)))
+			idx := rng.Perm(len(queued))[:k]
+			var leave []string
+			for _, i := range idx {
+				leave = append(leave, queued[i])
+			}
+			if _, err := q.CancelBatch(ctx, leave); err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range leave {
+				for i, x := range queued {
+					if x == e {
+						queued = append(queued[:i], queued[i+1:]...)
+						break
+					}
+				}
+			}
+		}
+	}
+	if issued < 300 {
+		t.Fatalf("only %d tickets issued: the test exercised too little", issued)
+	}
+}
+
+// TestSchedulerRunningFromState: enqueue tells a queued caller whether a
+// scheduler holds the lock from the state's until, which the step renews
+// with the lock and zeroes when it releases it.
+func TestSchedulerRunningFromState(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: 200 * time.Millisecond},
+		queue.Options{Lookahead: time.Millisecond, LockTTL: 300 * time.Millisecond})
+	enqueue := func(id string) queue.EnqueueReply {
+		t.Helper()
+		r, err := q.Enqueue(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if r := enqueue("a"); r.Kind != queue.Granted {
+		t.Fatalf("first caller: %+v, want granted", r)
+	}
+	if r := enqueue("b"); r.Kind != queue.Queued || r.SchedulerRunning {
+		t.Fatalf("second caller, no scheduler yet: %+v, want queued, not running", r)
+	}
+	takeLock(t, rdb, q, "tok")
+	if err := rdb.PExpire(ctx, q.Keys().Lock, 300*time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := q.Step(ctx, "tok")
+	if err != nil || st.Status != queue.Running {
+		t.Fatalf("step: %+v %v, want running (b is not due yet)", st, err)
+	}
+	if r := enqueue("c"); !r.SchedulerRunning {
+		t.Fatalf("after a step that kept the lock: %+v, want running", r)
+	}
+	// The lock's TTL passes without another step: the scheduler is gone.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if n, _ := rdb.Exists(ctx, q.Keys().Lock).Result(); n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the lock never expired")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if r := enqueue("d"); r.SchedulerRunning {
+		t.Fatalf("after the lock expired: %+v, want not running", r)
+	}
+	// A step that empties the queue releases the lock and says so.
+	takeLock(t, rdb, q, "tok2")
+	for {
+		st, err := q.Step(ctx, "tok2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Status == queue.Released {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queue never drained: %+v", st)
+		}
+		time.Sleep(st.Next)
+	}
+	if r := enqueue("e"); r.Kind == queue.Queued && r.SchedulerRunning {
+		t.Fatalf("after the step released the lock: %+v, want not running", r)
+	}
+}
+
+// TestQueuedArrivalWritesNoState: a caller that only queues leaves the
+// state key as it was (the cost the trim saves), and the queue, created
+// by the first caller with a TTL, keeps one.
+func TestQueuedArrivalWritesNoState(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: time.Second}, queue.Options{})
+	if r, err := q.Enqueue(ctx, "first"); err != nil || r.Kind != queue.Granted {
+		t.Fatalf("first: %+v %v", r, err)
+	}
+	before, err := rdb.Get(ctx, q.Keys().State).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		r, err := q.Enqueue(ctx, fmt.Sprint("q", i))
+		if err != nil || r.Kind != queue.Queued || r.Position != i+1 {
+			t.Fatalf("caller %d: %+v %v, want queued at %d", i, r, err, i+1)
+		}
+	}
+	after, _ := rdb.Get(ctx, q.Keys().State).Result()
+	if before != after {
+		t.Fatalf("queued arrivals changed the state: %q -> %q", before, after)
+	}
+	if ttl, _ := rdb.PTTL(ctx, q.Keys().Queue).Result(); ttl <= 0 {
+		t.Fatalf("queue TTL %v, want one", ttl)
+	}
+}
+
+// scriptOnly hides the *redis.Client behind the Scripter interface, so the
+// queue takes the path Cluster and Ring clients take: polls as scripts.
+type scriptOnly struct{ redis.Scripter }
+
+// TestDirectPollMatchesScript: on one server a poll is TIME and GETDEL;
+// through any other client it is the script. Both give the slot the step
+// wrote, once, and both say stale past the tolerance.
+func TestDirectPollMatchesScript(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	for _, direct := range []bool{true, false} {
+		t.Run(fmt.Sprint("direct=", direct), func(t *testing.T) {
+			var s redis.Scripter = rdb
+			if !direct {
+				s = scriptOnly{rdb}
+			}
+			q := queue.New(s, "sluice", t.Name(), []queue.Policy{{Capacity: 1, Amount: 1, Every: 10 * time.Millisecond}},
+				queue.Options{Lookahead: time.Second, LockTTL: time.Second, Grace: 10 * time.Second, Tolerance: 30 * time.Millisecond})
+			if err := q.Load(ctx); err != nil {
+				t.Fatal(err)
+			}
+			ids := enqueueN(t, rdb, q, 3)
+			takeLock(t, rdb, q, "tok")
+			if r, err := q.Step(ctx, "tok"); err != nil || r.Scheduled != 3 {
+				t.Fatalf("step: %+v %v", r, err)
+			}
+			want := slotsOf(t, rdb, q, ids)
+			p, err := q.Poll(ctx, ids[0])
+			if err != nil || p.Kind != queue.Slot || p.Slot != want[0] || p.RoundTrips != 1 {
+				t.Fatalf("poll: %+v %v, want slot %d in 1 round trip", p, err, want[0])
+			}
+			if p, err := q.Poll(ctx, ids[0]); err != nil || p.Kind != queue.Lost {
+				t.Fatalf("second poll: %+v %v, want lost", p, err)
+			}
+			if p, err := q.Poll(ctx, "never-queued|1"); err != nil || p.Kind != queue.Lost {
+				t.Fatalf("poll of a stranger: %+v %v, want lost", p, err)
+			} else if wantTrips := map[bool]int{true: 2, false: 1}[direct]; p.RoundTrips != wantTrips {
+				t.Fatalf("a miss took %d round trips, want %d", p.RoundTrips, wantTrips)
+			}
+			// The last slot, polled after it is older than the tolerance.
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				now, err := rdb.Time(ctx).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if now.UnixMicro() > want[2]+(40*time.Millisecond).Microseconds() {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the Redis clock never passed the slot")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			if p, err := q.Poll(ctx, ids[2]); err != nil || p.Kind != queue.Stale || p.Delay > -30*time.Millisecond {
+				t.Fatalf("late poll: %+v %v, want stale", p, err)
+			}
+			if n := countSlots(t, rdb, q); n != 1 {
+				t.Fatalf("%d slot keys left, want 1 (ids[1]'s)", n)
+			}
+		})
+	}
+}
+
+// TestSlotPatternEscapesGlobs: SCAN finds a bucket's slot keys and only
+// those, whatever glob characters its name holds.
+func TestSlotPatternEscapesGlobs(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	names := []string{"a*", "a?", "a[b]", `a\`, "a"}
+	for _, n := range names {
+		k := queue.NewKeys("sluice", n)
+		if err := rdb.Set(ctx, k.SlotKey("id|1"), 1, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range names {
+		m, err := queue.Slots(ctx, rdb, queue.NewKeys("sluice", n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(m) != 1 || m["id"] != 1 {
+			t.Errorf("name %q: slots %v, want only its own", n, m)
+		}
+	}
+	if k := queue.NewKeys("p", "x"); !strings.HasSuffix(k.SlotKey("abc|123"), "slot:abc") {
+		t.Errorf("SlotKey(entry) = %q, want the bare ID after the prefix", k.SlotKey("abc|123"))
+	}
+}
