@@ -128,6 +128,10 @@ func writeTable(w io.Writer, r Report) error {
 				dur(redisCPUGoal), verdict, dur(time.Duration(c.CommandsUsec)*time.Microsecond), dur(time.Duration(c.ScriptsUsec)*time.Microsecond), shared))
 			val("Redis CPU per grant, process", dur(c.ProcessCPUPerGrant), fmt.Sprintf("INFO used_cpu_sys + used_cpu_user Δ %s / grants: all threads, I/O and event loop included", dur(c.ProcessCPU)))
 			val("  costliest commands", "", c.topString(4))
+			if c.FloorUsec > 0 {
+				val("  one-line script, same pace", dur(time.Duration(c.FloorUsec*float64(time.Microsecond))),
+					fmt.Sprintf("EVAL %q sent alone, one per 4 grants, during the run: a grant costs Redis %.1f of them", floorScript, c.PerGrantFloors))
+			}
 		}
 		row("", "p50", "p99", "max", "")
 		dist("wait, queued callers, steady state", s.Wait, fmt.Sprintf("%s Enters begun ≥ %v after the first", commas(s.Wait.N), s.Warmup.Round(time.Millisecond)))
@@ -330,7 +334,8 @@ func writeGobench(w io.Writer, r Report) error {
 			s.Errors, "errors")
 		if c := s.RedisCPU; c != nil {
 			line("Saturate/redis-cpu", s.Grants, f(float64(c.PerGrant)/float64(time.Microsecond)), "redis-us/op",
-				f(float64(c.ProcessCPUPerGrant)/float64(time.Microsecond)), "redis-process-cpu-us/op")
+				f(float64(c.ProcessCPUPerGrant)/float64(time.Microsecond)), "redis-process-cpu-us/op",
+				f(c.FloorUsec), "one-line-script-us", f(c.PerGrantFloors), "one-line-scripts/op")
 		}
 	}
 	if sm := r.Semaphore; sm != nil {

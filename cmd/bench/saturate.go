@@ -76,6 +76,14 @@ func saturate(ctx context.Context, tg target, cfg bucket.Config, callers, procs 
 	probe := client(tg.opt, 1)
 	defer probe.Close()
 	before, cpuErr := readCPU(ctx, probe)
+	// The floor script, one per 4 grants (at most 500/s): spread out like
+	// the bucket's calls, and too few to change the process CPU figure much.
+	floorCtx, stopFloor := context.WithCancel(ctx)
+	floorDone := make(chan struct{})
+	go func() {
+		defer close(floorDone)
+		paceFloor(floorCtx, probe, max(time.Duration(4*float64(time.Second)/rate), 2*time.Millisecond))
+	}()
 	var (
 		grants []loadgen.Grant
 		stats  loadgen.WorkerStats
@@ -86,6 +94,8 @@ func saturate(ctx context.Context, tg target, cfg bucket.Config, callers, procs 
 	} else {
 		grants, stats, err = inWorkers(ctx, specs, stderr)
 	}
+	stopFloor()
+	<-floorDone
 	if err != nil {
 		return s, nil, err
 	}
