@@ -251,8 +251,17 @@ func saturate(ctx context.Context, clients []redis.UniversalClient, name string,
 	var holds []span
 	var lost, failures int
 	var wg sync.WaitGroup
+	sleepers := make([]*sleeper, opt.Callers)
+	for c := range sleepers {
+		sl, err := newSleeper()
+		if err != nil {
+			return err
+		}
+		defer sl.Close()
+		sleepers[c] = sl
+	}
 	for c := range opt.Callers {
-		s := sems[c%len(sems)]
+		s, sl := sems[c%len(sems)], sleepers[c]
 		wg.Go(func() {
 			var mine []span
 			myLost, myErr := 0, 0
@@ -266,7 +275,9 @@ func saturate(ctx context.Context, clients []redis.UniversalClient, name string,
 					break
 				}
 				start := time.Now()
-				hold(opt.Hold)
+				if err := sl.hold(opt.Hold); err != nil {
+					myErr++
+				}
 				end := time.Now()
 				select {
 				case <-p.Lost():
