@@ -114,6 +114,7 @@ type Bucket struct {
 	rtt  roundTrip
 	wake wakeups
 	left leavers
+	slot waker // wakes callers at their slot, precisely
 	// IDs are a random UUID drawn once per Bucket and a counter: fresh for
 	// every arrival, unique across processes, and far cheaper than a
 	// crypto-random UUID per Enter (which cost a third of the CPU of a
@@ -282,6 +283,7 @@ func (b *Bucket) Close() error {
 	b.left.close()
 	b.arr.close(b.stop)
 	b.wake.close()
+	b.slot.close()
 	return b.sched.Close()
 }
 
@@ -430,7 +432,7 @@ func (b *Bucket) awaitSlot(ctx context.Context, entry string, est time.Duration,
 // lateness from sent+delay, less the round trip the network always takes,
 // so that a reply that sat unread (a starved or frozen process) counts too.
 func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, delay time.Duration, rep *Report) (bool, error) {
-	if err := b.sleep(ctx, received.Add(delay).Sub(b.now()), nil); err != nil {
+	if err := b.slot.sleep(ctx, received.Add(delay).Sub(b.now()), b.done); err != nil {
 		return false, err // the slot's token is spent; nobody else gets it
 	}
 	rep.Late = max(0, b.now().Sub(sent.Add(delay))-b.rtt.min())
