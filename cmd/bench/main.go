@@ -9,6 +9,9 @@
 //   - overhead: in one process, what Redis and the bucket cost when the
 //     limit is out of reach (round trips, uncontended Enter, bursts of
 //     concurrent callers, grants per second);
+//   - scripts: what each of the bucket's calls costs Redis (INFO
+//     commandstats), back to back and paced like a saturated run's, next
+//     to the least a script costs;
 //   - saturate: callers in several processes hammer one bucket; all grant
 //     records are then judged together: rate and utilization, the
 //     guarantee, waits, FIFO order, polls and round trips per grant;
@@ -32,7 +35,7 @@
 //
 // Usage:
 //
-//	go run ./cmd/bench [--redis URL] [--scenario overhead,saturate,semaphore,compare,scale|all]
+//	go run ./cmd/bench [--redis URL] [--scenario overhead,scripts,saturate,semaphore,compare,scale|all]
 //	    [--capacity 50] [--refill-amount 1] [--refill-frequency 2ms]
 //	    [--callers 400] [--procs 4] [--duration 10s] [--plot FILE.svg]
 //	    [--compare-callers 200] [--compare-duration 3s]
@@ -106,8 +109,8 @@ type options struct {
 
 // scenarioNames in the order they run; allScenarios are those "all" runs.
 var (
-	scenarioNames = []string{"overhead", "saturate", "semaphore", "compare", "scale"}
-	allScenarios  = []string{"overhead", "saturate", "semaphore", "compare"}
+	scenarioNames = []string{"overhead", "scripts", "saturate", "semaphore", "compare", "scale"}
+	allScenarios  = []string{"overhead", "scripts", "saturate", "semaphore", "compare"}
 )
 
 func parse(args []string, stderr io.Writer) (options, error) {
@@ -240,6 +243,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("overhead: %w", err)
 		}
 		rep.Overhead = &ov
+	}
+	if o.scenarios["scripts"] {
+		sc, err := scriptsScenario(ctx, tg.opt, name+"-scripts", stderr)
+		if err != nil {
+			return fmt.Errorf("scripts: %w", err)
+		}
+		rep.Scripts = &sc
 	}
 	if o.scenarios["saturate"] {
 		cfg := o.bucket

@@ -79,8 +79,8 @@ func TestAllTable(t *testing.T) {
 		flag string
 		want []string
 	}{
-		{"", []string{"OVERHEAD", "SATURATE", "PING round trip", "utilization", "grants overtaken, by slot"}},
-		{"--gobench", []string{"BenchmarkOverhead/enter ", "BenchmarkSaturate ", " utilization ", " round-trips/op"}},
+		{"", []string{"OVERHEAD", "SCRIPTS", "SATURATE", "PING round trip", "utilization", "grants overtaken, by slot", "one-line script, same pace"}},
+		{"--gobench", []string{"BenchmarkOverhead/enter ", "BenchmarkScripts/poll-slot-found ", "BenchmarkSaturate ", " utilization ", " round-trips/op"}},
 	} {
 		args := []string{"--redis", srv.URL(), "--duration", "500ms", "--callers", "20", "--procs", "1"}
 		if tc.flag != "" {
@@ -98,5 +98,35 @@ func TestAllTable(t *testing.T) {
 				t.Errorf("output of %q lacks %q:\n%s", tc.flag, w, stdout.String())
 			}
 		}
+	}
+}
+
+// TestScriptsScenario: every call of the bucket is measured, each costs
+// Redis something, and the direct poll (two plain commands) costs less
+// than any script that runs four: a ratio within one run.
+func TestScriptsScenario(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	var stdout, stderr bytes.Buffer
+	if err := run(context.Background(), []string{"--redis", srv.URL(), "--scenario", "scripts", "--json"}, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	var rep Report
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
+	}
+	if rep.Scripts == nil || len(rep.Scripts.Rows) != 5 {
+		t.Fatalf("want 5 rows: %s", stdout.String())
+	}
+	byName := map[string]ScriptCost{}
+	for _, r := range rep.Scripts.Rows {
+		if r.Tight <= 0 || r.Paced <= 0 {
+			t.Errorf("%s: %.2f µs tight, %.2f µs paced; want both > 0", r.Name, r.Tight, r.Paced)
+		}
+		byName[r.Name] = r
+	}
+	poll, enq := byName["poll, slot found"], byName["enqueue, queued"]
+	if poll.Tight >= enq.Tight {
+		t.Errorf("a direct poll cost %.2f µs, a queued enqueue %.2f µs: want the poll cheaper", poll.Tight, enq.Tight)
 	}
 }

@@ -18,6 +18,7 @@ type Report struct {
 	Redis     RedisInfo  `json:"redis"`
 	Limit     Limit      `json:"limit"`
 	Overhead  *Overhead  `json:"overhead,omitempty"`
+	Scripts   *Scripts   `json:"scripts,omitempty"`
 	Saturate  *Saturate  `json:"saturate,omitempty"`
 	Semaphore *Semaphore `json:"semaphore,omitempty"`
 	Compare   *Compare   `json:"compare,omitempty"`
@@ -87,6 +88,19 @@ func writeTable(w io.Writer, r Report) error {
 		dist(fmt.Sprintf("%d callers looping Enter: latency", h.Callers), h.Enter, "")
 		val(fmt.Sprintf("%d callers looping Enter: grants/s", h.Callers), commas(int(h.PerSecond+0.5)),
 			fmt.Sprintf("%s grants in %v; %.3f round trips/grant (hook: arrivals are batched); %d errors", commas(h.Grants), h.Duration, h.RoundTripsPerGrant, h.Errors))
+	}
+	if sc := r.Scripts; sc != nil && len(sc.Rows) > 0 {
+		fmt.Fprintln(tw)
+		fmt.Fprintf(tw, "SCRIPTS: Redis time per call (INFO commandstats), %s back to back, then %s one every %v\n", commas(sc.Tight), commas(sc.Paced), sc.Pace)
+		row("", "tight", "paced", "", "")
+		floor := sc.Rows[0]
+		for _, c := range sc.Rows {
+			note := c.Runs
+			if c.Name != floor.Name && floor.Tight > 0 && floor.Paced > 0 {
+				note = fmt.Sprintf("%.1f× / %.1f× the one-line script; %s", c.Tight/floor.Tight, c.Paced/floor.Paced, c.Runs)
+			}
+			row(c.Name, usec(c.Tight), usec(c.Paced), "", note)
+		}
 	}
 	if s := r.Saturate; s != nil {
 		l := r.Limit
@@ -311,6 +325,11 @@ func writeGobench(w io.Writer, r Report) error {
 		line(fmt.Sprintf("Overhead/hammer-%d", h.Callers), h.Grants, f(h.PerSecond), "grants/s", ns(h.Enter.P50), "ns/op",
 			ns(h.Enter.P99), "p99-ns/op", f(h.RoundTripsPerGrant), "round-trips/op")
 	}
+	if sc := r.Scripts; sc != nil {
+		for _, c := range sc.Rows {
+			line("Scripts/"+strings.NewReplacer(" ", "-", ",", "").Replace(c.Name), sc.Tight, f(c.Tight), "redis-us/op", f(c.Paced), "paced-redis-us/op")
+		}
+	}
 	if s := r.Saturate; s != nil {
 		line("Saturate", s.Grants,
 			f(s.Throughput.Utilization), "utilization",
@@ -450,3 +469,6 @@ func windows(e Excess) string {
 	}
 	return fmt.Sprintf("%d grants in %s; windows ≤ 1 s: %s, ≤ 100 ms: %s", e.Count, dur(e.Span), short(e.Sec), short(e.Tenth))
 }
+
+// usec formats a count of µs as a duration.
+func usec(x float64) string { return dur(time.Duration(x * float64(time.Microsecond))) }
