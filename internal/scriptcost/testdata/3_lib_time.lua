@@ -1,0 +1,3 @@
+--lib
+local now = now_us()
+return 1
