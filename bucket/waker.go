@@ -3,7 +3,6 @@ package bucket
 import (
 	"container/heap"
 	"context"
-	"runtime"
 	"sync"
 	"time"
 )
@@ -12,10 +11,17 @@ import (
 // runtime waits for timers in its network poller, with millisecond
 // granularity, so a timer fires about 0.7 ms late at the median and several
 // ms late at p99 on a busy machine. A Bucket's callers hand their final wait
-// here; one goroutine, owned by the Bucket, keeps their deadlines in a heap,
-// waits with an ordinary timer until shortly before the earliest, then
-// blocks its thread in nanosleep (waker_linux.go) for the last stretch and
-// closes the channel of every caller that is due.
+// here; one goroutine, owned by the Bucket, keeps their deadlines in a heap
+// and waits for the earliest on a kernel timer (a timerfd on Linux,
+// waker_linux.go) read through the runtime's poller: the goroutine parks,
+// holding no thread and no P, and the poller returns as soon as the
+// kernel timer fires, without the millisecond rounding. Then it closes the
+// channel of every caller that is due.
+//
+// (A thread blocked in nanosleep would be as precise, but it keeps its P
+// until the runtime's sysmon takes it back, which can take up to 10 ms:
+// with GOMAXPROCS 2 that starved the semaphore's benchmark of CPU, see
+// docs/semaphore.md.)
 //
 // The goroutine starts when a caller waits and returns when none is left, so
 // an idle Bucket runs nothing; close stops it and waits for it. A waker
@@ -24,16 +30,11 @@ import (
 type waker struct {
 	mu      sync.Mutex
 	alarms  alarms
-	running bool          // the goroutine is started and not yet past its last look at alarms
-	closed  bool          // no goroutine may start
-	kick    chan struct{} // an earlier alarm came: the goroutine re-plans (buffered, made once)
-	stop    chan struct{} // closed by close
+	running bool // the goroutine is started and not yet past its last look at alarms
+	closed  bool // no goroutine may start
+	clock   *kernelTimer
 	wg      sync.WaitGroup
 }
-
-// preciseChunk bounds one nanosleep, so that an alarm set earlier than the
-// one the goroutine sleeps towards is late by at most about this much.
-const preciseChunk = 200 * time.Microsecond
 
 // alarm is one caller's deadline.
 type alarm struct {
@@ -81,16 +82,20 @@ func plainSleep(ctx context.Context, d time.Duration, done <-chan struct{}) erro
 }
 
 // add sets a, starting the goroutine if it is not running. It reports false
-// after close.
+// after close, or when no kernel timer can be had (the caller then sleeps
+// on a Go timer).
 func (w *waker) add(a *alarm) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
 		return false
 	}
-	if w.kick == nil {
-		w.kick = make(chan struct{}, 1)
-		w.stop = make(chan struct{})
+	if w.clock == nil {
+		c, err := newKernelTimer()
+		if err != nil {
+			return false
+		}
+		w.clock = c
 	}
 	heap.Push(&w.alarms, a)
 	switch {
@@ -99,86 +104,51 @@ func (w *waker) add(a *alarm) bool {
 		w.wg.Add(1)
 		go w.run()
 	case a.i == 0:
-		select {
-		case w.kick <- struct{}{}:
-		default:
-		}
+		// Earlier than what the goroutine waits for: bring the timer
+		// forward; the goroutine's read returns then.
+		w.clock.arm(time.Until(a.at))
 	}
 	return true
 }
 
-// remove takes out the alarm of a caller that gave up. If it was the
-// earliest, the goroutine re-plans (and returns when none is left).
+// remove takes out the alarm of a caller that gave up. The goroutine may
+// then wake for nothing, and re-arms for the next alarm.
 func (w *waker) remove(a *alarm) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if a.i < 0 {
 		return // fired already
 	}
-	head := a.i == 0
 	heap.Remove(&w.alarms, a.i)
-	if head {
-		select {
-		case w.kick <- struct{}{}:
-		default:
-		}
-	}
 }
 
 // run fires the alarms in order until none is left or close is called.
+// The timer is armed under mu, by run for the earliest alarm and by add for
+// an earlier one, so it always holds the earliest deadline; a wait that
+// begins after the timer fired returns at once.
 func (w *waker) run() {
 	defer w.wg.Done()
-	var t *time.Timer
-	defer func() {
-		if t != nil {
-			t.Stop()
-		}
-	}()
 	for {
 		w.mu.Lock()
+		if w.closed {
+			w.running = false
+			w.mu.Unlock()
+			return
+		}
 		now := time.Now()
-		fired := false
 		for len(w.alarms) > 0 && !w.alarms[0].at.After(now) {
 			a := heap.Pop(&w.alarms).(*alarm)
 			a.fired = now
 			close(a.c)
-			fired = true
 		}
 		if len(w.alarms) == 0 {
 			w.running = false
 			w.mu.Unlock()
 			return
 		}
-		left := w.alarms[0].at.Sub(now)
+		w.clock.arm(w.alarms[0].at.Sub(now))
 		w.mu.Unlock()
-		if fired {
-			// The callers just woken sit in this P's run queue; let them
-			// run now rather than behind the next nanosleep, which holds
-			// the P until the runtime takes it back.
-			runtime.Gosched()
-			continue
-		}
-		if left > preciseMargin {
-			if t == nil {
-				t = time.NewTimer(left - preciseMargin)
-			} else {
-				t.Reset(left - preciseMargin)
-			}
-			select {
-			case <-t.C:
-			case <-w.kick:
-				t.Stop()
-			case <-w.stop:
-				return
-			}
-			continue
-		}
-		select {
-		case <-w.stop:
-			return
-		default:
-		}
-		sleepThread(min(left, preciseChunk), left <= preciseChunk)
+		w.clock.wait()
 	}
 }
 
@@ -187,12 +157,18 @@ func (w *waker) run() {
 // use plain timers.
 func (w *waker) close() {
 	w.mu.Lock()
-	if !w.closed && w.stop != nil {
-		close(w.stop)
-	}
 	w.closed = true
+	if w.clock != nil {
+		w.clock.arm(0) // wake the goroutine: it sees closed
+	}
 	w.mu.Unlock()
 	w.wg.Wait()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.clock != nil {
+		w.clock.close()
+		w.clock = nil
+	}
 }
 
 // alarms is a min-heap of alarms by deadline (container/heap).

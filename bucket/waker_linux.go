@@ -1,37 +1,45 @@
+//go:build linux
+
 package bucket
 
 import (
-	"runtime"
+	"os"
 	"syscall"
 	"time"
+	"unsafe"
 )
 
-// preciseMargin is how long before an alarm the waker stops trusting Go
-// timers (late by up to a few ms on a busy machine) and sleeps in
-// nanosleep, which Linux ends within tens of µs.
-const preciseMargin = 2 * time.Millisecond
-
-// sleepThread blocks the calling thread for about d, in a system call: the
-// runtime may hand the thread's P to other goroutines meanwhile, and the
-// thread burns no CPU. A signal may cut the sleep short (EINTR); the
-// waker's loop then sleeps again.
-//
-// The last sleep before an alarm (last) runs with the thread's timer slack
-// at 1 µs instead of Linux's default 50 µs, by which the kernel may
-// otherwise delay the wake-up to batch it with others; the thread gets its
-// default back before it serves other goroutines.
-func sleepThread(d time.Duration, last bool) {
-	ts := syscall.NsecToTimespec(int64(d))
-	if !last {
-		_ = syscall.Nanosleep(&ts, nil)
-		return
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	_, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_SET_TIMERSLACK, uintptr(time.Microsecond), 0)
-	_ = syscall.Nanosleep(&ts, nil)
-	if errno == 0 {
-		// 0 restores the thread's default slack.
-		_, _, _ = syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_SET_TIMERSLACK, 0, 0)
-	}
+// kernelTimer is a timerfd on CLOCK_MONOTONIC (the clock of Go's monotonic
+// readings), read through the runtime's poller: a goroutine that waits on
+// it parks, and the poller wakes it when the kernel timer fires, within
+// tens of µs, where a Go timer is rounded to the poller's millisecond. A
+// timerfd has no timer slack, unlike nanosleep.
+type kernelTimer struct {
+	f  *os.File // registered with the poller: reads park the goroutine
+	fd uintptr  // for timerfd_settime; f.Fd() would make f blocking
 }
+
+func newKernelTimer() (*kernelTimer, error) {
+	const clockMonotonic = 1
+	fd, _, errno := syscall.Syscall(syscall.SYS_TIMERFD_CREATE, clockMonotonic, syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if errno != 0 {
+		return nil, errno
+	}
+	return &kernelTimer{f: os.NewFile(fd, "timerfd"), fd: fd}, nil
+}
+
+// arm makes the timer fire d from now (at once if d ≤ 0), replacing any
+// earlier arming. A zero value would disarm it: the least is 1 ns.
+func (t *kernelTimer) arm(d time.Duration) {
+	spec := struct{ interval, value syscall.Timespec }{value: syscall.NsecToTimespec(int64(max(d, time.Nanosecond)))}
+	_, _, _ = syscall.Syscall6(syscall.SYS_TIMERFD_SETTIME, t.fd, 0, uintptr(unsafe.Pointer(&spec)), 0, 0, 0)
+}
+
+// wait returns once the timer has fired since the last wait (at once if it
+// has already), or the timer is closed.
+func (t *kernelTimer) wait() {
+	var expirations [8]byte
+	_, _ = t.f.Read(expirations[:])
+}
+
+func (t *kernelTimer) close() { _ = t.f.Close() }

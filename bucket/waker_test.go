@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -159,4 +161,40 @@ func BenchmarkWakeLateness(b *testing.B) {
 			})
 		}
 	}
+}
+
+// TestWakerParks: while the waker waits for an alarm, its goroutine is
+// parked in the poller ("IO wait" on Linux's timerfd), not blocked in a
+// system call holding a thread and its P: a thread in nanosleep keeps its
+// P until sysmon takes it back, which starved a GOMAXPROCS 2 process.
+func TestWakerParks(t *testing.T) {
+	var w waker
+	defer w.close()
+	a := &alarm{at: time.Now().Add(time.Hour), c: make(chan struct{})}
+	if !w.add(a) {
+		t.Fatal("add refused")
+	}
+	defer w.remove(a)
+	want := "[IO wait"
+	if runtime.GOOS != "linux" {
+		want = "[chan receive"
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	var state string
+	for time.Now().Before(deadline) {
+		buf := make([]byte, 1<<20)
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, "(*waker).run") {
+				state = strings.SplitN(g, "\n", 2)[0]
+			}
+		}
+		if strings.Contains(state, want) {
+			return
+		}
+		if strings.Contains(state, "[syscall") {
+			t.Fatalf("the waker holds a thread in a system call: %s", state)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("waker goroutine never seen waiting in %q; last state %q", want, state)
 }
