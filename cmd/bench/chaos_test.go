@@ -132,3 +132,22 @@ func TestRedisCPU(t *testing.T) {
 		t.Errorf("with floor scripts: commands %d µs, floor %.1f µs, %.2f floors per grant; want 1000, 20, 5", c.CommandsUsec, c.FloorUsec, c.PerGrantFloors)
 	}
 }
+
+func TestMachineCPU(t *testing.T) {
+	a, ok := parseCPULine("cpu  100 0 50 800 10 0 10 30 0 0")
+	if !ok {
+		t.Fatal("line not parsed")
+	}
+	b, _ := parseCPULine("cpu  160 0 70 900 10 0 10 50 0 0")
+	m := machineCPU(a, b)
+	// Δ busy 80 (user 60, system 20), Δ idle 100, Δ steal 20: total 200.
+	if m == nil || m.Busy != 0.4 || m.Stolen != 0.1 {
+		t.Fatalf("got %+v, want busy 0.4, stolen 0.1", m)
+	}
+	if _, ok := parseCPULine("cpu0 1 2 3 4 5 6 7 8"); ok {
+		t.Error("a per-CPU line was taken for the aggregate")
+	}
+	if machineCPU(b, a) != nil {
+		t.Error("a backwards interval gave a figure")
+	}
+}

@@ -129,6 +129,9 @@ func writeTable(w io.Writer, r Report) error {
 		val("returned > MaxLateness after slot", commas(s.Tardy), fmt.Sprintf("MaxLateness %v", s.MaxLateness))
 		val("re-entries", commas(s.Reentries), fmt.Sprintf("%d grants re-entered at least once", s.ReenteredCalls))
 		val("scheduler steps", commas(int(s.Steps)), fmt.Sprintf("fenced %d, errors %d", s.Fenced, s.SchedulerErrors))
+		if m := s.Machine; m != nil {
+			val("machine CPUs during the run", m.String(), "/proc/stat, all CPUs: stolen = time the hypervisor ran other VMs; tails grow with both")
+		}
 		if c := s.RedisCPU; c != nil {
 			shared := "server used by this run only"
 			if c.Shared {

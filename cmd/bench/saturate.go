@@ -37,6 +37,8 @@ type Saturate struct {
 	// INFO cpu before and after); nil when the server does not report it
 	// (miniredis).
 	RedisCPU *RedisCPU `json:"redis_cpu,omitempty"`
+	// Machine is how all CPUs of the machine spent the run (Linux only).
+	Machine *MachineCPU `json:"machine_cpu,omitempty"`
 }
 
 // workerStartup is how long after their start worker processes begin
@@ -76,6 +78,7 @@ func saturate(ctx context.Context, tg target, cfg bucket.Config, callers, procs 
 	probe := client(tg.opt, 1)
 	defer probe.Close()
 	before, cpuErr := readCPU(ctx, probe)
+	machineBefore, haveMachine := readCPUTimes()
 	// The floor script, one per 4 grants (at most 500/s): spread out like
 	// the bucket's calls, and too few to change the process CPU figure much.
 	floorCtx, stopFloor := context.WithCancel(ctx)
@@ -96,6 +99,9 @@ func saturate(ctx context.Context, tg target, cfg bucket.Config, callers, procs 
 	}
 	stopFloor()
 	<-floorDone
+	if machineAfter, ok := readCPUTimes(); ok && haveMachine {
+		s.Machine = machineCPU(machineBefore, machineAfter)
+	}
 	if err != nil {
 		return s, nil, err
 	}
