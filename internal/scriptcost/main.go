@@ -36,14 +36,15 @@ func main() {
 	n := flag.Int("n", 2000, "calls per script")
 	free := flag.Bool("free", false, "a bucket far from its limit: enqueue grants at once")
 	lib := flag.String("lib", "queue/lua/lib.lua", "the library prepended to --lib scripts")
+	batch := flag.Int("batch", 1, "callers per call (enqueue's m)")
 	flag.Parse()
-	if err := run(*addr, *lib, *n, *pace, *free, flag.Args()); err != nil {
+	if err := run(*addr, *lib, *n, *pace, *free, *batch, flag.Args()); err != nil {
 		fmt.Fprintln(os.Stderr, "scriptcost:", err)
 		os.Exit(1)
 	}
 }
 
-func run(addr, libPath string, n int, pace time.Duration, free bool, files []string) error {
+func run(addr, libPath string, n int, pace time.Duration, free bool, batch int, files []string) error {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
@@ -89,7 +90,7 @@ func run(addr, libPath string, n int, pace time.Duration, free bool, files []str
 			if pace > 0 {
 				time.Sleep(pace)
 			}
-			args := enqueueArgs(free, i)
+			args := enqueueArgs(free, i, batch)
 			if fn {
 				err = rdb.FCall(ctx, "enq", keys, args...).Err()
 			} else {
@@ -118,11 +119,15 @@ func run(addr, libPath string, n int, pace time.Duration, free bool, files []str
 	return nil
 }
 
-// enqueueArgs are enqueue.lua's ARGV for caller i: lookahead 20 ms, no
-// MaxQueue or MaxWait, grace 1 s, one policy, one caller.
-func enqueueArgs(free bool, i int) []any {
+// enqueueArgs are enqueue.lua's ARGV for call i: lookahead 20 ms, no
+// MaxQueue or MaxWait, grace 1 s, one policy, batch callers.
+func enqueueArgs(free bool, i, batch int) []any {
+	args := []any{20000, 0, 0, 1000000, 1, 1, 1, 1000000000, batch}
 	if free {
-		return []any{20000, 0, 0, 1000000, 1, int64(1) << 40, int64(1) << 30, 1000, 1, fmt.Sprint("id", i)}
+		args = []any{20000, 0, 0, 1000000, 1, int64(1) << 40, int64(1) << 30, 1000, batch}
 	}
-	return []any{20000, 0, 0, 1000000, 1, 1, 1, 1000000000, 1, fmt.Sprint("id", i)}
+	for k := range batch {
+		args = append(args, fmt.Sprintf("id%d.%d", i, k))
+	}
+	return args
 }

@@ -46,35 +46,31 @@ local created = qlen == 0
 local took, pushed = false, {}
 local first = done + qlen + 1
 local out, n = {now, 0, first}, 3
--- put appends one caller's reply; writing in place (no table per caller,
--- no # operator) matters when a batch holds hundreds of callers.
-local function put(kind, delay, position)
-  out[n + 1], out[n + 2], out[n + 3] = kind, delay, position
-  n = n + 3
-end
+-- Each caller's reply is written in place (no table per caller, no
+-- function call, no # operator): a batch may hold hundreds of callers.
 for c = 1, m do
   local id = ARGV[i + c]
   -- Nobody waits: a token due within the lookahead is this caller's at once.
   local slot = qlen == 0 and slot_all(st, ps, now, 1) or nil
   if slot and slot - now <= lookahead then
     if max_wait > 0 and slot - now > max_wait then
-      put(4, slot - now, 0)
+      out[n + 1], out[n + 2], out[n + 3], n = 4, slot - now, 0, n + 3
     else
       take(st)
       took = true
       done = done + 1
-      put(slot == now and 0 or 1, slot - now, 0)
+      out[n + 1], out[n + 2], out[n + 3], n = slot == now and 0 or 1, slot - now, 0, n + 3
     end
   elseif max_queue > 0 and qlen >= max_queue then
-    put(3, 0, qlen)
+    out[n + 1], out[n + 2], out[n + 3], n = 3, 0, qlen, n + 3
   else
     local est = slot_all(st, ps, now, qlen + 1)
     if max_wait > 0 and est - now > max_wait then
-      put(4, est - now, qlen + 1)
+      out[n + 1], out[n + 2], out[n + 3], n = 4, est - now, qlen + 1, n + 3
     else
       qlen = qlen + 1
       pushed[#pushed + 1] = id .. '|' .. int(est)
-      put(2, est - now, qlen)
+      out[n + 1], out[n + 2], out[n + 3], n = 2, est - now, qlen, n + 3
     end
   end
 end

@@ -103,7 +103,8 @@ local function load(state_key, ps, now)
       vals[#vals + 1] = tonumber(v)
     end
   end
-  for i, p in ipairs(ps) do
+  for i = 1, #ps do
+    local p = ps[i]
     local level, anchor = refill(vals[2 * i + 1], vals[2 * i + 2], now, p.cap, p.amount, p.freq)
     st[i] = {level = level, anchor = anchor}
   end
@@ -112,8 +113,16 @@ end
 
 -- slot_all is the slot of the k-th token across every policy.
 local function slot_all(st, ps, now, k)
+  if #ps == 1 then -- the common case, without a loop
+    local s, p = st[1], ps[1]
+    if s.level >= k then return now end
+    local slot = s.anchor + math.ceil((k - s.level) / p.amount) * p.freq
+    if slot > now then return slot end
+    return now
+  end
   local slot = now
-  for i, p in ipairs(ps) do
+  for i = 1, #ps do
+    local p = ps[i]
     local s = slot_for(st[i].level, st[i].anchor, now, k, p.amount, p.freq)
     if s > slot then slot = s end
   end
@@ -132,8 +141,8 @@ end
 -- come back full too soon and over-admit.
 local function full_in(st, ps, now)
   local d = 0
-  for i, p in ipairs(ps) do
-    local s = st[i]
+  for i = 1, #ps do
+    local p, s = ps[i], st[i]
     if s.level < p.cap then
       local t = s.anchor + math.ceil((p.cap - s.level) / p.amount) * p.freq - now
       if t > d then d = t end
