@@ -322,6 +322,13 @@ type Report struct {
 	// It is for analysis only (comparing with the local clock assumes
 	// both are synchronised); Enter never uses it.
 	Slot time.Time
+	// Margin is how long before its slot the caller held the reply that
+	// gave it the slot, at least (as if Redis read its clock the moment
+	// the request left). Zero or less: the reply came at or after the
+	// slot, so the caller was late before its final wait began, through
+	// Redis, the network or its own process being slow; otherwise a late
+	// return is the final wait's.
+	Margin time.Duration
 }
 
 // EnterReport is Enter that also reports what happened.
@@ -432,6 +439,7 @@ func (b *Bucket) awaitSlot(ctx context.Context, entry string, est time.Duration,
 // lateness from sent+delay, less the round trip the network always takes,
 // so that a reply that sat unread (a starved or frozen process) counts too.
 func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, delay time.Duration, rep *Report) (bool, error) {
+	rep.Margin = sent.Add(delay).Sub(received)
 	if err := b.slot.sleep(ctx, received.Add(delay).Sub(b.now()), b.done); err != nil {
 		return false, err // the slot's token is spent; nobody else gets it
 	}

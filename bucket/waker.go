@@ -55,8 +55,18 @@ func (w *waker) sleep(ctx context.Context, d time.Duration, done <-chan struct{}
 	if !w.add(a) {
 		return plainSleep(ctx, d, done) // closed: no goroutine may start
 	}
+	// A Go timer for the same deadline too: the runtime runs timers at
+	// every scheduling point, so when this process's Ps are all busy it
+	// fires before the poller (which a busy process checks only when a P
+	// runs out of work, or on sysmon's tick) notices the kernel timer.
+	// Whichever comes first; neither before the deadline.
+	t := time.NewTimer(d)
+	defer t.Stop()
 	select {
 	case <-a.c:
+		return nil
+	case <-t.C:
+		w.remove(a)
 		return nil
 	case <-ctx.Done():
 		w.remove(a)

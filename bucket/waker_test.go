@@ -132,33 +132,55 @@ func TestWakerSleep(t *testing.T) {
 
 // BenchmarkWakeLateness measures how late a wait of 50 µs, 300 µs or
 // 1.5 ms returns, with the waker and with a plain Go timer (what
-// sleepToSlot used before), reporting the median and p99 lateness.
+// sleepToSlot used before), reporting the median and p99 lateness; "busy"
+// runs as many spinning goroutines as there are Ps meanwhile (a process
+// with work to do, whose poller is checked only now and then).
 func BenchmarkWakeLateness(b *testing.B) {
-	for _, d := range []time.Duration{50 * time.Microsecond, 300 * time.Microsecond, 1500 * time.Microsecond} {
-		for _, how := range []string{"waker", "timer"} {
-			b.Run(how+"/"+d.String(), func(b *testing.B) {
-				var w waker
-				defer w.close()
-				ctx := context.Background()
-				done := make(chan struct{})
-				var late []time.Duration
-				for b.Loop() {
-					start := time.Now()
-					var err error
-					if how == "waker" {
-						err = w.sleep(ctx, d, done)
-					} else {
-						err = plainSleep(ctx, d, done)
+	for _, load := range []string{"idle", "busy"} {
+		for _, d := range []time.Duration{50 * time.Microsecond, 300 * time.Microsecond, 1500 * time.Microsecond} {
+			for _, how := range []string{"waker", "timer"} {
+				b.Run(load+"/"+how+"/"+d.String(), func(b *testing.B) {
+					if load == "busy" {
+						stop := make(chan struct{})
+						var wg sync.WaitGroup
+						for range runtime.GOMAXPROCS(0) {
+							wg.Go(func() {
+								for {
+									select {
+									case <-stop:
+										return
+									default:
+										runtime.Gosched()
+									}
+								}
+							})
+						}
+						defer wg.Wait()
+						defer close(stop)
 					}
-					if err != nil {
-						b.Fatal(err)
+					var w waker
+					defer w.close()
+					ctx := context.Background()
+					done := make(chan struct{})
+					var late []time.Duration
+					for b.Loop() {
+						start := time.Now()
+						var err error
+						if how == "waker" {
+							err = w.sleep(ctx, d, done)
+						} else {
+							err = plainSleep(ctx, d, done)
+						}
+						if err != nil {
+							b.Fatal(err)
+						}
+						late = append(late, time.Since(start)-d)
 					}
-					late = append(late, time.Since(start)-d)
-				}
-				slices.Sort(late)
-				b.ReportMetric(float64(late[len(late)/2])/1e3, "µs-late-p50")
-				b.ReportMetric(float64(late[len(late)*99/100])/1e3, "µs-late-p99")
-			})
+					slices.Sort(late)
+					b.ReportMetric(float64(late[len(late)/2])/1e3, "µs-late-p50")
+					b.ReportMetric(float64(late[len(late)*99/100])/1e3, "µs-late-p99")
+				})
+			}
 		}
 	}
 }

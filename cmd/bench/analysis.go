@@ -219,6 +219,12 @@ type Saturation struct {
 	// over the Enters begun after the warm-up.
 	Late       Dist `json:"late"`
 	LateSteady Dist `json:"late_steady"`
+	// LateAnswer counts the steady-state grants whose reply came at or
+	// after the slot (Report.Margin ≤ 0): late before the final wait, by
+	// Redis, the network or the process. LateInTime is LateSteady over the
+	// others: what the final wait itself adds.
+	LateAnswer int  `json:"late_answer"`
+	LateInTime Dist `json:"late_in_time"`
 	// Early counts grants that returned more than 100 µs before their slot.
 	Early int `json:"early"`
 	// Tardy counts grants that returned more than MaxLateness after their
@@ -258,6 +264,7 @@ func analyse(grants []loadgen.Grant, l guarantee.Limit, warmup, maxLate time.Dur
 		tickets       []int64
 		waits, late   []time.Duration
 		lateSteady    []time.Duration
+		lateInTime    []time.Duration
 		polls         int
 		begin         int64 = math.MaxInt64
 	)
@@ -281,6 +288,11 @@ func analyse(grants []loadgen.Grant, l guarantee.Limit, warmup, maxLate time.Dur
 		steady := g.Start-begin >= int64(warmup)
 		if steady {
 			lateSteady = append(lateSteady, g.Time().Sub(g.SlotTime()))
+			if g.Margin <= 0 && g.Slot != 0 {
+				s.LateAnswer++
+			} else {
+				lateInTime = append(lateInTime, g.Time().Sub(g.SlotTime()))
+			}
 		}
 		if g.Time().Before(g.SlotTime().Add(-100 * time.Microsecond)) {
 			s.Early++
@@ -313,6 +325,7 @@ func analyse(grants []loadgen.Grant, l guarantee.Limit, warmup, maxLate time.Dur
 	s.PollsPerQueued = per(int64(polls), s.Queued)
 	s.Late = distOf(late)
 	s.LateSteady = distOf(lateSteady)
+	s.LateInTime = distOf(lateInTime)
 	s.ExcessStartsSlack = guarantee.CheckSlack(starts, l, maxLate+startSlack).Excess
 	return s
 }

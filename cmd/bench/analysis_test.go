@@ -332,3 +332,29 @@ func TestFormat(t *testing.T) {
 		}
 	}
 }
+
+// TestAnalyseLateAnswers: steady-state grants whose reply came at or after
+// the slot (Margin ≤ 0) are counted apart, and the final wait's lateness
+// is judged over the others only.
+func TestAnalyseLateAnswers(t *testing.T) {
+	l := guarantee.Limit{Capacity: 10, Amount: 1, Every: 2 * time.Millisecond}
+	gs := synthetic(10, 110, 2*time.Millisecond, 100*time.Millisecond, 300*time.Microsecond)
+	for i := range gs {
+		gs[i].Margin = int64(5 * time.Millisecond)
+	}
+	// Ten answered late, and late by 9 ms.
+	for i := 50; i < 60; i++ {
+		gs[i].Margin = int64(-time.Millisecond)
+		gs[i].End = gs[i].Slot*1000 + int64(9*time.Millisecond)
+	}
+	s := analyse(gs, l, 0, 25*time.Millisecond, 220)
+	if s.LateAnswer != 10 {
+		t.Errorf("late answers %d, want 10", s.LateAnswer)
+	}
+	if s.LateInTime.N != s.LateSteady.N-10 || s.LateInTime.Max != 300*time.Microsecond {
+		t.Errorf("in time: %d grants, max %v; want %d, 300µs", s.LateInTime.N, s.LateInTime.Max, s.LateSteady.N-10)
+	}
+	if s.LateSteady.Max != 9*time.Millisecond {
+		t.Errorf("steady max %v, want 9ms", s.LateSteady.Max)
+	}
+}

@@ -154,6 +154,7 @@ func writeTable(w io.Writer, r Report) error {
 		dist("wait, queued callers, steady state", s.Wait, fmt.Sprintf("%s Enters begun ≥ %v after the first", commas(s.Wait.N), s.Warmup.Round(time.Millisecond)))
 		dist("lateness: Enter return − slot", s.Late, "all grants")
 		dist("lateness, steady state", s.LateSteady, fmt.Sprintf("%s Enters begun ≥ %v after the first", commas(s.LateSteady.N), s.Warmup.Round(time.Millisecond)))
+		dist("  of those answered before the slot", s.LateInTime, fmt.Sprintf("the final wait's own lateness; %s answered at or after their slot (Report.Margin ≤ 0)", commas(s.LateAnswer)))
 	}
 	if sm := r.Semaphore; sm != nil {
 		fmt.Fprintln(tw)

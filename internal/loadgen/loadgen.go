@@ -40,6 +40,7 @@ type Grant struct {
 	Late       int64  `json:"l,omitempty"` // ns
 	Reentries  int    `json:"re,omitempty"`
 	Slot       int64  `json:"sl,omitempty"` // unix µs of the slot on the Redis clock
+	Margin     int64  `json:"mg,omitempty"` // ns: bucket.Report.Margin
 	Err        string `json:"err,omitempty"`
 	// Seq numbers a caller's Enters from 1 when Spec.Announce is set
 	// (0 otherwise), so that an outcome can be matched with its
@@ -135,7 +136,7 @@ func Run(ctx context.Context, b *bucket.Bucket, spec Spec, out func(Grant)) {
 				end := time.Now()
 				cancel()
 				g := Grant{Proc: spec.Proc, Caller: c, Ticket: rep.Ticket, Start: start.UnixNano(), End: end.UnixNano(),
-					Position: rep.Position, Polls: rep.Polls, RoundTrips: rep.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries, Seq: seq}
+					Position: rep.Position, Polls: rep.Polls, RoundTrips: rep.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries, Margin: int64(rep.Margin), Seq: seq}
 				if !rep.Slot.IsZero() {
 					g.Slot = rep.Slot.UnixMicro()
 				}
