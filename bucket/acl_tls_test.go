@@ -32,14 +32,15 @@ import (
 // sluiceACL is the least a Redis user needs to use Sluice's buckets with
 // the default KeyPrefix: keys and channels under sluice:, the script
 // commands (EVALSHA, with EVAL as go-redis's fallback, and SCRIPT LOAD at
-// New), the direct poll's TIME and GETDEL, the commands the scripts and the lock (github.com/bsm/redislock)
+// New), the direct poll's TIME and GETDEL, the push lane's MULTI and EXEC
+// (queue/push.go: TIME, GET, RPUSH, PEXPIRE inside), the commands the scripts and the lock (github.com/bsm/redislock)
 // run inside them (Redis 7 checks those against the caller's ACL too), and
 // the wake-up channel's SUBSCRIBE (with PING, which go-redis sends on a
 // subscribed connection). go-redis's HELLO needs no permission; Redis 7.0
 // has no CLIENT SETINFO (go-redis ignores its failure). docs/guarantees.md
 // quotes this line.
 const sluiceACL = "on >s3cret resetkeys ~sluice:* resetchannels &sluice:* -@all " +
-	"+evalsha +eval +script|load +ping +subscribe +unsubscribe +getdel " +
+	"+evalsha +eval +script|load +ping +subscribe +unsubscribe +getdel +multi +exec " +
 	scriptCommands
 
 // scriptCommands are the commands run inside queue/lua/*.lua and

@@ -2,6 +2,7 @@ package bucket
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -24,7 +25,10 @@ type arrivals struct {
 	ctx     context.Context
 	now     func() time.Time
 	leave   func(entry string) // cancels a caller that left during its enqueue
-	wg      sync.WaitGroup     // the flusher goroutine
+	// push says whether arrivals go by the push lane (queue.PushBatch):
+	// while others wait, no decision of enqueue.lua's is left to make.
+	push func() bool
+	wg   sync.WaitGroup // the flusher goroutine
 
 	mu      sync.Mutex
 	busy    bool // an enqueue is in flight (inline or the flusher's)
@@ -50,11 +54,14 @@ func (a *arrivals) enqueue(ctx context.Context, id string) (queue.EnqueueReply, 
 		a.busy = true
 		a.mu.Unlock()
 		sent := a.now()
-		r, err := a.q.Enqueue(ctx, id)
+		rs, err := a.send(ctx, []string{id})
 		a.mu.Lock()
 		a.handOff()
 		a.mu.Unlock()
-		return r, sent, err
+		if err != nil {
+			return queue.EnqueueReply{}, sent, err
+		}
+		return rs[0], sent, nil
 	}
 	ar := &arrival{id: id, done: make(chan struct{})}
 	a.pending = append(a.pending, ar)
@@ -131,7 +138,7 @@ func (a *arrivals) flush() {
 
 		sent := a.now()
 		ctx, cancel := context.WithTimeout(a.ctx, a.timeout)
-		replies, err := a.q.EnqueueBatch(ctx, ids)
+		replies, err := a.send(ctx, ids)
 		cancel()
 
 		var abandoned []string
@@ -153,6 +160,18 @@ func (a *arrivals) flush() {
 			a.leave(entry)
 		}
 	}
+}
+
+// send makes ids arrive in one round trip: by the push lane when push
+// says so and the server takes it, else by enqueue.lua.
+func (a *arrivals) send(ctx context.Context, ids []string) ([]queue.EnqueueReply, error) {
+	if a.push != nil && a.push() {
+		rs, err := a.q.PushBatch(ctx, ids)
+		if !errors.Is(err, queue.ErrNoPush) {
+			return rs, err
+		}
+	}
+	return a.q.EnqueueBatch(ctx, ids)
 }
 
 // roundTrip tracks the shortest recent round trip to Redis: what a reply

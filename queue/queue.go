@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -47,6 +48,8 @@ type Queue struct {
 	direct *redis.Client
 
 	policyArgs []any // "n, cap, amount, freq µs, ..." as the scripts read them
+	policies   []Policy
+	noPush     atomic.Bool // the server refused the push lane's transaction
 }
 
 // New returns the Queue of the bucket name under prefix. It does not talk to
@@ -59,7 +62,7 @@ func New(rdb redis.Scripter, prefix, name string, policies []Policy, opt Options
 	for _, p := range policies {
 		args = append(args, p.Capacity, p.Amount, p.Every.Microseconds())
 	}
-	q := &Queue{rdb: rdb, keys: NewKeys(prefix, name), opt: opt, policyArgs: args}
+	q := &Queue{rdb: rdb, keys: NewKeys(prefix, name), opt: opt, policyArgs: args, policies: policies}
 	if c, ok := rdb.(*redis.Client); ok && c != nil {
 		q.direct = c
 	}

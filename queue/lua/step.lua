@@ -14,8 +14,9 @@
 -- ARGV[5] grace µs added to every key's TTL; a slot key outlives its slot by this
 -- ARGV[6] lead µs: callers poll this long before their estimated slot
 -- ARGV[7] wake channel: entries whose slot comes earlier than their
---         estimate less the lead are published there, space-separated, so
---         that their process wakes them in time
+--         estimate less the lead, or whose estimate is 0 (pushed without
+--         one), are published there, space-separated, so that their
+--         process wakes them in time
 -- ARGV[8..] policies: n, then cap, amount, freq µs for each
 --
 -- Reply {status, next µs, queue length, scheduled}:
@@ -52,7 +53,9 @@ for k, id in ipairs(ids) do
   local bare, est = string.match(id, '^(.*)|(%d+)$')
   redis.call('SET', KEYS[3] .. (bare or id), int(slot), 'PX', ceil_ms(slot - now + grace))
   est = tonumber(est)
-  if est and slot < est - lead then
+  -- An estimate of 0: pushed without one (queue/push.go); its caller
+  -- waits for this message.
+  if est and (est == 0 or slot < est - lead) then
     early[#early + 1] = id
   end
 end
