@@ -385,7 +385,7 @@ func (b *Bucket) enterOnce(ctx context.Context, rep *Report) (again bool, err er
 	if !er.SchedulerRunning {
 		b.sched.Ensure()
 	}
-	return b.awaitSlot(ctx, er.Entry, er.Delay, rep)
+	return b.awaitSlot(ctx, er, received, rep)
 }
 
 // pushing says whether arrivals take the push lane (queue.PushBatch: plain
@@ -413,16 +413,32 @@ func (b *Bucket) noteQueue(er queue.EnqueueReply, at time.Time) {
 
 // awaitSlot sleeps until shortly before the estimated slot, then polls for
 // the slot; a poll that finds none backs off and, when no scheduler holds the
-// lock, starts one here.
-func (b *Bucket) awaitSlot(ctx context.Context, entry string, est time.Duration, rep *Report) (bool, error) {
-	wake, forget := b.wake.register(entry)
+// lock, starts one here. When the scheduler publishes the caller's slot
+// (pushed callers always, others when the slot came earlier than their
+// estimate), the caller polls a lead before that slot instead.
+func (b *Bucket) awaitSlot(ctx context.Context, er queue.EnqueueReply, enqueued time.Time, rep *Report) (bool, error) {
+	entry := er.Entry
+	hints, forget := b.wake.register(entry)
 	defer forget()
+	// local places an instant of the Redis clock on this process's clock,
+	// by the enqueue reply: Redis read its clock (er.Now) before the reply
+	// was received (enqueued), so the result is late by at most the round
+	// trip, against a lead of a quarter of the lookahead.
+	local := func(us int64) time.Time { return enqueued.Add(time.Duration(us-er.Now) * time.Microsecond) }
 	backoff := time.Millisecond
-	wait := est - b.lead
+	wait := er.Delay - b.lead
 	for {
-		if err := b.sleep(ctx, wait, wake); err != nil {
+		slot, err := b.sleep(ctx, wait, hints)
+		if err != nil {
 			b.cancel(entry)
 			return false, err
+		}
+		if slot > 0 {
+			// The scheduler gave the slot: poll a lead before it.
+			if _, err := b.sleep(ctx, local(slot).Add(-b.lead).Sub(b.now()), nil); err != nil {
+				b.cancel(entry)
+				return false, err
+			}
 		}
 		sent := b.now()
 		pr, err := b.q.Poll(ctx, entry)
@@ -478,22 +494,24 @@ func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, dela
 	return false, nil
 }
 
-// sleep waits d, or until wake fires, ctx ends or the bucket closes.
-func (b *Bucket) sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) error {
+// sleep waits d, or until a hint comes (then it returns the slot the hint
+// gives, µs on the Redis clock; 0 when none), ctx ends or the bucket
+// closes.
+func (b *Bucket) sleep(ctx context.Context, d time.Duration, hints <-chan int64) (int64, error) {
 	if d <= 0 {
-		return nil
+		return 0, nil
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return nil
-	case <-wake:
-		return nil
+		return 0, nil
+	case slot := <-hints:
+		return slot, nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return 0, ctx.Err()
 	case <-b.done:
-		return ErrClosed
+		return 0, ErrClosed
 	}
 }
 

@@ -125,6 +125,7 @@ func pushReplies(ids []string, now int64, state string, length int64, p Policy) 
 			SchedulerRunning: until > now,
 			Ticket:           done + pos,
 			Entry:            ids[i] + "|0",
+			Now:              now,
 		}
 	}
 	return out, nil

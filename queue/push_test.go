@@ -139,8 +139,9 @@ func TestStepPublishesPushedCallers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if msg.Payload != rs[0].Entry+" "+rs[1].Entry {
-		t.Fatalf("published %q, want both pushed entries", msg.Payload)
+	f := strings.Fields(msg.Payload)
+	if len(f) != 4 || f[0] != rs[0].Entry || f[2] != rs[1].Entry {
+		t.Fatalf("published %q, want both pushed entries with their slots", msg.Payload)
 	}
 }
 

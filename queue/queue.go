@@ -104,6 +104,7 @@ type EnqueueReply struct {
 	SchedulerRunning bool          // Queued: the scheduler lock was held
 	Ticket           int64         // arrival order at Redis (granted and queued callers)
 	Slot             int64         // Granted, Assigned: the slot, µs on the Redis clock (for analysis only)
+	Now              int64         // the Redis clock (µs) when the call read it: Delay is from then
 	// Entry is how a Queued caller is known from now on: pass it to Poll
 	// and Cancel. It is "<id>|<estimated slot>".
 	Entry string
@@ -150,7 +151,7 @@ func parseEnqueue(ids []string, reply any, err error) ([]EnqueueReply, error) {
 		if kind < Granted || kind > WaitTooLong || e[2] < 0 {
 			return nil, fmt.Errorf("%w: enqueue %v", ErrReply, e)
 		}
-		r := EnqueueReply{Kind: kind, Delay: dur(delay, time.Microsecond), Position: int(e[2])}
+		r := EnqueueReply{Kind: kind, Delay: dur(delay, time.Microsecond), Position: int(e[2]), Now: now}
 		switch kind {
 		case Granted, Assigned:
 			r.Ticket, r.Slot = ticket, now+delay

@@ -427,13 +427,17 @@ func TestEarlySlotsArePublished(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no wake message: %v", err)
 	}
-	woken := strings.Fields(msg.Payload)
-	if len(woken) != r.Scheduled {
-		t.Fatalf("woke %d entries, scheduled %d, all early: %q", len(woken), r.Scheduled, msg.Payload)
+	fields := strings.Fields(msg.Payload)
+	if len(fields) != 2*r.Scheduled {
+		t.Fatalf("woke %d entries, scheduled %d, all early: %q", len(fields)/2, r.Scheduled, msg.Payload)
 	}
-	for i, e := range woken {
-		if e != entries[30+i] {
-			t.Fatalf("woke %q, want %q (the survivors, in order)", e, entries[30+i])
+	for i := 0; i < len(fields); i += 2 {
+		e, slot := fields[i], fields[i+1]
+		if e != entries[30+i/2] {
+			t.Fatalf("woke %q, want %q (the survivors, in order)", e, entries[30+i/2])
+		}
+		if want, _ := rdb.Get(ctx, q.Keys().SlotKey(e)).Result(); slot != want {
+			t.Fatalf("%s published with slot %s, its slot key holds %s", e, slot, want)
 		}
 	}
 }

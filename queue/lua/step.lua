@@ -15,8 +15,8 @@
 -- ARGV[6] lead µs: callers poll this long before their estimated slot
 -- ARGV[7] wake channel: entries whose slot comes earlier than their
 --         estimate less the lead, or whose estimate is 0 (pushed without
---         one), are published there, space-separated, so that their
---         process wakes them in time
+--         one), are published there with their slot, as space-separated
+--         pairs "entry slot-µs", so that their process polls in time
 -- ARGV[8..] policies: n, then cap, amount, freq µs for each
 --
 -- Reply {status, next µs, queue length, scheduled}:
@@ -57,6 +57,7 @@ for k, id in ipairs(ids) do
   -- waits for this message.
   if est and (est == 0 or slot < est - lead) then
     early[#early + 1] = id
+    early[#early + 1] = int(slot)
   end
 end
 local scheduled = #ids
