@@ -6,7 +6,7 @@ import "strings"
 // on Redis Cluster they live in one slot and the scripts may touch them all.
 type Keys struct {
 	Queue string // list of waiting callers' entries, "<id>|<estimate>"
-	State string // string "seq l1 a1 ...": ticket counter, then level and anchor of each policy
+	State string // string "done until l1 a1 ...": see load in lua/lib.lua
 	// Slot is the prefix of the slot keys: the scheduler writes a caller's
 	// slot (µs, Redis time) to the string Slot+"<id>", and the caller's
 	// poll reads and deletes it (GETDEL). One key per scheduled caller, so

@@ -21,10 +21,10 @@ import (
 // script would have.
 //
 // A pushed entry is "<id>|0": its estimate is not known when it is pushed,
-// so the scheduler publishes its slot on the wake channel as soon as it
-// assigns it (step.lua: an estimate of 0 is always early), and the caller,
-// woken then, polls once. The estimate it sleeps on is only the fallback
-// for a lost message.
+// so the scheduler publishes it with its slot on the wake channel as soon
+// as it assigns it (step.lua: an estimate of 0 is always early), and the
+// caller polls once, a lead before that slot. The estimate it sleeps on is
+// only the fallback for a lost message.
 
 // ErrNoPush reports that the push lane is not available and nothing was
 // pushed: another client than *redis.Client, more than one policy,

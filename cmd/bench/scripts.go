@@ -132,10 +132,10 @@ func scriptsScenario(ctx context.Context, opt *redis.Options, name string, stder
 		}
 		row := ScriptCost{Name: c.name, Runs: c.runs, Rows: c.rows}
 		var err error
-		if row.Tight, err = measureCase(ctx, rdb, c, scriptsTight, 0); err != nil {
+		if row.Tight, err = measureCase(ctx, rdb, c, 0, scriptsTight, 0); err != nil {
 			return out, fmt.Errorf("%s: %w", c.name, err)
 		}
-		if row.Paced, err = measureCase(ctx, rdb, c, scriptsPaced, scriptsPace); err != nil {
+		if row.Paced, err = measureCase(ctx, rdb, c, scriptsTight, scriptsPaced, scriptsPace); err != nil {
 			return out, fmt.Errorf("%s: %w", c.name, err)
 		}
 		out.Rows = append(out.Rows, row)
@@ -143,9 +143,10 @@ func scriptsScenario(ctx context.Context, opt *redis.Options, name string, stder
 	return out, nil
 }
 
-// measureCase runs n calls of c, pace apart, and returns the mean usec per
-// call of c's rows, from INFO before and after the loop.
-func measureCase(ctx context.Context, rdb *redis.Client, c costCase, n int, pace time.Duration) (float64, error) {
+// measureCase runs n calls of c, numbered from first (so that the two
+// loops of a case use different IDs), pace apart, and returns the mean
+// usec per call of c's rows, from INFO before and after the loop.
+func measureCase(ctx context.Context, rdb *redis.Client, c costCase, first, n int, pace time.Duration) (float64, error) {
 	before, err := readCPU(ctx, rdb)
 	if err != nil {
 		return 0, err
@@ -164,11 +165,11 @@ func measureCase(ctx context.Context, rdb *redis.Client, c costCase, n int, pace
 			}
 		}
 		if c.prep != nil {
-			if err := c.prep(ctx, i+n*int(pace)); err != nil {
+			if err := c.prep(ctx, first+i); err != nil {
 				return 0, err
 			}
 		}
-		if err := c.call(ctx, i+n*int(pace)); err != nil {
+		if err := c.call(ctx, first+i); err != nil {
 			return 0, err
 		}
 	}
