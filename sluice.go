@@ -18,6 +18,12 @@ import (
 // with errors.Is; each package's own sentinels wrap it.
 var ErrLimited = errors.New("sluice: limited")
 
+// ErrConfig is the parent of every package's ErrConfig (bucket.ErrConfig,
+// semaphore.ErrConfig, local.ErrConfig): a constructor refused its
+// configuration or its Redis client. It does not match ErrLimited: a bad
+// configuration is a bug to fix, not a refusal to back off from.
+var ErrConfig = errors.New("sluice: invalid config")
+
 // Limiter runs functions within a limit. Do waits for the caller's turn, runs
 // fn, and for concurrency limiters releases the place after fn returns (even
 // when fn panics). Do returns the limiter's error if it could not enter (an

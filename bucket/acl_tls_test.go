@@ -133,7 +133,7 @@ func TestACLUser(t *testing.T) {
 	cancel()
 	// The cancel lands in the background.
 	waitFor(t, 5*time.Second, "cancel.lua, run as the ACL user, to take the caller out", func() bool {
-		n, _ := admin.LLen(ctx, bs.Keys().Queue).Result()
+		n, _ := admin.LLen(ctx, bucket.Keys(bs).Queue).Result()
 		return n == 0
 	})
 	// Obtaining a held lock takes redislock's other branch (GETRANGE).
@@ -150,7 +150,7 @@ func TestACLUser(t *testing.T) {
 	}
 
 	for _, h := range []*bucket.Bucket{b, b2, bs} {
-		if st := h.SchedulerStats(); st.Errors > 0 {
+		if st := h.Stats(); st.Errors > 0 {
 			t.Errorf("scheduler errors under the ACL user: %+v", st)
 		}
 	}

@@ -2,177 +2,128 @@ package bucket
 
 import (
 	"context"
-	"errors"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/background"
 	"github.com/sluicehq/sluice/queue"
 )
 
-// arrivals batches the enqueues of a Bucket's concurrent callers: a caller
-// that finds no enqueue in flight sends its own at once, on its own ctx (so
-// an uncontended Enter costs one round trip and nothing more); callers that
-// arrive meanwhile wait for it to return and then go to Redis together, in
-// their order of arrival here, in one script call. One round trip then
-// serves hundreds of callers, which is what lets a process admit 100
-// concurrent callers in well under a millisecond.
-type arrivals struct {
-	q       *queue.Queue
-	max     int           // most callers in one script call
-	timeout time.Duration // bound on one batched call
-	ctx     context.Context
-	now     func() time.Time
-	leave   func(entry string) // cancels a caller that left during its enqueue
-	// push says whether arrivals go by the push lane (queue.PushBatch):
-	// while others wait, no decision of enqueue.lua's is left to make.
-	push func() bool
-	wg   sync.WaitGroup // the flusher goroutine
+// The comings and goings of a Bucket's callers go to Redis in batches
+// (background.Batcher): a caller that finds nothing in flight sends its
+// arrival at once, on its own ctx (so an uncontended Enter costs one round
+// trip and nothing more); callers that arrive meanwhile wait for it to
+// return and then go to Redis together, in their order of arrival here, in
+// one call. One round trip then serves hundreds of callers, which is what
+// lets a process admit 100 concurrent callers in well under a millisecond.
+//
+// Callers who give up leave the queue the same way, in the background: a
+// caller whose ctx ended returns at once, whatever Redis is doing, and a
+// storm of 1000 cancellations costs a few round trips, not 1000. Until a
+// cancel lands the scheduler may still give that caller a slot, which
+// nobody collects: one token wasted, never an excess.
 
-	mu      sync.Mutex
-	busy    bool // an enqueue is in flight (inline or the flusher's)
-	closed  bool // no flusher may start
-	pending []*arrival
-}
+// maxBatch is the most callers in one arrival or cancel call.
+const maxBatch = 512
 
+// arrival is one caller's trip to Redis through the arrivals batcher.
 type arrival struct {
 	id    string
 	done  chan struct{} // closed when reply/err are set
 	sent  time.Time     // when its batch left for Redis
-	reply queue.EnqueueReply
+	reply queue.Arrival
 	err   error
-	taken bool // taken into a batch (under mu)
-	gone  bool // its caller left before the reply (under mu)
+	gone  bool // its caller left before the reply (under Bucket.handoff)
+}
+
+// comings holds a Bucket's two batchers.
+type comings struct {
+	q       *queue.Queue
+	now     func() time.Time
+	arr     *background.Batcher[*arrival]
+	left    *background.Batcher[string]
+	handoff sync.Mutex // between a batch's replies and callers who give up
+}
+
+// init makes the batchers: arrivals sent by the batcher are bounded by
+// arriveTimeout, cancels by leaveTimeout.
+func (c *comings) init(g *background.Group, q *queue.Queue, arriveTimeout, leaveTimeout time.Duration, now func() time.Time) {
+	c.q, c.now = q, now
+	c.arr = background.NewBatcher(g, background.BatcherConfig[*arrival]{Send: c.sendArrivals, Max: maxBatch, Timeout: arriveTimeout})
+	// Cancels drain on Close: each one left unsent wastes a token.
+	c.left = background.NewBatcher(g, background.BatcherConfig[string]{
+		Send:    func(ctx context.Context, entries []string) { _ = q.Cancel(ctx, entries...) },
+		Max:     maxBatch,
+		Timeout: leaveTimeout,
+		Drain:   true,
+	})
 }
 
 // enqueue makes caller id arrive, alone or in a batch. It also returns when
 // the call carrying it left for Redis.
-func (a *arrivals) enqueue(ctx context.Context, id string) (queue.EnqueueReply, time.Time, error) {
-	a.mu.Lock()
-	if !a.busy {
-		a.busy = true
-		a.mu.Unlock()
-		sent := a.now()
-		rs, err := a.send(ctx, []string{id})
-		a.mu.Lock()
-		a.handOff()
-		a.mu.Unlock()
+func (c *comings) enqueue(ctx context.Context, id string) (queue.Arrival, time.Time, error) {
+	if c.arr.Claim() {
+		sent := c.now()
+		rs, err := c.q.Enqueue(ctx, []string{id})
+		c.arr.Release()
 		if err != nil {
-			return queue.EnqueueReply{}, sent, err
+			return queue.Arrival{}, sent, err
 		}
 		return rs[0], sent, nil
 	}
 	ar := &arrival{id: id, done: make(chan struct{})}
-	a.pending = append(a.pending, ar)
-	a.mu.Unlock()
+	c.arr.Add(ar)
 	select {
 	case <-ar.done:
 		return ar.reply, ar.sent, ar.err
 	case <-ctx.Done():
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	if c.arr.Withdraw(ar) {
+		return queue.Arrival{}, time.Time{}, ctx.Err()
+	}
+	c.handoff.Lock()
+	defer c.handoff.Unlock()
 	select {
 	case <-ar.done:
 		return ar.reply, ar.sent, ar.err
 	default:
 	}
-	if ar.taken {
-		ar.gone = true // the flusher takes it out of the queue again
-	} else {
-		a.pending = slices.DeleteFunc(a.pending, func(x *arrival) bool { return x == ar })
-	}
-	return queue.EnqueueReply{}, time.Time{}, ctx.Err()
+	ar.gone = true // its batch takes it out of the queue again
+	return queue.Arrival{}, time.Time{}, ctx.Err()
 }
 
-// handOff, under mu, passes the callers who gathered during an enqueue to
-// the flusher, or marks the way free. After close it sends them away.
-func (a *arrivals) handOff() {
-	if a.closed {
-		for _, ar := range a.pending {
-			ar.err = context.Canceled // the caller reports ErrClosed
-			close(ar.done)
-		}
-		a.pending = nil
+// sendArrivals is the arrivals batcher's send.
+func (c *comings) sendArrivals(ctx context.Context, batch []*arrival) {
+	ids := make([]string, len(batch))
+	for i, ar := range batch {
+		ids[i] = ar.id
 	}
-	if len(a.pending) == 0 {
-		a.busy = false
-		return
-	}
-	a.wg.Add(1)
-	go a.flush()
-}
-
-// close stops the flusher (cancelling its call) and waits for it. No
-// flusher starts afterwards: the flag is set under mu, where handOff
-// decides.
-func (a *arrivals) close(cancel context.CancelFunc) {
-	a.mu.Lock()
-	a.closed = true
-	a.mu.Unlock()
-	cancel()
-	a.wg.Wait()
-}
-
-// flush sends the gathered callers in batches until none is left. It is
-// owned by the Bucket: Close cancels a.ctx and waits for it.
-func (a *arrivals) flush() {
-	defer a.wg.Done()
-	for {
-		a.mu.Lock()
-		n := min(len(a.pending), a.max)
-		if n == 0 {
-			a.busy = false
-			a.mu.Unlock()
-			return
-		}
-		batch := slices.Clone(a.pending[:n])
-		a.pending = slices.Clone(a.pending[n:])
-		ids := make([]string, n)
-		for i, ar := range batch {
-			ar.taken = true
-			ids[i] = ar.id
-		}
-		a.mu.Unlock()
-
-		sent := a.now()
-		ctx, cancel := context.WithTimeout(a.ctx, a.timeout)
-		replies, err := a.send(ctx, ids)
-		cancel()
-
-		var abandoned []string
-		a.mu.Lock()
-		for i, ar := range batch {
-			ar.sent = sent
-			if err != nil {
-				ar.err = err
-			} else {
-				ar.reply = replies[i]
-				if ar.gone && replies[i].Kind == queue.Queued {
-					abandoned = append(abandoned, replies[i].Entry)
-				}
+	sent := c.now()
+	replies, err := c.q.Enqueue(ctx, ids)
+	var abandoned []string
+	c.handoff.Lock()
+	for i, ar := range batch {
+		ar.sent = sent
+		if err != nil {
+			ar.err = err
+		} else {
+			ar.reply = replies[i]
+			if ar.gone && replies[i].Entry != "" {
+				abandoned = append(abandoned, replies[i].Entry)
 			}
-			close(ar.done)
 		}
-		a.mu.Unlock()
-		for _, entry := range abandoned {
-			a.leave(entry)
-		}
+		close(ar.done)
+	}
+	c.handoff.Unlock()
+	for _, entry := range abandoned {
+		c.leave(entry)
 	}
 }
 
-// send makes ids arrive in one round trip: by the push lane when push
-// says so and the server takes it, else by enqueue.lua.
-func (a *arrivals) send(ctx context.Context, ids []string) ([]queue.EnqueueReply, error) {
-	if a.push != nil && a.push() {
-		rs, err := a.q.PushBatch(ctx, ids)
-		if !errors.Is(err, queue.ErrNoPush) {
-			return rs, err
-		}
-	}
-	return a.q.EnqueueBatch(ctx, ids)
-}
+// leave takes a caller that gave up out of the queue, by its entry or, if
+// it never learned it, by its ID, in the background.
+func (c *comings) leave(entry string) { c.left.Add(entry) }
 
 // roundTrip tracks the shortest recent round trip to Redis: what a reply
 // costs when nothing is wrong. It follows a slower network up slowly

@@ -21,9 +21,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,26 +29,31 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/background"
+	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler"
 )
 
 // Errors. Refusals (ErrQueueFull, ErrWaitTooLong) consume nothing and match
-// sluice.ErrLimited.
+// sluice.ErrLimited; ErrConfig matches sluice.ErrConfig. A failed call to
+// Redis returns an error that matches both ctx.Err() (when the caller's ctx
+// ended) and Redis's own error.
 var (
 	ErrClosed      = errors.New("bucket: closed")
 	ErrQueueFull   = fmt.Errorf("bucket: queue full: %w", sluice.ErrLimited)
 	ErrWaitTooLong = fmt.Errorf("bucket: wait too long: %w", sluice.ErrLimited)
-	ErrConfig      = errors.New("bucket: invalid config")
+	ErrConfig      = groundwork.ConfigError("bucket")
 )
 
 // Defaults of the optional Config fields.
 const (
-	DefaultKeyPrefix   = "sluice"
-	DefaultLockTTL     = time.Second
-	DefaultLookahead   = 20 * time.Millisecond
-	DefaultMaxLateness = 25 * time.Millisecond
-	connectTimeout     = 5 * time.Second
+	defaultLockTTL     = time.Second
+	defaultLookahead   = 20 * time.Millisecond
+	defaultMaxLateness = 25 * time.Millisecond
+	// batchTimeout bounds an arrival call the batcher makes for several
+	// callers (each caller still returns at its own deadline).
+	batchTimeout = 5 * time.Second
 )
 
 // Config describes a bucket. Every process sharing a bucket must use the
@@ -67,8 +70,9 @@ type Config struct {
 	// microseconds, at least one.
 	RefillFrequency time.Duration
 
-	// KeyPrefix starts every Redis key of the bucket; "" means "sluice".
-	// It may not contain '{' or '}' (they would break the hash tag).
+	// KeyPrefix starts every Redis key of the bucket,
+	// "<KeyPrefix>:{<Name>}:..."; "" means "sluice". It may not contain
+	// '{' or '}' (they would break the hash tag).
 	KeyPrefix string
 	// LockTTL is the scheduler lock's lifetime, renewed while it works. When
 	// the scheduler's process dies, waiting callers take over within about
@@ -102,22 +106,18 @@ type Config struct {
 type Bucket struct {
 	cfg   Config
 	q     *queue.Queue
-	arr   *arrivals
-	stop  context.CancelFunc // ends arr.ctx
 	sched *scheduler.Scheduler
 	lead  time.Duration // wake this long before the estimated slot to poll
-	// busyUntil (unix ns, b.now): until then the last caller queued is
-	// surely still waiting, so arrivals take the push lane (see pushing).
-	busyUntil atomic.Int64
-	done      chan struct{} // closed by Close
-	once      sync.Once
+	// bg owns every goroutine of the Bucket but the scheduler's: the
+	// batchers', the notices' and the sleeper's. Close ends them all.
+	bg      *background.Group
+	comings comings  // arrivals and cancels, batched
+	notices notices  // slots the scheduler tells on the wake channel
+	sleeper *sleeper // the final wait to the slot, precise
 	// now is the local clock, used only to measure durations: nothing read
 	// from it is ever compared with Redis time. Tests skew it.
-	now  func() time.Time
-	rtt  roundTrip
-	wake wakeups
-	left leavers
-	slot waker // wakes callers at their slot, precisely
+	now func() time.Time
+	rtt roundTrip
 	// IDs are a random UUID drawn once per Bucket and a counter: fresh for
 	// every arrival, unique across processes, and far cheaper than a
 	// crypto-random UUID per Enter (which cost a third of the CPU of a
@@ -131,54 +131,48 @@ func (b *Bucket) newID() string {
 	return b.idPrefix + strconv.FormatUint(b.idSeq.Add(1), 36)
 }
 
-// New validates cfg, checks that Redis answers (loading the scripts), and
-// returns a Bucket. It starts no goroutine until a caller has to wait.
-// rdb should have ContextTimeoutEnabled set, so that go-redis honours
-// deadlines shorter than its read timeout.
+// New validates cfg and rdb and returns a Bucket. It does no I/O (a Redis
+// that is down shows at the first Enter) and starts no goroutine until a
+// caller has to wait. rdb must have ContextTimeoutEnabled set (see
+// redis.Options), or New refuses it: go-redis would otherwise ignore
+// deadlines shorter than its read timeout, and a caller's deadline would
+// not hold while Redis is slow.
 func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
-	if err := checkClient(rdb); err != nil {
+	if err := groundwork.CheckClient(ErrConfig, rdb); err != nil {
 		return nil, err
 	}
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	q := queue.New(rdb, cfg.KeyPrefix, cfg.Name, []queue.Policy{{
-		Capacity: int64(cfg.Capacity),
-		Amount:   int64(cfg.RefillAmount),
-		Every:    cfg.RefillFrequency,
-	}}, queue.Options{
-		Lookahead: cfg.Lookahead,
-		LockTTL:   cfg.LockTTL,
-		Grace:     grace(cfg),
-		Tolerance: cfg.MaxLateness,
-		Lead:      cfg.Lookahead / 4,
-		MaxQueue:  cfg.MaxQueue,
-		MaxWait:   cfg.MaxWait,
+	q := queue.New(rdb, cfg.KeyPrefix, cfg.Name, queue.Options{
+		Policies: []queue.Policy{{
+			Capacity: int64(cfg.Capacity),
+			Amount:   int64(cfg.RefillAmount),
+			Every:    cfg.RefillFrequency,
+		}},
+		Lookahead:   cfg.Lookahead,
+		LockTTL:     cfg.LockTTL,
+		Grace:       grace(cfg),
+		MaxLateness: cfg.MaxLateness,
+		Lead:        cfg.Lookahead / 4,
+		MaxQueue:    cfg.MaxQueue,
+		MaxWait:     cfg.MaxWait,
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
-	defer cancel()
-	if err := q.Load(ctx); err != nil {
-		return nil, fmt.Errorf("bucket: redis unreachable: %w", err)
-	}
-	life, stop := context.WithCancel(context.Background())
+	bg := background.NewGroup()
 	b := &Bucket{
-		cfg:   cfg,
-		q:     q,
-		arr:   &arrivals{q: q, max: 512, timeout: connectTimeout, ctx: life},
-		stop:  stop,
-		sched: scheduler.New(rdb, q, cfg.LockTTL, cfg.Lookahead),
-		lead:  cfg.Lookahead / 4,
-		done:  make(chan struct{}),
-		now:   time.Now,
+		cfg:     cfg,
+		q:       q,
+		sched:   scheduler.New(rdb, q),
+		lead:    cfg.Lookahead / 4,
+		bg:      bg,
+		notices: notices{rdb: rdb, channel: q.Keys().Wake, group: bg},
+		sleeper: &sleeper{group: bg},
+		now:     time.Now,
 	}
-	b.arr.now = func() time.Time { return b.now() }
+	b.comings.init(bg, q, batchTimeout, cfg.LockTTL, func() time.Time { return b.now() })
 	u := uuid.New()
 	b.idPrefix = base64.RawURLEncoding.EncodeToString(u[:]) + "."
-	b.wake = wakeups{rdb: rdb, channel: q.Keys().Wake}
-	b.left = leavers{q: q, timeout: cfg.LockTTL}
-	b.arr.leave = b.left.leave
-	b.arr.push = b.pushing
 	return b, nil
 }
 
@@ -189,29 +183,9 @@ func grace(cfg Config) time.Duration {
 	return max(10*time.Second, 10*cfg.LockTTL)
 }
 
-func checkClient(rdb redis.UniversalClient) error {
-	switch c := rdb.(type) {
-	case nil:
-		return fmt.Errorf("%w: nil redis client", ErrConfig)
-	case *redis.Client:
-		if c == nil {
-			return fmt.Errorf("%w: nil redis client", ErrConfig)
-		}
-	case *redis.ClusterClient:
-		if c == nil {
-			return fmt.Errorf("%w: nil redis client", ErrConfig)
-		}
-	case *redis.Ring:
-		if c == nil {
-			return fmt.Errorf("%w: nil redis client", ErrConfig)
-		}
-	}
-	return nil
-}
-
 func (c Config) withDefaults() (Config, error) {
 	bad := func(format string, a ...any) (Config, error) {
-		return c, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, a...)...)
+		return c, groundwork.Invalid(ErrConfig, format, a...)
 	}
 	if c.Name == "" {
 		return bad("empty Name")
@@ -239,22 +213,20 @@ func (c Config) withDefaults() (Config, error) {
 		return bad("RefillFrequency %v above 100 years", c.RefillFrequency)
 	}
 	if c.KeyPrefix == "" {
-		c.KeyPrefix = DefaultKeyPrefix
+		c.KeyPrefix = groundwork.DefaultKeyPrefix
 	}
-	for _, r := range c.KeyPrefix {
-		if r == '{' || r == '}' {
-			return bad("KeyPrefix %q contains a brace", c.KeyPrefix)
-		}
+	if err := groundwork.CheckPrefix(ErrConfig, c.KeyPrefix); err != nil {
+		return c, err
 	}
 	switch {
 	case c.LockTTL == 0:
-		c.LockTTL = DefaultLockTTL
+		c.LockTTL = defaultLockTTL
 	case c.LockTTL < 10*time.Millisecond:
 		return bad("LockTTL %v, want 0 (default) or ≥ 10ms", c.LockTTL)
 	}
 	switch {
 	case c.Lookahead == 0:
-		c.Lookahead = min(DefaultLookahead, c.LockTTL/2)
+		c.Lookahead = min(defaultLookahead, c.LockTTL/2)
 	case c.Lookahead < time.Millisecond || c.Lookahead > c.LockTTL/2:
 		return bad("Lookahead %v, want 0 (default) or between 1ms and LockTTL/2 (%v)", c.Lookahead, c.LockTTL/2)
 	}
@@ -265,7 +237,7 @@ func (c Config) withDefaults() (Config, error) {
 		return bad("MaxWait %v, want ≥ 0", c.MaxWait)
 	}
 	if c.MaxLateness == 0 {
-		c.MaxLateness = DefaultMaxLateness
+		c.MaxLateness = defaultMaxLateness
 	}
 	return c, nil
 }
@@ -273,22 +245,28 @@ func (c Config) withDefaults() (Config, error) {
 // Config returns the bucket's configuration with defaults filled in.
 func (b *Bucket) Config() Config { return b.cfg }
 
-// Keys returns the Redis keys of the bucket.
-func (b *Bucket) Keys() queue.Keys { return b.q.Keys() }
+// Stats are counters of this process's scheduler for one Bucket, since New.
+type Stats struct {
+	Steps  int64 // scheduler steps run (each one atomic script)
+	Fenced int64 // steps refused because another process had taken the lock
+	Errors int64 // steps or lock requests that failed (Redis unreachable or slow)
+}
 
-// SchedulerStats returns the counters of this process's scheduler.
-func (b *Bucket) SchedulerStats() scheduler.Stats { return b.sched.Stats() }
+// Stats returns the counters. It does no I/O.
+func (b *Bucket) Stats() Stats {
+	s := b.sched.Stats()
+	return Stats{Steps: s.Steps, Fenced: s.Fenced, Errors: s.Errors}
+}
 
-// Close stops this process's scheduler goroutine, waits for it and releases
-// its lock; callers still waiting in Enter return ErrClosed. Other processes
-// go on using the bucket. Close is safe to call more than once.
+// Close stops this process's goroutines for the bucket, waits for them and
+// releases the scheduler lock if this process held it; callers still
+// waiting in Enter return ErrClosed, and cancels not yet sent are sent
+// first. Other processes go on using the bucket. Close is safe to call more
+// than once; it always returns nil (the signature is io.Closer's).
 func (b *Bucket) Close() error {
-	b.once.Do(func() { close(b.done) })
-	b.left.close()
-	b.arr.close(b.stop)
-	b.wake.close()
-	b.slot.close()
-	return b.sched.Close()
+	b.bg.Close()
+	b.sched.Close()
+	return nil
 }
 
 // Do enters the bucket, then runs fn. It returns Enter's error, or else fn's.
@@ -341,7 +319,7 @@ func (b *Bucket) EnterReport(ctx context.Context) (Report, error) {
 	start := b.now()
 	for {
 		select {
-		case <-b.done:
+		case <-b.bg.Done():
 			return rep, ErrClosed
 		default:
 		}
@@ -361,7 +339,7 @@ func (b *Bucket) EnterReport(ctx context.Context) (Report, error) {
 // caller must arrive anew (its slot went stale or was lost).
 func (b *Bucket) enterOnce(ctx context.Context, rep *Report) (again bool, err error) {
 	id := b.newID()
-	er, sent, err := b.arr.enqueue(ctx, id)
+	er, sent, err := b.comings.enqueue(ctx, id)
 	received := b.now()
 	rep.RoundTrips++
 	if err != nil {
@@ -372,15 +350,14 @@ func (b *Bucket) enterOnce(ctx context.Context, rep *Report) (again bool, err er
 	}
 	b.rtt.observe(received.Sub(sent)) // only replies: a failed call says nothing of the network
 	rep.Ticket, rep.Position = er.Ticket, er.Position
-	b.noteQueue(er, received)
-	switch er.Kind {
-	case queue.Granted, queue.Assigned:
+	switch {
+	case errors.Is(er.Err, queue.ErrQueueFull):
+		return false, fmt.Errorf("%w (%d waiting)", ErrQueueFull, er.Position)
+	case errors.Is(er.Err, queue.ErrWaitTooLong):
+		return false, fmt.Errorf("%w (estimated %v, MaxWait %v)", ErrWaitTooLong, er.Delay, b.cfg.MaxWait)
+	case er.Entry == "": // its slot at once
 		rep.Slot = time.UnixMicro(er.Slot)
 		return b.sleepToSlot(ctx, sent, received, er.Delay, rep)
-	case queue.QueueFull:
-		return false, fmt.Errorf("%w (%d waiting)", ErrQueueFull, er.Position)
-	case queue.WaitTooLong:
-		return false, fmt.Errorf("%w (estimated %v, MaxWait %v)", ErrWaitTooLong, er.Delay, b.cfg.MaxWait)
 	}
 	if !er.SchedulerRunning {
 		b.sched.Ensure()
@@ -388,37 +365,14 @@ func (b *Bucket) enterOnce(ctx context.Context, rep *Report) (again bool, err er
 	return b.awaitSlot(ctx, er, received, rep)
 }
 
-// pushing says whether arrivals take the push lane (queue.PushBatch: plain
-// commands, a fifth of enqueue.lua's cost to Redis): while the last caller
-// this Bucket queued is surely still in the queue. Then enqueue.lua would
-// only queue the caller too (nobody overtakes a waiting caller), so the
-// lanes give the same outcome; a guess that is out of date (callers ahead
-// cancelled and the queue emptied) costs the caller a scheduler step, not
-// a token.
-func (b *Bucket) pushing() bool {
-	return b.q.CanPush() && b.now().UnixNano() < b.busyUntil.Load()
-}
-
-// noteQueue records what an arrival learned of the queue: a caller queued
-// with its slot estimated d from now stays in the queue until the
-// scheduler takes it, a lookahead before its slot; until then whoever
-// arrives finds someone waiting.
-func (b *Bucket) noteQueue(er queue.EnqueueReply, at time.Time) {
-	if er.Kind == queue.Queued && er.Delay > b.cfg.Lookahead {
-		b.busyUntil.Store(at.Add(er.Delay - b.cfg.Lookahead).UnixNano())
-	} else {
-		b.busyUntil.Store(0)
-	}
-}
-
 // awaitSlot sleeps until shortly before the estimated slot, then polls for
 // the slot; a poll that finds none backs off and, when no scheduler holds the
 // lock, starts one here. When the scheduler publishes the caller's slot
 // (pushed callers always, others when the slot came earlier than their
 // estimate), the caller polls a lead before that slot instead.
-func (b *Bucket) awaitSlot(ctx context.Context, er queue.EnqueueReply, enqueued time.Time, rep *Report) (bool, error) {
+func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.Time, rep *Report) (bool, error) {
 	entry := er.Entry
-	hints, forget := b.wake.register(entry)
+	hints, forget := b.notices.register(entry)
 	defer forget()
 	// local places an instant of the Redis clock on this process's clock,
 	// by the enqueue reply: Redis read its clock (er.Now) before the reply
@@ -450,11 +404,11 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.EnqueueReply, enqueued 
 			return false, b.redisErr(ctx, err)
 		}
 		b.rtt.observe(received.Sub(sent))
-		switch pr.Kind {
-		case queue.Slot:
+		switch {
+		case pr.Found:
 			rep.Slot = time.UnixMicro(pr.Slot)
 			return b.sleepToSlot(ctx, sent, received, pr.Delay, rep)
-		case queue.Stale, queue.Lost:
+		case pr.Stale, pr.Lost:
 			return true, nil
 		}
 		rep.Position = pr.Position
@@ -484,7 +438,7 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.EnqueueReply, enqueued 
 // so that a reply that sat unread (a starved or frozen process) counts too.
 func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, delay time.Duration, rep *Report) (bool, error) {
 	rep.Margin = sent.Add(delay).Sub(received)
-	if err := b.slot.sleep(ctx, received.Add(delay).Sub(b.now()), b.done); err != nil {
+	if err := b.sleeper.sleep(ctx, received.Add(delay).Sub(b.now()), b.bg.Done()); err != nil {
 		return false, err // the slot's token is spent; nobody else gets it
 	}
 	rep.Late = max(0, b.now().Sub(sent.Add(delay))-b.rtt.min())
@@ -510,7 +464,7 @@ func (b *Bucket) sleep(ctx context.Context, d time.Duration, hints <-chan int64)
 		return slot, nil
 	case <-ctx.Done():
 		return 0, ctx.Err()
-	case <-b.done:
+	case <-b.bg.Done():
 		return 0, ErrClosed
 	}
 }
@@ -518,26 +472,16 @@ func (b *Bucket) sleep(ctx context.Context, d time.Duration, hints <-chan int64)
 // cancel takes a caller that gives up out of the queue, by its entry or,
 // if it never learned it, by its ID, in the background: the caller returns
 // at once even if Redis hangs.
-func (b *Bucket) cancel(entry string) { b.left.leave(entry) }
+func (b *Bucket) cancel(entry string) { b.comings.leave(entry) }
 
-// redisErr reports ErrClosed after Close, and otherwise prefers the
-// caller's ctx error, so that errors.Is(err,
-// ctx.Err()) holds when the caller's deadline is what cut the call short.
-// go-redis sets the socket deadline to the ctx's, so the socket can time
-// out a moment before ctx.Err() is set: a timeout at the deadline counts
-// as the deadline.
+// redisErr reports ErrClosed after Close, and otherwise an error that
+// matches both the caller's ctx error, when its ctx (or deadline) is what
+// cut the call short, and Redis's.
 func (b *Bucket) redisErr(ctx context.Context, err error) error {
 	select {
-	case <-b.done: // Close cut the call short
+	case <-b.bg.Done(): // Close cut the call short
 		return ErrClosed
 	default:
 	}
-	if ctxErr := ctx.Err(); ctxErr != nil {
-		return fmt.Errorf("bucket: %w (%v)", ctxErr, err)
-	}
-	var ne net.Error
-	if deadline, ok := ctx.Deadline(); ok && errors.As(err, &ne) && ne.Timeout() && time.Until(deadline) < time.Millisecond {
-		return fmt.Errorf("bucket: %w (%v)", context.DeadlineExceeded, err)
-	}
-	return fmt.Errorf("bucket: redis: %w", err)
+	return groundwork.RedisError(ctx, "bucket", err)
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -75,17 +76,47 @@ func indexOf(s, sub string) int {
 	return -1
 }
 
-func TestNewRejectsUnreachableRedis(t *testing.T) {
+// TestUnreachableRedisNamed: New does no I/O (the convention of every
+// constructor here), so a Redis that is down shows at the first Enter: at
+// once, naming the refused connection, and not as the caller's deadline;
+// with a deadline that ends first, the error matches it and still names
+// the cause.
+func TestUnreachableRedisNamed(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := l.Addr().String()
 	l.Close() // nothing listens there now
-	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond, ContextTimeoutEnabled: true})
 	defer rdb.Close()
-	if _, err := bucket.New(rdb, valid()); err == nil || !contains(err.Error(), "unreachable") {
-		t.Fatalf("New with no Redis: %v, want an unreachable error", err)
+	b, err := bucket.New(rdb, valid())
+	if err != nil {
+		t.Fatalf("New did I/O: %v", err)
+	}
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = b.Enter(ctx)
+	if !errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, context.DeadlineExceeded) || !contains(err.Error(), "connection refused") {
+		t.Fatalf("Enter with Redis down: %v, want connection refused, not a deadline", err)
+	}
+}
+
+// TestNewRejectsClientIgnoringDeadlines: a client without
+// ContextTimeoutEnabled would let a frozen Redis hold an Enter past its
+// deadline (5 s against 200 ms, measured): New refuses it, naming the option.
+func TestNewRejectsClientIgnoringDeadlines(t *testing.T) {
+	for name, rdb := range map[string]redis.UniversalClient{
+		"client":  redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}),
+		"cluster": redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}}),
+		"ring":    redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}}),
+	} {
+		_, err := bucket.New(rdb, valid())
+		rdb.Close()
+		if !errors.Is(err, bucket.ErrConfig) || !errors.Is(err, sluice.ErrConfig) || !contains(err.Error(), "ContextTimeoutEnabled") {
+			t.Errorf("%s: New = %v, want ErrConfig naming ContextTimeoutEnabled", name, err)
+		}
 	}
 }
 
@@ -104,7 +135,7 @@ func TestFastPathOneRoundTrip(t *testing.T) {
 			t.Fatalf("Enter %d: %+v, want 1 round trip, no poll, not queued", i, rep)
 		}
 	}
-	if b.SchedulerStats().Steps != 0 {
+	if b.Stats().Steps != 0 {
 		t.Fatal("the fast path started a scheduler")
 	}
 }
@@ -211,7 +242,7 @@ func TestCancelQueuedCallers(t *testing.T) {
 		go func() { errs <- b.Enter(ctx) }()
 	}
 	waitFor(t, 10*time.Second, "callers to queue", func() bool {
-		l, _ := rdb.LLen(context.Background(), b.Keys().Queue).Result()
+		l, _ := rdb.LLen(context.Background(), bucket.Keys(b).Queue).Result()
 		return l >= n-2 // the first one or two may hold assigned slots
 	})
 	cancel()
@@ -234,7 +265,7 @@ func TestCancelQueuedCallers(t *testing.T) {
 	}
 	// Cancels land in the background, batched: the queue empties soon.
 	waitFor(t, 5*time.Second, "the cancelled callers to leave the queue", func() bool {
-		l, _ := rdb.LLen(context.Background(), b.Keys().Queue).Result()
+		l, _ := rdb.LLen(context.Background(), bucket.Keys(b).Queue).Result()
 		return l == 0
 	})
 	// Had the cancelled callers spent tokens, this one would wait ~20 s.
@@ -267,7 +298,7 @@ func TestDeadlineWhileQueued(t *testing.T) {
 		t.Fatalf("Enter: %v, want DeadlineExceeded", err)
 	}
 	waitFor(t, 5*time.Second, "the expired caller to leave the queue", func() bool {
-		l, _ := rdb.LLen(context.Background(), b.Keys().Queue).Result()
+		l, _ := rdb.LLen(context.Background(), bucket.Keys(b).Queue).Result()
 		return l == 0
 	})
 }
@@ -286,7 +317,7 @@ func TestMaxQueueAndMaxWait(t *testing.T) {
 		go func() { defer wg.Done(); _ = b.Enter(ctx) }()
 	}
 	waitFor(t, 5*time.Second, "two queued callers", func() bool {
-		l, _ := rdb.LLen(context.Background(), b.Keys().Queue).Result()
+		l, _ := rdb.LLen(context.Background(), bucket.Keys(b).Queue).Result()
 		return l == 2
 	})
 	err := b.Enter(context.Background())
@@ -340,7 +371,7 @@ func TestCloseWakesWaiters(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- b.Enter(context.Background()) }()
 	waitFor(t, 5*time.Second, "the scheduler lock", func() bool {
-		n, _ := rdb.Exists(context.Background(), b.Keys().Lock).Result()
+		n, _ := rdb.Exists(context.Background(), bucket.Keys(b).Lock).Result()
 		return n == 1
 	})
 	if err := b.Close(); err != nil {
@@ -354,7 +385,7 @@ func TestCloseWakesWaiters(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("waiter did not return after Close")
 	}
-	if n, _ := rdb.Exists(context.Background(), b.Keys().Lock).Result(); n != 0 {
+	if n, _ := rdb.Exists(context.Background(), bucket.Keys(b).Lock).Result(); n != 0 {
 		t.Fatal("Close left the scheduler lock held")
 	}
 }
@@ -400,7 +431,7 @@ func TestNoLostWakeUp(t *testing.T) {
 	}
 	var steps int64
 	for _, b := range bs {
-		steps += b.SchedulerStats().Steps
+		steps += b.Stats().Steps
 	}
 	if steps == 0 {
 		t.Fatal("no scheduler ever ran: the test did not exercise stop-and-restart")

@@ -10,18 +10,10 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 func Example() {
-	srv, err := redistest.Start() // a throwaway redis-server; use your own
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer srv.Close()
-
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	b, err := bucket.New(rdb, bucket.Config{
 		Name:            "example-api",
@@ -49,13 +41,7 @@ func Example() {
 }
 
 func ExampleBucket_EnterReport() {
-	srv, err := redistest.Start()
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer srv.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	b, err := bucket.New(rdb, bucket.Config{Name: "report", Capacity: 1, RefillAmount: 1, RefillFrequency: 300 * time.Millisecond,
 		Lookahead: 100 * time.Millisecond}) // the second caller queues, and its slot is assigned well before it polls
@@ -79,13 +65,7 @@ func ExampleBucket_EnterReport() {
 }
 
 func ExampleConfig_maxWait() {
-	srv, err := redistest.Start()
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer srv.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	b, err := bucket.New(rdb, bucket.Config{
 		Name: "hourly", Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour,

@@ -26,7 +26,6 @@ import (
 	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/queue"
 )
 
 // deadlineSlack is how far past its ctx deadline an Enter may return: a
@@ -435,7 +434,7 @@ func TestNetworkCutOneProcess(t *testing.T) {
 	a, bb := newBucket(t, viaProxy, cfg), newBucket(t, direct, cfg)
 	const timeout = time.Second
 	la := startLoad(t, a, 0, 20, timeout)
-	waitFor(t, 10*time.Second, "A to run the scheduler", func() bool { return a.SchedulerStats().Steps > 0 && la.ok.Load() > 20 })
+	waitFor(t, 10*time.Second, "A to run the scheduler", func() bool { return a.Stats().Steps > 0 && la.ok.Load() > 20 })
 	lb := startLoad(t, bb, 1, 20, timeout)
 	waitFor(t, 10*time.Second, "B's first grants", func() bool { return lb.ok.Load() >= 20 })
 	qlen, _ := direct.LLen(context.Background(), keysFor(cfg).Queue).Result()
@@ -533,7 +532,7 @@ func TestWaiterProcessKilled(t *testing.T) {
 	checkGrants(t, append(slices.Clone(aGrants), bGrants...), cfg)
 
 	// The uncollected slots are the dead callers' wasted tokens.
-	uncollected, err := queue.Slots(context.Background(), rdb, keys)
+	uncollected, err := redistest.Slots(context.Background(), rdb, keys.Slot)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -598,7 +597,7 @@ func TestWaiterProcessKilled(t *testing.T) {
 	}
 	waitFor(t, longest+2*time.Second, "the keys to expire", func() bool {
 		n, _ := rdb.Exists(context.Background(), all...).Result()
-		left, _ := queue.Slots(context.Background(), rdb, keys)
+		left, _ := redistest.Slots(context.Background(), rdb, keys.Slot)
 		return n == 0 && len(left) == 0
 	})
 	t.Logf("all keys gone %v after the run (longest TTL %v)", time.Since(endedAt).Round(time.Millisecond), longest.Round(time.Millisecond))
@@ -618,7 +617,7 @@ func cancelStorm(t *testing.T) (cfg bucket.Config, stayers []loadgen.Grant, canc
 	cfg = bucket.Config{Name: t.Name(), Capacity: 1, RefillAmount: 1, RefillFrequency: 4 * time.Millisecond,
 		LockTTL: 500 * time.Millisecond, MaxLateness: bucket.DefaultMaxLateness}
 	b := newBucket(t, rdb, cfg)
-	keys := b.Keys()
+	keys := bucket.Keys(b)
 	if err := b.Enter(context.Background()); err != nil { // spend the one token
 		t.Fatal(err)
 	}

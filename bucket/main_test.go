@@ -16,12 +16,34 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/queue"
 )
 
+var exampleAddr string
+
+// redisAddr is where the examples' Redis listens: a throwaway redis-server
+// started for this test binary, so the examples show only user code (use
+// your own server's address).
+func redisAddr() string { return exampleAddr }
+
 func TestMain(m *testing.M) {
 	loadgen.MaybeWorker() // worker processes of the multi-process tests
-	goleak.VerifyTestMain(m)
+	srv, err := redistest.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	exampleAddr = srv.Addr()
+	code := m.Run()
+	srv.Close()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // newBucket makes a bucket with a name unique to the test and closes it at
@@ -114,18 +136,12 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 }
 
 // keysFor returns the keys of the bucket cfg describes.
-func keysFor(cfg bucket.Config) queue.Keys {
-	prefix := cfg.KeyPrefix
-	if prefix == "" {
-		prefix = bucket.DefaultKeyPrefix
-	}
-	return queue.NewKeys(prefix, cfg.Name)
-}
+func keysFor(cfg bucket.Config) queue.Keys { return bucket.KeysFor(cfg) }
 
 // keysOf lists the Redis keys of a bucket.
 func keysOf(t *testing.T, rdb *redis.Client, b *bucket.Bucket) []string {
 	t.Helper()
-	prefix, _, _ := strings.Cut(b.Keys().Queue, "}")
+	prefix, _, _ := strings.Cut(bucket.Keys(b).Queue, "}")
 	keys, err := rdb.Keys(context.Background(), escapeGlob(prefix)+"}*").Result()
 	if err != nil {
 		t.Fatal(err)

@@ -7,29 +7,31 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/queue"
 )
 
 // A caller arrives at a new bucket and is granted at once; the next one,
-// with the bucket empty, queues and learns its estimated wait.
+// with the bucket empty, queues and learns its estimated wait. (Package
+// bucket does all of this for you: this is what it does underneath.)
 func Example() {
-	srv, err := redistest.Start()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	defer rdb.Close()
+
+	q := queue.New(rdb, "sluice", "docs", queue.Options{
+		Policies:  []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Minute}},
+		Lookahead: 20 * time.Millisecond,
+		LockTTL:   time.Second,
+		Grace:     10 * time.Second,
+	})
+	ctx := context.Background()
+	arrivals, err := q.Enqueue(ctx, []string{"caller-1", "caller-2"})
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	defer srv.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	defer rdb.Close()
-
-	q := queue.New(rdb, "sluice", "docs", []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Minute}},
-		queue.Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second})
-	ctx := context.Background()
-	first, _ := q.Enqueue(ctx, "caller-1")
-	second, _ := q.Enqueue(ctx, "caller-2")
-	fmt.Println(first.Kind == queue.Granted)
-	fmt.Println(second.Kind == queue.Queued, second.Position, second.Delay.Round(time.Second))
+	first, second := arrivals[0], arrivals[1]
+	fmt.Println(first.Err == nil && first.Entry == "" && first.Delay == 0) // granted now
+	fmt.Println(second.Entry != "", second.Position, second.Delay.Round(time.Second))
 	fmt.Println(q.Keys().Queue)
 	// Output:
 	// true

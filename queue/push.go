@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/internal/protocol"
 )
 
 // The push lane: callers who arrive while others wait need none of
@@ -20,35 +23,65 @@ import (
 // caller computes its estimate from the state it read, exactly as the
 // script would have.
 //
-// A pushed entry is "<id>|0": its estimate is not known when it is pushed,
+// A pushed entry is "<id>|0" (protocol.MakeEntry with no estimate): its estimate is not known when it is pushed,
 // so the scheduler publishes it with its slot on the wake channel as soon
 // as it assigns it (step.lua: an estimate of 0 is always early), and the
 // caller polls once, a lead before that slot. The estimate it sleeps on is
 // only the fallback for a lost message.
 
-// ErrNoPush reports that the push lane is not available and nothing was
-// pushed: another client than *redis.Client, more than one policy,
-// MaxQueue or MaxWait set, or a server that refused the transaction
-// (Redis < 7.0 has no PEXPIRE NX). Use EnqueueBatch.
-var ErrNoPush = errors.New("queue: push lane not available")
-
-// CanPush reports whether PushBatch may be used.
-func (q *Queue) CanPush() bool {
-	return q.direct != nil && len(q.policies) == 1 && q.opt.MaxQueue == 0 && q.opt.MaxWait == 0 && !q.noPush.Load()
+// lane is the push lane's state: whether it is open, and until when the
+// last caller this process queued surely still waits.
+type lane struct {
+	off atomic.Bool // the server refused the transaction: scripts from now on
+	// busyUntil (unix ns, local clock, used only as a duration from the
+	// reply): until then the last caller this Queue queued is surely
+	// still in the queue, so whoever arrives finds someone waiting.
+	busyUntil atomic.Int64
 }
 
-// PushBatch queues callers ids, in order, at the tail of the queue, as
-// EnqueueBatch would if no token were theirs within the lookahead. A
+// errNoPush reports that the push lane is not available and nothing was
+// pushed: use the script.
+var errNoPush = errors.New("queue: push lane not available")
+
+// open says whether arrivals take the push lane: while the last caller
+// this Queue queued is surely still in the queue. Then enqueue.lua would
+// only queue the caller too (nobody overtakes a waiting caller), so the
+// lanes give the same outcome; a guess that is out of date (callers ahead
+// cancelled and the queue emptied) costs the caller a scheduler step, not
+// a token. The lane needs one server (*redis.Client), one policy, and
+// neither MaxQueue nor MaxWait (their refusals are the script's).
+func (l *lane) open(q *Queue) bool {
+	return q.canPush() && time.Now().UnixNano() < l.busyUntil.Load()
+}
+
+// canPush says whether the push lane may be used at all.
+func (q *Queue) canPush() bool {
+	return q.direct != nil && len(q.opt.Policies) == 1 && q.opt.MaxQueue == 0 && q.opt.MaxWait == 0 && !q.lane.off.Load()
+}
+
+// note records what the last arrival of a batch learned of the queue: a
+// caller queued with its slot estimated d from now stays in the queue until
+// the scheduler takes it, a lookahead before its slot.
+func (l *lane) note(q *Queue, a Arrival) {
+	if a.queued() && a.Delay > q.opt.Lookahead {
+		l.busyUntil.Store(time.Now().Add(a.Delay - q.opt.Lookahead).UnixNano())
+	} else {
+		l.busyUntil.Store(0)
+	}
+}
+
+// push queues callers ids, in order, at the tail of the queue, as
+// enqueue.lua would if no token were theirs within the lookahead. A
 // caller pushed while the queue was empty and a token free waits for the
 // scheduler to hand it out (its reply says whether one runs), so it is
 // for callers who arrive while others wait.
-func (q *Queue) PushBatch(ctx context.Context, ids []string) ([]EnqueueReply, error) {
-	if !q.CanPush() {
-		return nil, ErrNoPush
+func (q *Queue) push(ctx context.Context, ids []string) ([]Arrival, error) {
+	if !q.canPush() {
+		return nil, errNoPush
 	}
 	entries := make([]any, len(ids))
 	for i, id := range ids {
-		entries[i] = id + "|0"
+		entries[i] = protocol.MakeEntry(id, 0)
 	}
 	var (
 		now   *redis.TimeCmd
@@ -68,11 +101,11 @@ func (q *Queue) PushBatch(ctx context.Context, ids []string) ([]EnqueueReply, er
 		var rerr redis.Error
 		if errors.As(err, &rerr) {
 			// The server refused the transaction: scripts from now on.
-			q.noPush.Store(true)
+			q.lane.off.Store(true)
 			if strings.HasPrefix(err.Error(), "EXECABORT") {
 				// Refused as a whole (Redis < 7.0 has no PEXPIRE NX):
 				// nothing ran, the callers may enqueue by script.
-				return nil, fmt.Errorf("%w: %v", ErrNoPush, err)
+				return nil, fmt.Errorf("%w: %v", errNoPush, err)
 			}
 			// MULTI itself refused (an ACL without it): the commands ran
 			// one by one and the callers' entries may be queued; they
@@ -85,71 +118,40 @@ func (q *Queue) PushBatch(ctx context.Context, ids []string) ([]EnqueueReply, er
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
-	return pushReplies(ids, now.Val().UnixMicro(), raw, push.Val(), q.policies[0])
+	return pushReplies(ids, now.Val().UnixMicro(), raw, push.Val(), q.opt.Policies[0])
 }
 
 // pushReplies computes, from what the transaction read, the replies
 // enqueue.lua would have given: positions L−k+1 … L, tickets done +
-// position, estimates from the state refilled to now (lib.lua's refill and
-// slot_for), and whether a scheduler runs (the state's until).
-func pushReplies(ids []string, now int64, state string, length int64, p Policy) ([]EnqueueReply, error) {
+// position, estimates from the state refilled to now (protocol.Refill and
+// SlotFor, tokens.lua's twins), and whether a scheduler runs (the state's
+// until).
+func pushReplies(ids []string, now int64, raw string, length int64, p Policy) ([]Arrival, error) {
 	k := int64(len(ids))
 	if length < k {
-		return nil, fmt.Errorf("%w: RPUSH of %d gave length %d", ErrReply, k, length)
+		return nil, fmt.Errorf("%w: RPUSH of %d gave length %d", groundwork.ErrReply, k, length)
 	}
 	done, until, level, anchor := int64(0), int64(0), p.Capacity, now
-	if state != "" {
-		f := strings.Fields(state)
-		if len(f) < 4 {
-			return nil, fmt.Errorf("%w: state %q", ErrReply, state)
+	if raw != "" {
+		st, err := protocol.ParseState(raw, 1)
+		if err != nil {
+			return nil, err
 		}
-		var v [4]int64
-		for i := range v {
-			n, err := strconv.ParseInt(f[i], 10, 64)
-			if err != nil {
-				return nil, fmt.Errorf("%w: state %q", ErrReply, state)
-			}
-			v[i] = n
-		}
-		done, until = v[0], v[1]
-		level, anchor = refill(v[2], v[3], now, p)
+		done, until = st.Done, st.Until
+		level, anchor = protocol.Refill(st.Levels[0].Level, st.Levels[0].Anchor, now, p)
 	}
-	out := make([]EnqueueReply, k)
+	out := make([]Arrival, k)
 	for i := range out {
 		pos := length - k + int64(i) + 1
-		est := slotFor(level, anchor, now, pos, p)
-		out[i] = EnqueueReply{
-			Kind:             Queued,
+		est := protocol.SlotFor(level, anchor, now, pos, p)
+		out[i] = Arrival{
 			Delay:            dur(est-now, time.Microsecond),
 			Position:         int(pos),
 			SchedulerRunning: until > now,
 			Ticket:           done + pos,
-			Entry:            ids[i] + "|0",
+			Entry:            protocol.MakeEntry(ids[i], 0),
 			Now:              now,
 		}
 	}
 	return out, nil
-}
-
-// refill is lib.lua's refill for one policy, in integer µs.
-func refill(level, anchor, now int64, p Policy) (int64, int64) {
-	freq := p.Every.Microseconds()
-	if now > anchor && freq > 0 {
-		if n := (now - anchor) / freq; n > 0 {
-			level = min(p.Capacity, level+n*p.Amount)
-			anchor += n * freq
-		}
-	}
-	return level, anchor
-}
-
-// slotFor is lib.lua's slot_all for one policy: when the k-th token from
-// now on is due.
-func slotFor(level, anchor, now, k int64, p Policy) int64 {
-	if level >= k {
-		return now
-	}
-	need := k - level
-	slot := anchor + (need+p.Amount-1)/p.Amount*p.Every.Microseconds()
-	return max(slot, now)
 }

@@ -7,35 +7,41 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler"
 )
 
 // A caller queues; the scheduler gives it a slot, finds the queue empty,
-// releases the lock and ends.
+// releases the lock and ends. (Package bucket does all of this for you:
+// this is what it does underneath.)
 func Example() {
-	srv, err := redistest.Start()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	q := queue.New(rdb, "sluice", "docs-scheduler", queue.Options{
+		Policies:    []queue.Policy{{Capacity: 1, Amount: 1, Every: 50 * time.Millisecond}},
+		Lookahead:   10 * time.Millisecond,
+		LockTTL:     time.Second,
+		Grace:       10 * time.Second,
+		MaxLateness: time.Second,
+	})
+	ctx := context.Background()
+	arrivals, err := q.Enqueue(ctx, []string{"first", "second"}) // first: granted; second: queued
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	defer srv.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	defer rdb.Close()
-	q := queue.New(rdb, "sluice", "docs", []queue.Policy{{Capacity: 1, Amount: 1, Every: 50 * time.Millisecond}},
-		queue.Options{Lookahead: 10 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second, Tolerance: time.Second})
-	ctx := context.Background()
-	q.Enqueue(ctx, "first")               // granted
-	second, _ := q.Enqueue(ctx, "second") // queued: its token is due in 50 ms
+	second := arrivals[1]
 
-	s := scheduler.New(rdb, q, time.Second, 10*time.Millisecond)
+	s := scheduler.New(rdb, q)
 	defer s.Close()
 	s.Ensure()
-	for s.Running() {
-		time.Sleep(5 * time.Millisecond)
+	for {
+		r, err := q.Poll(ctx, second.Entry)
+		if err != nil || r.Found || r.Lost || r.Stale {
+			fmt.Println(r.Found, err)
+			break
+		}
+		time.Sleep(max(r.Delay/2, time.Millisecond))
 	}
-	r, _ := q.Poll(ctx, second.Entry)
-	fmt.Println(r.Kind == queue.Slot)
-	// Output: true
+	// Output: true <nil>
 }

@@ -1,8 +1,12 @@
-// Package scheduler runs the loop that gives waiting callers their slots.
+// Package scheduler gives waiting callers their slots: the step script
+// (lua/step.lua, run by step.go) pops callers in arrival order, computes
+// each one's slot from the bucket's policies and writes it; the loop here
+// runs steps while callers wait. It is one of the token bucket's building
+// blocks, with package queue: most users need only package bucket.
 //
-// Any process may run it; a short-lived Redis lock (github.com/bsm/redislock)
+// Any process may run the loop; a short-lived Redis lock (github.com/bsm/redislock)
 // elects one at a time, so usually one loop works per bucket. Each turn of
-// the loop is one atomic queue.Step, fenced by the lock's token: a loop whose
+// the loop is one atomic step, fenced by the lock's token: a loop whose
 // lock has expired (its process stalled) is refused and stops. The bucket's
 // state lives in Redis, never here, so the rate holds even when two loops
 // overlap; the lock only saves work. When the queue is empty the step itself
@@ -26,6 +30,7 @@ import (
 // this process. The zero value is not usable; call New. It is safe for
 // concurrent use.
 type Scheduler struct {
+	rdb     redis.Scripter
 	q       *queue.Queue
 	locker  *redislock.Client
 	lockTTL time.Duration
@@ -45,16 +50,19 @@ type Scheduler struct {
 	errs   atomic.Int64
 }
 
-// New returns a Scheduler for q. lockTTL bounds how long callers wait for a
-// new scheduler when this one's process dies; lookahead is q's lookahead:
-// the loop rests at least half of it between steps.
-func New(rdb redis.UniversalClient, q *queue.Queue, lockTTL, lookahead time.Duration) *Scheduler {
+// New returns a Scheduler for q, on the same Redis. q's LockTTL bounds how
+// long callers wait for a new scheduler when this one's process dies; the
+// loop rests at least half of q's Lookahead between steps, to batch
+// callers. New starts nothing and does no I/O.
+func New(rdb redis.UniversalClient, q *queue.Queue) *Scheduler {
 	ctx, cancel := context.WithCancel(context.Background())
+	o := q.Options()
 	return &Scheduler{
+		rdb:     rdb,
 		q:       q,
 		locker:  redislock.New(rdb),
-		lockTTL: lockTTL,
-		minRest: lookahead / 2,
+		lockTTL: o.LockTTL,
+		minRest: o.Lookahead / 2,
 		ctx:     ctx,
 		cancel:  cancel,
 	}
@@ -78,34 +86,33 @@ func (s *Scheduler) Ensure() {
 	go s.run()
 }
 
-// Running reports whether this process's scheduler goroutine is live.
-func (s *Scheduler) Running() bool {
+// isRunning reports whether this process's scheduler goroutine is live.
+func (s *Scheduler) isRunning() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.running
 }
 
-// Stats are counters since New.
+// Stats are counters of one Scheduler since New.
 type Stats struct {
 	Steps  int64 // steps run
 	Fenced int64 // steps refused because the lock was not ours
 	Errors int64 // steps or lock requests that failed
 }
 
-// Stats returns the counters.
+// Stats returns the counters. It is safe to call at any time.
 func (s *Scheduler) Stats() Stats {
 	return Stats{Steps: s.steps.Load(), Fenced: s.fenced.Load(), Errors: s.errs.Load()}
 }
 
 // Close stops the goroutine, waits for it, and releases the lock if it held
-// it. Later Ensure calls do nothing.
-func (s *Scheduler) Close() error {
+// it. Later Ensure calls do nothing. Close is safe to call more than once.
+func (s *Scheduler) Close() {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
 	s.cancel()
 	s.wg.Wait()
-	return nil
 }
 
 // run takes the lock and steps until the queue is empty, the lock is lost,
@@ -156,7 +163,7 @@ func (s *Scheduler) lead() {
 	lastOK := time.Now()
 	backoff := time.Millisecond
 	for {
-		r, err := s.q.Step(s.ctx, lock.Token())
+		r, err := step(s.ctx, s.rdb, s.q, lock.Token())
 		if err != nil {
 			if s.ctx.Err() != nil {
 				return
@@ -175,15 +182,15 @@ func (s *Scheduler) lead() {
 		}
 		s.steps.Add(1)
 		lastOK, backoff = time.Now(), time.Millisecond
-		switch r.Status {
-		case queue.Fenced:
+		switch r.status {
+		case fenced:
 			s.fenced.Add(1)
 			return
-		case queue.Released:
+		case released:
 			return
 		}
-		rest := r.Next
-		if r.Next > 0 || r.Scheduled == 0 {
+		rest := r.next
+		if r.next > 0 || r.scheduled == 0 {
 			// Batch: let a few slots come into the lookahead at once, but
 			// step often enough to renew the lock.
 			rest = max(rest, s.minRest)

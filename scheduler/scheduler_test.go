@@ -1,22 +1,16 @@
 package scheduler_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-var ctx = context.Background()
 
 // setup makes n callers arrive at a bucket of one token a millisecond and
 // returns how many of them queued (the others were served at once).
@@ -24,18 +18,15 @@ func setup(t *testing.T, n int) (*redis.Client, *queue.Queue, int) {
 	t.Helper()
 	rdb := redistest.New(t).Client()
 	t.Cleanup(func() { rdb.Close() })
-	q := queue.New(rdb, "sluice", t.Name(), []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Millisecond}},
-		queue.Options{Lookahead: 10 * time.Millisecond, LockTTL: 500 * time.Millisecond, Grace: 10 * time.Second, Tolerance: time.Second})
-	if err := q.Load(ctx); err != nil {
-		t.Fatal(err)
-	}
+	q := newQ(rdb, "sluice", t.Name(), []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Millisecond}},
+		queue.Options{Lookahead: 10 * time.Millisecond, LockTTL: 500 * time.Millisecond, Grace: 10 * time.Second, MaxLateness: time.Second})
 	queued := 0
 	for i := 0; i < n; i++ {
-		r, err := q.Enqueue(ctx, fmt.Sprint("c", i))
+		r, err := enqueueOne(q, fmt.Sprint("c", i))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.Kind == queue.Queued {
+		if kindOf(r) == kQueued {
 			queued++
 		}
 	}
@@ -60,15 +51,15 @@ func TestDrainsAndStops(t *testing.T) {
 	if queued < 50 {
 		t.Fatalf("only %d of 100 queued", queued)
 	}
-	a := scheduler.New(rdb, q, 500*time.Millisecond, 10*time.Millisecond)
-	b := scheduler.New(rdb, q, 500*time.Millisecond, 10*time.Millisecond)
+	a := scheduler.New(rdb, q)
+	b := scheduler.New(rdb, q)
 	defer a.Close()
 	defer b.Close()
 	a.Ensure()
 	b.Ensure()
 	a.Ensure() // a second Ensure on a live goroutine starts no other
-	waitFor(t, "both schedulers to end", func() bool { return !a.Running() && !b.Running() })
-	if m, err := queue.Slots(ctx, rdb, q.Keys()); err != nil || len(m) != queued {
+	waitFor(t, "both schedulers to end", func() bool { return !scheduler.IsRunning(a) && !scheduler.IsRunning(b) })
+	if m, err := redistest.Slots(ctx, rdb, q.Keys().Slot); err != nil || len(m) != queued {
 		t.Fatalf("%d slots written for %d queued callers (%v)", len(m), queued, err)
 	}
 	if n, _ := rdb.Exists(ctx, q.Keys().Lock).Result(); n != 0 {
@@ -84,30 +75,28 @@ func TestDrainsAndStops(t *testing.T) {
 func TestCloseReleasesLock(t *testing.T) {
 	rdb, q, _ := setup(t, 1)
 	// A long queue: one token an hour.
-	q = queue.New(rdb, "sluice", t.Name()+"-slow", []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Hour}},
+	q = newQ(rdb, "sluice", t.Name()+"-slow", []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Hour}},
 		queue.Options{Lookahead: 10 * time.Millisecond, LockTTL: 500 * time.Millisecond, Grace: time.Second})
 	for i := 0; i < 3; i++ {
-		if _, err := q.Enqueue(ctx, fmt.Sprint("c", i)); err != nil {
+		if _, err := enqueueOne(q, fmt.Sprint("c", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	s := scheduler.New(rdb, q, 500*time.Millisecond, 10*time.Millisecond)
+	s := scheduler.New(rdb, q)
 	s.Ensure()
 	waitFor(t, "the lock", func() bool {
 		n, _ := rdb.Exists(ctx, q.Keys().Lock).Result()
 		return n == 1
 	})
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if s.Running() {
+	s.Close()
+	if scheduler.IsRunning(s) {
 		t.Fatal("goroutine still running after Close")
 	}
 	if n, _ := rdb.Exists(ctx, q.Keys().Lock).Result(); n != 0 {
 		t.Fatal("Close did not release the lock")
 	}
 	s.Ensure() // after Close: does nothing
-	if s.Running() {
+	if scheduler.IsRunning(s) {
 		t.Fatal("Ensure after Close started a goroutine")
 	}
 }
@@ -116,14 +105,14 @@ func TestCloseReleasesLock(t *testing.T) {
 // at its next step without changing anything.
 func TestFencedSchedulerStops(t *testing.T) {
 	rdb, q, _ := setup(t, 1)
-	q = queue.New(rdb, "sluice", t.Name()+"-slow", []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Hour}},
+	q = newQ(rdb, "sluice", t.Name()+"-slow", []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Hour}},
 		queue.Options{Lookahead: 10 * time.Millisecond, LockTTL: 100 * time.Millisecond, Grace: time.Second})
 	for i := 0; i < 3; i++ {
-		if _, err := q.Enqueue(ctx, fmt.Sprint("c", i)); err != nil {
+		if _, err := enqueueOne(q, fmt.Sprint("c", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	s := scheduler.New(rdb, q, 100*time.Millisecond, 10*time.Millisecond)
+	s := scheduler.New(rdb, q)
 	defer s.Close()
 	s.Ensure()
 	waitFor(t, "the lock", func() bool {
@@ -133,7 +122,7 @@ func TestFencedSchedulerStops(t *testing.T) {
 	if err := rdb.Set(ctx, q.Keys().Lock, "someone-else", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the fenced scheduler to stop", func() bool { return !s.Running() })
+	waitFor(t, "the fenced scheduler to stop", func() bool { return !scheduler.IsRunning(s) })
 	if s.Stats().Fenced == 0 {
 		t.Fatal("stopped without being fenced")
 	}

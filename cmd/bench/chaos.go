@@ -171,7 +171,7 @@ type chaosRun struct {
 func chaosSoak(ctx context.Context, tg target, cfg bucket.Config, callers, procs int, d, deadline time.Duration, seed uint64, stderr io.Writer) (Chaos, error) {
 	cfg.LockTTL = chaosLockTTL
 	if cfg.MaxLateness == 0 {
-		cfg.MaxLateness = bucket.DefaultMaxLateness
+		cfg.MaxLateness = defaultMaxLateness
 	}
 	proxied := procs / 2
 	c := Chaos{Seed: seed, Duration: d, Procs: procs, Proxied: proxied, Callers: callers, Deadline: deadline,

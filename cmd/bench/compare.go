@@ -51,7 +51,7 @@ type CompareSaturation struct {
 	Throughput Throughput `json:"throughput"` // on return times
 	// Excess is the worst window of the return times against the
 	// guarantee; ExcessSlack the same with windows startSlack +
-	// bucket.DefaultMaxLateness longer (Sluice's promise for start times).
+	// defaultMaxLateness longer (Sluice's promise for start times).
 	Excess      Excess `json:"excess"`
 	ExcessSlack int    `json:"excess_slack"`
 	// Wait is the duration of the calls begun after the warm-up
@@ -246,7 +246,7 @@ func judgeCalls(calls []call, l guarantee.Limit, warmup time.Duration) CompareSa
 	}
 	s.Throughput = throughput(ends, l)
 	s.Excess = excessOf(ends, l)
-	s.ExcessSlack = guarantee.CheckSlack(ends, l, bucket.DefaultMaxLateness+startSlack).Excess
+	s.ExcessSlack = guarantee.CheckSlack(ends, l, defaultMaxLateness+startSlack).Excess
 	s.Wait = distOf(waits)
 	if s.Wait.P50 > 0 {
 		s.MaxOverMedian = float64(s.Wait.Max) / float64(s.Wait.P50)

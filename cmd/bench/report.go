@@ -9,7 +9,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/sluicehq/sluice/bucket"
 )
 
 // Report is everything one run measured.
@@ -252,7 +251,7 @@ func writeCompare(w io.Writer, c *Compare) error {
 
 // bucketSlack is how much longer the slack windows are: Sluice's
 // MaxLateness default and the reply's trip.
-func bucketSlack() time.Duration { return bucket.DefaultMaxLateness + startSlack }
+func bucketSlack() time.Duration { return defaultMaxLateness + startSlack }
 
 // ratioString formats a ratio with two or three significant digits.
 func ratioString(x float64) string {

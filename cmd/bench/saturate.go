@@ -128,7 +128,7 @@ func saturate(ctx context.Context, tg target, cfg bucket.Config, callers, procs 
 	}
 	maxLate := cfg.MaxLateness
 	if maxLate == 0 {
-		maxLate = bucket.DefaultMaxLateness
+		maxLate = defaultMaxLateness
 	}
 	s.Saturation = analyse(grants, l, min(turn, d/2), maxLate, stats.RoundTrips)
 	s.SetupRoundTrips = stats.SetupRoundTrips
@@ -158,7 +158,7 @@ func inProcess(ctx context.Context, opt *redis.Options, spec loadgen.Spec) ([]lo
 	if err := ctx.Err(); err != nil {
 		return nil, st, err
 	}
-	ss := b.SchedulerStats()
+	ss := b.Stats()
 	st = loadgen.WorkerStats{RoundTrips: rt.RoundTrips(), SetupRoundTrips: rt.Setup(), SchedulerSteps: ss.Steps, SchedulerFenced: ss.Fenced, SchedulerErrors: ss.Errors}
 	return grants, st, nil
 }

@@ -62,10 +62,11 @@ func scale(ctx context.Context, tg target, cfg bucket.Config, callers, procs int
 		callers, procs, num(float64(l.Amount)/l.Every.Seconds()), l.Capacity, d)
 	rdb := client(tg.opt, 2)
 	defer rdb.Close()
-	keys := queue.NewKeys(bucket.DefaultKeyPrefix, cfg.Name)
-	if cfg.KeyPrefix != "" {
-		keys = queue.NewKeys(cfg.KeyPrefix, cfg.Name)
+	prefix := cfg.KeyPrefix
+	if prefix == "" {
+		prefix = defaultKeyPrefix
 	}
+	keys := queue.New(nil, prefix, cfg.Name, queue.Options{}).Keys()
 	base, err := memory(ctx, rdb)
 	if err != nil {
 		return s, err
@@ -135,7 +136,7 @@ func scale(ctx context.Context, tg target, cfg bucket.Config, callers, procs int
 	s.PollsPer = per(int64(s.Polls), len(grants))
 	maxLate := cfg.MaxLateness
 	if maxLate == 0 {
-		maxLate = bucket.DefaultMaxLateness
+		maxLate = defaultMaxLateness
 	}
 	// Waits are not in steady state here (every caller arrives once):
 	// no warm-up is left out.

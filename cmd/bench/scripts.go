@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler"
 )
 
 // The scripts scenario: what each of the bucket's calls costs Redis, by
@@ -49,6 +50,7 @@ type ScriptCost struct {
 type costCase struct {
 	name, runs string
 	rows       []string
+	perCall    bool // divide by the rows' calls, not by the loop's count
 	setup      func(ctx context.Context) error
 	prep       func(ctx context.Context, i int) error
 	call       func(ctx context.Context, i int) error
@@ -59,66 +61,83 @@ func scriptsScenario(ctx context.Context, opt *redis.Options, name string, stder
 	out := Scripts{Tight: scriptsTight, Paced: scriptsPaced, Pace: scriptsPace}
 	rdb := client(opt, 1)
 	defer rdb.Close()
-	open := queue.Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Minute, Grace: 10 * time.Second, Tolerance: time.Hour}
-	free := queue.New(rdb, "sluice", name+"-free", []queue.Policy{{Capacity: 1 << 40, Amount: 1 << 30, Every: time.Millisecond}}, open)
-	full := queue.New(rdb, "sluice", name+"-full", []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Hour}}, open)
+	newQueue := func(suffix string, p queue.Policy) *queue.Queue {
+		var c redis.Scripter = rdb
+		if suffix == "-full" {
+			// Only the script: on a *redis.Client, callers arriving behind
+			// waiting ones would take the push lane.
+			c = scriptsOnly{rdb}
+		}
+		return queue.New(c, "sluice", name+suffix, queue.Options{
+			Policies: []queue.Policy{p}, Lookahead: 20 * time.Millisecond, LockTTL: time.Minute, Grace: 10 * time.Second, MaxLateness: time.Hour})
+	}
+	free := newQueue("-free", queue.Policy{Capacity: 1 << 40, Amount: 1 << 30, Every: time.Millisecond})
+	full := newQueue("-full", queue.Policy{Capacity: 1, Amount: 1, Every: time.Hour})
 	// A step finds perStep callers due: 10 tokens a millisecond, and a
 	// tight loop's debt is bounded by the lookahead.
-	busy := queue.New(rdb, "sluice", name+"-busy", []queue.Policy{{Capacity: 1, Amount: 1, Every: 100 * time.Microsecond}}, open)
+	busy := newQueue("-busy", queue.Policy{Capacity: 1, Amount: 1, Every: 100 * time.Microsecond})
+	sched := scheduler.New(rdb, busy)
+	defer sched.Close()
 	const perStep = 10
-	token := "bench-" + name
+	enqueue := func(ctx context.Context, q *queue.Queue, id string) (queue.Arrival, error) {
+		rs, err := q.Enqueue(ctx, []string{id})
+		if err != nil {
+			return queue.Arrival{}, err
+		}
+		return rs[0], nil
+	}
 	cases := []costCase{
 		{name: "one-line script", runs: `EVAL "return 1"`, rows: []string{"eval"},
 			call: func(ctx context.Context, i int) error { return rdb.Eval(ctx, floorScript, nil).Err() }},
 		{name: "enqueue, granted at once", runs: "TIME GET LLEN SET", rows: []string{"evalsha"},
-			setup: func(ctx context.Context) error { return free.Load(ctx) },
+			setup: func(ctx context.Context) error { _, err := enqueue(ctx, free, "warm"); return err },
 			call: func(ctx context.Context, i int) error {
-				_, err := free.Enqueue(ctx, "g"+strconv.Itoa(i))
+				_, err := enqueue(ctx, free, "g"+strconv.Itoa(i))
 				return err
 			}},
 		{name: "enqueue, queued", runs: "TIME GET LLEN RPUSH", rows: []string{"evalsha"},
 			setup: func(ctx context.Context) error {
-				if err := full.Load(ctx); err != nil {
-					return err
-				}
-				_, err := full.Enqueue(ctx, "first") // takes the only token: the rest queue
+				_, err := enqueue(ctx, full, "first") // takes the only token: the rest queue
 				return err
 			},
 			call: func(ctx context.Context, i int) error {
-				r, err := full.Enqueue(ctx, "q"+strconv.Itoa(i))
-				if err == nil && r.Kind != queue.Queued {
+				r, err := enqueue(ctx, full, "q"+strconv.Itoa(i))
+				if err == nil && r.Entry == "" {
 					err = fmt.Errorf("enqueue %d: %+v, want queued", i, r)
 				}
 				return err
 			}},
-		{name: fmt.Sprintf("step, up to %d callers due", perStep), runs: "GET TIME GET LPOP n, n×SET, SET LLEN PEXPIRE PEXPIRE", rows: []string{"evalsha"},
-			setup: func(ctx context.Context) error { return busy.Load(ctx) },
+		{name: fmt.Sprintf("step, up to %d callers due", perStep), runs: "GET TIME GET LPOP n, n×SET, SET LLEN PEXPIRE PEXPIRE", rows: []string{"evalsha"}, perCall: true,
 			prep: func(ctx context.Context, i int) error {
-				// The lock, as redislock sets it (a step that empties the
-				// queue releases it), and perStep callers.
-				if err := rdb.Set(ctx, busy.Keys().Lock, token, time.Minute).Err(); err != nil {
-					return err
-				}
 				entries := make([]any, perStep)
 				for k := range entries {
 					entries[k] = fmt.Sprintf("s%d-%d|0", i, k)
 				}
 				return rdb.RPush(ctx, busy.Keys().Queue, entries...).Err()
 			},
+			// The scheduler takes the lock and steps until the queue is
+			// empty (the last step releases the lock): the row is per step.
 			call: func(ctx context.Context, i int) error {
-				r, err := busy.Step(ctx, token)
-				if err == nil && r.Status == queue.Fenced {
-					err = fmt.Errorf("step fenced")
+				sched.Ensure()
+				for {
+					n, err := rdb.Exists(ctx, busy.Keys().Queue, busy.Keys().Lock).Result()
+					if err != nil || n == 0 {
+						return err
+					}
+					select {
+					case <-ctx.Done():
+						return ctx.Err()
+					case <-time.After(100 * time.Microsecond):
+					}
 				}
-				return err
 			}},
 		{name: "poll, slot found", runs: "TIME + GETDEL, pipelined", rows: []string{"time", "getdel"},
 			prep: func(ctx context.Context, i int) error {
-				return rdb.Set(ctx, free.Keys().SlotKey("p"+strconv.Itoa(i)), 1, time.Minute).Err()
+				return rdb.Set(ctx, free.Keys().Slot+"p"+strconv.Itoa(i), 1, time.Minute).Err()
 			},
 			call: func(ctx context.Context, i int) error {
 				r, err := free.Poll(ctx, "p"+strconv.Itoa(i)+"|0")
-				if err == nil && (r.Kind != queue.Stale || r.RoundTrips != 1) {
+				if err == nil && (!r.Stale || r.RoundTrips != 1) {
 					err = fmt.Errorf("direct poll: %+v, want the (stale) slot in one round trip", r)
 				}
 				return err
@@ -177,9 +196,16 @@ func measureCase(ctx context.Context, rdb *redis.Client, c costCase, first, n in
 	if err != nil {
 		return 0, err
 	}
-	var total int64
+	var total, calls int64
 	for _, r := range c.rows {
 		total += after.rows[r].Usec - before.rows[r].Usec
+		calls += after.rows[r].Calls - before.rows[r].Calls
+	}
+	if c.perCall {
+		return float64(total) / float64(max(calls, 1)), nil
 	}
 	return float64(total) / float64(n), nil
 }
+
+// scriptsOnly hides a *redis.Client behind the Scripter interface.
+type scriptsOnly struct{ redis.Scripter }

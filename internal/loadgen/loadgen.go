@@ -235,7 +235,7 @@ func worker(raw string) error {
 				case <-beatDone:
 					return
 				}
-				line, _ := json.Marshal(heartbeatLine{Heartbeat: heartbeat{Steps: b.SchedulerStats().Steps}})
+				line, _ := json.Marshal(heartbeatLine{Heartbeat: heartbeat{Steps: b.Stats().Steps}})
 				mu.Lock()
 				w.Write(append(line, '\n'))
 				w.Flush()
@@ -254,7 +254,7 @@ func worker(raw string) error {
 	beat.Wait()
 	// Close first, so that the lock's release is counted too.
 	b.Close()
-	st := b.SchedulerStats()
+	st := b.Stats()
 	line, err := json.Marshal(statsLine{Stats: WorkerStats{
 		RoundTrips:      counter.RoundTrips(),
 		SetupRoundTrips: counter.Setup(),

@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -24,6 +25,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/groundwork"
 )
 
 // ErrNoRedisServer reports that redis-server is not on PATH.
@@ -271,4 +274,26 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Slots returns the slots a bucket's scheduler wrote and no caller has
+// collected yet, by caller ID (µs, Redis time): the string keys that start
+// with slotPrefix (queue.Keys.Slot). It SCANs the server: for tests and
+// diagnosis, not for a hot path. On Cluster, pass the client of the node
+// that holds the bucket's hash slot.
+func Slots(ctx context.Context, rdb redis.Cmdable, slotPrefix string) (map[string]int64, error) {
+	out := map[string]int64{}
+	iter := rdb.Scan(ctx, 0, groundwork.GlobEscape(slotPrefix)+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		key := iter.Val()
+		v, err := rdb.Get(ctx, key).Int64()
+		if errors.Is(err, redis.Nil) {
+			continue // collected or expired meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		out[strings.TrimPrefix(key, slotPrefix)] = v
+	}
+	return out, iter.Err()
 }

@@ -20,9 +20,8 @@ local out = {}
 local removed = 0
 for c = 1, #ARGV do
   local entry = ARGV[c]
-  local id = string.match(entry, '^(.*)|')
-  if not id then
-    id = entry
+  local id, est = entry_parts(entry)
+  if not est then -- a bare ID
     entry = find(id .. '|', redis.call('LRANGE', KEYS[1], 0, -1))
   end
   if entry and redis.call('LREM', KEYS[1], 1, entry) == 1 then
@@ -37,12 +36,6 @@ end
 -- The state's done counts tickets no longer queued, so that the next
 -- caller's ticket (done + its position) stays unique: leave it the rest.
 if removed > 0 then
-  local raw = redis.call('GET', KEYS[3])
-  if raw then
-    local done, rest = string.match(raw, '^(%d+)(.*)$')
-    if done then
-      redis.call('SET', KEYS[3], string.format('%d', tonumber(done) + removed) .. rest, 'KEEPTTL')
-    end
-  end
+  add_done(KEYS[3], removed)
 end
 return out

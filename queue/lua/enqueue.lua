@@ -15,7 +15,7 @@
 -- ARGV[5..] policies: n, then cap, amount, freq µs for each
 -- ARGV[after policies] m, then m caller IDs (fresh per Enter)
 --
--- A queued caller is stored as the entry "<id>|<estimated slot µs>": the
+-- A queued caller is stored as its entry (entry.lua), "<id>|<estimated slot µs>": the
 -- scheduler compares the slot it assigns with the estimate the caller sleeps
 -- on, and wakes the caller when the slot came earlier (callers ahead left).
 -- Reply: {now µs, scheduler running 0/1, first ticket}, then 3 integers
@@ -69,7 +69,7 @@ for c = 1, m do
       out[n + 1], out[n + 2], out[n + 3], n = 4, est - now, qlen + 1, n + 3
     else
       qlen = qlen + 1
-      pushed[#pushed + 1] = id .. '|' .. int(est)
+      pushed[#pushed + 1] = entry(id, est)
       out[n + 1], out[n + 2], out[n + 3], n = 2, est - now, qlen, n + 3
     end
   end

@@ -17,7 +17,7 @@ local now = now_us()
 local id = ARGV[1]
 local tolerance = tonumber(ARGV[2])
 
-local key = KEYS[3] .. (string.match(id, '^(.*)|') or id)
+local key = KEYS[3] .. entry_parts(id)
 -- GET then DEL, not GETDEL: a GETDEL in INFO commandstats is then always a
 -- client's direct poll (see Queue.Poll), never this script's.
 local slot = redis.call('GET', key)

@@ -1,4 +1,4 @@
-package queue_test
+package scheduler_test
 
 import (
 	"context"
@@ -11,9 +11,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler"
 )
 
 var ctx = context.Background()
@@ -29,13 +31,10 @@ func newQueue(t *testing.T, rdb *redis.Client, p queue.Policy, opt queue.Options
 	if opt.Lookahead == 0 {
 		opt.Lookahead = 20 * time.Millisecond
 	}
-	if opt.Tolerance == 0 {
-		opt.Tolerance = time.Second
+	if opt.MaxLateness == 0 {
+		opt.MaxLateness = time.Second
 	}
-	q := queue.New(rdb, "sluice", t.Name(), []queue.Policy{p}, opt)
-	if err := q.Load(ctx); err != nil {
-		t.Fatal(err)
-	}
+	q := newQ(rdb, "sluice", t.Name(), []queue.Policy{p}, opt)
 	return q
 }
 
@@ -52,7 +51,7 @@ func slotsOf(t *testing.T, rdb *redis.Client, q *queue.Queue, ids []string) []in
 	t.Helper()
 	out := make([]int64, len(ids))
 	for i, id := range ids {
-		s, err := rdb.Get(ctx, q.Keys().SlotKey(id)).Int64()
+		s, err := rdb.Get(ctx, slotKey(q, id)).Int64()
 		if err != nil {
 			t.Fatalf("slot of %s (#%d): %v", id, i, err)
 		}
@@ -64,7 +63,7 @@ func slotsOf(t *testing.T, rdb *redis.Client, q *queue.Queue, ids []string) []in
 // countSlots is how many slot keys the bucket has.
 func countSlots(t *testing.T, rdb *redis.Client, q *queue.Queue) int {
 	t.Helper()
-	m, err := queue.Slots(ctx, rdb, q.Keys())
+	m, err := redistest.Slots(ctx, rdb, q.Keys().Slot)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +73,7 @@ func countSlots(t *testing.T, rdb *redis.Client, q *queue.Queue) int {
 // queueSlotKeys lists the bucket's slot keys.
 func queueSlotKeys(t *testing.T, rdb *redis.Client, q *queue.Queue) []string {
 	t.Helper()
-	m, err := queue.Slots(ctx, rdb, q.Keys())
+	m, err := redistest.Slots(ctx, rdb, q.Keys().Slot)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,11 +95,11 @@ func enqueueN(t *testing.T, rdb *redis.Client, q *queue.Queue, n int) []string {
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("caller-%03d", i)
-		r, err := q.Enqueue(ctx, ids[i])
+		r, err := enqueueOne(q, ids[i])
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.Kind != queue.Queued || r.Position != i+2 {
+		if kindOf(r) != kQueued || r.Position != i+2 {
 			t.Fatalf("caller %d: %+v, want queued at %d", i, r, i+2)
 		}
 		ids[i] = r.Entry
@@ -119,11 +118,11 @@ func TestFIFOSlotsInArrivalOrder(t *testing.T) {
 	q := newQueue(t, rdb, queue.Policy{Capacity: 3, Amount: 1, Every: 100 * time.Microsecond}, queue.Options{Lookahead: time.Second})
 	ids := enqueueN(t, rdb, q, 50)
 	takeLock(t, rdb, q, "tok")
-	r, err := q.Step(ctx, "tok")
+	r, err := scheduler.Step(ctx, rdb, q, "tok")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Status != queue.Released || r.Scheduled != 50 {
+	if r.Status != scheduler.Released || r.Scheduled != 50 {
 		t.Fatalf("step: %+v, want all 50 scheduled and the lock released", r)
 	}
 	slots := slotsOf(t, rdb, q, ids)
@@ -158,7 +157,7 @@ func TestTwoSchedulersAtOnce(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for {
-				r, err := q.Step(ctx, "shared")
+				r, err := scheduler.Step(ctx, rdb, q, "shared")
 				if err != nil {
 					t.Error(err)
 					return
@@ -166,7 +165,7 @@ func TestTwoSchedulersAtOnce(t *testing.T) {
 				mu.Lock()
 				scheduled[s] += r.Scheduled
 				mu.Unlock()
-				if r.Status != queue.Running {
+				if r.Status != scheduler.Running {
 					return
 				}
 			}
@@ -201,11 +200,11 @@ func TestStaleSchedulerIsFenced(t *testing.T) {
 	enqueueN(t, rdb, q, 10)
 	takeLock(t, rdb, q, "new-holder")
 	before, _ := rdb.Get(ctx, q.Keys().State).Result()
-	r, err := q.Step(ctx, "old-holder")
+	r, err := scheduler.Step(ctx, rdb, q, "old-holder")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Status != queue.Fenced {
+	if r.Status != scheduler.Fenced {
 		t.Fatalf("step with a stale token: %+v, want fenced", r)
 	}
 	after, _ := rdb.Get(ctx, q.Keys().State).Result()
@@ -231,15 +230,15 @@ func TestSlotConsumedOnce(t *testing.T) {
 	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: time.Millisecond}, queue.Options{Lookahead: time.Second})
 	ids := enqueueN(t, rdb, q, 1)
 	takeLock(t, rdb, q, "tok")
-	if _, err := q.Step(ctx, "tok"); err != nil {
+	if _, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil {
 		t.Fatal(err)
 	}
 	first, err := q.Poll(ctx, ids[0])
-	if err != nil || first.Kind != queue.Slot {
+	if err != nil || pollKindOf(first) != pSlot {
 		t.Fatalf("first poll: %+v %v, want the slot", first, err)
 	}
 	second, err := q.Poll(ctx, ids[0])
-	if err != nil || second.Kind != queue.Lost {
+	if err != nil || pollKindOf(second) != pLost {
 		t.Fatalf("second poll: %+v %v, want lost (slot already used)", second, err)
 	}
 }
@@ -249,14 +248,14 @@ func TestSlotConsumedOnce(t *testing.T) {
 func TestStaleSlotRefused(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: time.Millisecond}, queue.Options{Lookahead: 5 * time.Millisecond, Tolerance: time.Millisecond})
+	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: time.Millisecond}, queue.Options{Lookahead: 5 * time.Millisecond, MaxLateness: time.Millisecond})
 	ids := enqueueN(t, rdb, q, 1)
 	takeLock(t, rdb, q, "tok")
-	if r, err := q.Step(ctx, "tok"); err != nil || r.Scheduled != 1 {
+	if r, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil || r.Scheduled != 1 {
 		t.Fatalf("step: %+v %v", r, err)
 	}
 	// Wait, on the Redis clock, until the slot is more than the tolerance old.
-	slot, _ := rdb.Get(ctx, q.Keys().SlotKey(ids[0])).Float64()
+	slot, _ := rdb.Get(ctx, slotKey(q, ids[0])).Float64()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		now, err := rdb.Time(ctx).Result()
@@ -272,7 +271,7 @@ func TestStaleSlotRefused(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	r, err := q.Poll(ctx, ids[0])
-	if err != nil || r.Kind != queue.Stale {
+	if err != nil || pollKindOf(r) != pStale {
 		t.Fatalf("late poll: %+v %v, want stale", r, err)
 	}
 }
@@ -284,21 +283,21 @@ func TestEnqueueRefusalsConsumeNothing(t *testing.T) {
 	defer rdb.Close()
 	// Slots 1 s apart: a stall of the test machine cannot change the estimates much.
 	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: time.Second}, queue.Options{MaxQueue: 3, MaxWait: 2500 * time.Millisecond, Lookahead: time.Millisecond})
-	if r, _ := q.Enqueue(ctx, "a"); r.Kind != queue.Granted {
+	if r, _ := enqueueOne(q, "a"); kindOf(r) != kGranted {
 		t.Fatalf("first caller: %+v, want granted", r)
 	}
 	for _, id := range []string{"b", "c"} { // slots ~1 and ~2 s away
-		if r, _ := q.Enqueue(ctx, id); r.Kind != queue.Queued {
+		if r, _ := enqueueOne(q, id); kindOf(r) != kQueued {
 			t.Fatalf("%s: %+v, want queued", id, r)
 		}
 	}
 	state, _ := rdb.Get(ctx, q.Keys().State).Result()
-	r, err := q.Enqueue(ctx, "d") // would wait ~3 s > MaxWait
-	if err != nil || r.Kind != queue.WaitTooLong || r.Delay <= 2500*time.Millisecond {
+	r, err := enqueueOne(q, "d") // would wait ~3 s > MaxWait
+	if err != nil || kindOf(r) != kWaitTooLong || r.Delay <= 2500*time.Millisecond {
 		t.Fatalf("d: %+v %v, want wait too long with its estimate", r, err)
 	}
-	q2 := queue.New(rdb, "sluice", t.Name(), []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Second}}, queue.Options{MaxQueue: 2, Lookahead: time.Millisecond, Grace: time.Second})
-	if r, _ := q2.Enqueue(ctx, "e"); r.Kind != queue.QueueFull {
+	q2 := newQ(rdb, "sluice", t.Name(), []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Second}}, queue.Options{MaxQueue: 2, Lookahead: time.Millisecond, Grace: time.Second})
+	if r, _ := enqueueOne(q2, "e"); kindOf(r) != kQueueFull {
 		t.Fatalf("e: %+v, want queue full", r)
 	}
 	if n, _ := rdb.LLen(ctx, q.Keys().Queue).Result(); n != 2 {
@@ -322,7 +321,7 @@ func TestEveryKeyExpires(t *testing.T) {
 	if err := rdb.PExpire(ctx, q.Keys().Lock, 200*time.Millisecond).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := q.Step(ctx, "tok"); err != nil {
+	if _, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil {
 		t.Fatal(err)
 	}
 	slots := queueSlotKeys(t, rdb, q)
@@ -363,19 +362,19 @@ func TestNamesAreData(t *testing.T) {
 	names := []string{"a", "{a}", "a}", "{", "}", "%7B", "%", "a b\nc", "\x00\xff", "}{", "%257B"}
 	seen := map[string]string{}
 	for _, n := range names {
-		k := queue.NewKeys("sluice", n)
+		k := newQ(nil, "sluice", n, nil, queue.Options{}).Keys()
 		if prev, dup := seen[k.Queue]; dup {
 			t.Fatalf("names %q and %q share keys %q", prev, n, k.Queue)
 		}
 		seen[k.Queue] = n
 		tag := hashTag(k.Queue)
-		for _, other := range []string{k.State, k.SlotKey("id|1"), k.Lock} {
+		for _, other := range []string{k.State, k.Slot + strings.SplitN("id|1", "|", 2)[0], k.Lock} {
 			if hashTag(other) != tag {
 				t.Fatalf("name %q: keys %q and %q have different hash tags", n, k.Queue, other)
 			}
 		}
-		if tag != queue.EscapeName(n) {
-			t.Fatalf("name %q: hash tag %q, want the whole escaped name %q", n, tag, queue.EscapeName(n))
+		if tag != groundwork.EscapeName(n) {
+			t.Fatalf("name %q: hash tag %q, want the whole escaped name %q", n, tag, groundwork.EscapeName(n))
 		}
 	}
 }
@@ -414,12 +413,16 @@ func TestEarlySlotsArePublished(t *testing.T) {
 	}
 	entries := enqueueN(t, rdb, q, 40) // estimates 10 ms apart, up to 400 ms out
 	for _, e := range entries[:30] {   // the first 30 give up
-		if r, err := q.Cancel(ctx, e); err != nil || r != queue.Removed {
-			t.Fatalf("cancel: %v %v", r, err)
+		if err := q.Cancel(ctx, e); err != nil {
+			t.Fatalf("cancel: %v", err)
+		}
+		// Removed before it had a slot: out of the queue, no slot key.
+		if _, err := rdb.LPos(ctx, q.Keys().Queue, e, redis.LPosArgs{}).Result(); err != redis.Nil {
+			t.Fatalf("cancelled %s still queued: %v", e, err)
 		}
 	}
 	takeLock(t, rdb, q, "tok")
-	r, err := q.Step(ctx, "tok")
+	r, err := scheduler.Step(ctx, rdb, q, "tok")
 	if err != nil || r.Scheduled == 0 {
 		t.Fatalf("step: %+v %v", r, err)
 	}
@@ -436,7 +439,7 @@ func TestEarlySlotsArePublished(t *testing.T) {
 		if e != entries[30+i/2] {
 			t.Fatalf("woke %q, want %q (the survivors, in order)", e, entries[30+i/2])
 		}
-		if want, _ := rdb.Get(ctx, q.Keys().SlotKey(e)).Result(); slot != want {
+		if want, _ := rdb.Get(ctx, slotKey(q, e)).Result(); slot != want {
 			t.Fatalf("%s published with slot %s, its slot key holds %s", e, slot, want)
 		}
 	}
@@ -446,4 +449,34 @@ func withDeadline(t *testing.T, d time.Duration) context.Context {
 	c, cancel := context.WithTimeout(ctx, d)
 	t.Cleanup(cancel)
 	return c
+}
+
+// TestStepPublishesPushedCallers: an entry pushed without an estimate is
+// published as soon as the step gives it a slot, whatever the slot.
+func TestStepPublishesPushedCallers(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	q := newQueue(t, rdb, queue.Policy{Capacity: 5, Amount: 1, Every: time.Millisecond}, queue.Options{Lookahead: time.Second})
+	sub := rdb.Subscribe(ctx, q.Keys().Wake)
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// As the push lane (queue/push.go) queues callers: without an estimate.
+	rs := []queue.Arrival{{Entry: "x|0"}, {Entry: "y|0"}}
+	if err := rdb.RPush(ctx, q.Keys().Queue, rs[0].Entry, rs[1].Entry).Err(); err != nil {
+		t.Fatal(err)
+	}
+	takeLock(t, rdb, q, "tok")
+	if r, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil || r.Scheduled != 2 {
+		t.Fatalf("step: %+v %v", r, err)
+	}
+	msg, err := sub.ReceiveMessage(withDeadline(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(msg.Payload)
+	if len(f) != 4 || f[0] != rs[0].Entry || f[2] != rs[1].Entry {
+		t.Fatalf("published %q, want both pushed entries with their slots", msg.Payload)
+	}
 }

@@ -1,5 +1,6 @@
--- lib.lua: pure functions shared by every bucket script; prepended to each
--- script at load time, so it declares no KEYS or ARGV of its own.
+-- tokens.lua: the token arithmetic every bucket script shares (its Go twin is
+-- tokens.go); prepended to a script with protocol.Script, so it declares no
+-- KEYS or ARGV of its own.
 --
 -- Units: every time is an integer number of microseconds on the Redis clock
 -- (TIME), every duration an integer number of microseconds. Levels are
@@ -72,45 +73,6 @@ local function slot_for(level, anchor, now, k, amount, freq)
   return anchor + math.ceil((k - level) / amount) * freq
 end
 
--- The state key is one string of integers separated by spaces: "done
--- until l1 a1 l2 a2 ...". done counts the tickets no longer in the queue
--- (granted at once, popped by the scheduler, or cancelled while queued),
--- so a caller pushed to position p of the queue has ticket done + p;
--- until is the Redis instant (µs) to which the last step renewed the
--- scheduler lock, 0 once released; then level and anchor of each policy.
--- A string costs one GET and one SET ... PX, where a hash would need
--- HMGET, HSET and PEXPIRE: this is on every caller's path. Because a
--- queued arrival changes none of it, a queued enqueue writes nothing here.
-
--- load reads and refills every policy's state, and returns it with done,
--- until, and whether the state key was missing.
-local function load(state_key, ps, now)
-  local raw = redis.call('GET', state_key)
-  local st = {}
-  if #ps == 1 then -- the common case, without a loop or a table of values
-    local p = ps[1]
-    local done, till, l, a
-    if raw then
-      done, till, l, a = string.match(raw, '^(%S+) (%S+) (%S+) (%S+)')
-    end
-    local level, anchor = refill(tonumber(l), tonumber(a), now, p.cap, p.amount, p.freq)
-    st[1] = {level = level, anchor = anchor}
-    return st, tonumber(done) or 0, tonumber(till) or 0, not raw
-  end
-  local vals = {}
-  if raw then
-    for v in string.gmatch(raw, '%S+') do
-      vals[#vals + 1] = tonumber(v)
-    end
-  end
-  for i = 1, #ps do
-    local p = ps[i]
-    local level, anchor = refill(vals[2 * i + 1], vals[2 * i + 2], now, p.cap, p.amount, p.freq)
-    st[i] = {level = level, anchor = anchor}
-  end
-  return st, vals[1] or 0, vals[2] or 0, not raw
-end
-
 -- slot_all is the slot of the k-th token across every policy.
 local function slot_all(st, ps, now, k)
   if #ps == 1 then -- the common case, without a loop
@@ -134,36 +96,4 @@ local function take(st)
   for i = 1, #st do
     st[i].level = st[i].level - 1
   end
-end
-
--- full_in is how long, from now, until every policy is full again: the state
--- key must live at least that long, or a bucket that expired early would
--- come back full too soon and over-admit.
-local function full_in(st, ps, now)
-  local d = 0
-  for i = 1, #ps do
-    local p, s = ps[i], st[i]
-    if s.level < p.cap then
-      local t = s.anchor + math.ceil((p.cap - s.level) / p.amount) * p.freq - now
-      if t > d then d = t end
-    end
-  end
-  return d
-end
-
--- save writes done, until and every policy's state, with a TTL that
--- outlives the time to full by grace.
-local function save(state_key, st, ps, now, grace, done, till)
-  local value
-  if #st == 1 then
-    value = string.format('%d %d %d %d', done, till, st[1].level, st[1].anchor)
-  else
-    local parts = {int(done), int(till)}
-    for i = 1, #st do
-      parts[#parts + 1] = int(st[i].level)
-      parts[#parts + 1] = int(st[i].anchor)
-    end
-    value = table.concat(parts, ' ')
-  end
-  redis.call('SET', state_key, value, 'PX', ceil_ms(full_in(st, ps, now) + grace))
 end

@@ -5,15 +5,17 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/background"
 )
 
-// waker wakes callers at their slot with a precision Go timers lack: the
+// sleeper wakes callers at their slot with a precision Go timers lack: the
 // runtime waits for timers in its network poller, with millisecond
 // granularity, so a timer fires about 0.7 ms late at the median and several
 // ms late at p99 on a busy machine. A Bucket's callers hand their final wait
 // here; one goroutine, owned by the Bucket, keeps their deadlines in a heap
 // and waits for the earliest on a kernel timer (a timerfd on Linux,
-// waker_linux.go) read through the runtime's poller: the goroutine parks,
+// sleeper_linux.go) read through the runtime's poller: the goroutine parks,
 // holding no thread and no P, and the poller returns as soon as the
 // kernel timer fires, without the millisecond rounding. Then it closes the
 // channel of every caller that is due.
@@ -24,16 +26,16 @@ import (
 // docs/semaphore.md.)
 //
 // The goroutine starts when a caller waits and returns when none is left, so
-// an idle Bucket runs nothing; close stops it and waits for it. A waker
-// never releases a caller before its deadline. The zero value is ready to
-// use; it is safe for concurrent use.
-type waker struct {
+// an idle Bucket runs nothing; it belongs to the Bucket's group, whose Close
+// stops it. A sleeper never releases a caller before its deadline. It is
+// safe for concurrent use.
+type sleeper struct {
+	group *background.Group
+
 	mu      sync.Mutex
 	alarms  alarms
 	running bool // the goroutine is started and not yet past its last look at alarms
-	closed  bool // no goroutine may start
 	clock   *kernelTimer
-	wg      sync.WaitGroup
 }
 
 // alarm is one caller's deadline.
@@ -47,7 +49,7 @@ type alarm struct {
 // sleep waits until d has passed, or ctx ends (returning ctx.Err()), or done
 // is closed (ErrClosed), whichever comes first. It never returns nil
 // before d has passed.
-func (w *waker) sleep(ctx context.Context, d time.Duration, done <-chan struct{}) error {
+func (w *sleeper) sleep(ctx context.Context, d time.Duration, done <-chan struct{}) error {
 	if d <= 0 {
 		return nil
 	}
@@ -92,28 +94,34 @@ func plainSleep(ctx context.Context, d time.Duration, done <-chan struct{}) erro
 }
 
 // add sets a, starting the goroutine if it is not running. It reports false
-// after close, or when no kernel timer can be had (the caller then sleeps
-// on a Go timer).
-func (w *waker) add(a *alarm) bool {
+// once the group is closed, or when no kernel timer can be had (the caller
+// then sleeps on a Go timer).
+func (w *sleeper) add(a *alarm) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.closed {
-		return false
-	}
 	if w.clock == nil {
 		c, err := newKernelTimer()
 		if err != nil {
 			return false
 		}
+		// The group's end wakes the goroutine, if one runs (it sees its
+		// ctx ended and closes the timer), or closes the timer.
+		if !w.group.OnClose(w.stop) {
+			c.close()
+			return false
+		}
 		w.clock = c
 	}
-	heap.Push(&w.alarms, a)
-	switch {
-	case !w.running:
+	if !w.running {
+		if !w.group.Go(w.run) {
+			return false
+		}
 		w.running = true
-		w.wg.Add(1)
-		go w.run()
-	case a.i == 0:
+		heap.Push(&w.alarms, a)
+		return true
+	}
+	heap.Push(&w.alarms, a)
+	if a.i == 0 {
 		// Earlier than what the goroutine waits for: bring the timer
 		// forward; the goroutine's read returns then.
 		w.clock.arm(time.Until(a.at))
@@ -121,9 +129,22 @@ func (w *waker) add(a *alarm) bool {
 	return true
 }
 
+// stop runs when the group closes.
+func (w *sleeper) stop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.running:
+		w.clock.arm(0)
+	case w.clock != nil:
+		w.clock.close()
+		w.clock = nil
+	}
+}
+
 // remove takes out the alarm of a caller that gave up. The goroutine may
 // then wake for nothing, and re-arms for the next alarm.
-func (w *waker) remove(a *alarm) {
+func (w *sleeper) remove(a *alarm) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if a.i < 0 {
@@ -132,16 +153,18 @@ func (w *waker) remove(a *alarm) {
 	heap.Remove(&w.alarms, a.i)
 }
 
-// run fires the alarms in order until none is left or close is called.
-// The timer is armed under mu, by run for the earliest alarm and by add for
-// an earlier one, so it always holds the earliest deadline; a wait that
-// begins after the timer fired returns at once.
-func (w *waker) run() {
-	defer w.wg.Done()
+// run fires the alarms in order until none is left or the group closes
+// (ctx ends); then it closes the kernel timer. The timer is armed under mu,
+// by run for the earliest alarm and by add for an earlier one, so it always
+// holds the earliest deadline; a wait that begins after the timer fired
+// returns at once.
+func (w *sleeper) run(ctx context.Context) {
 	for {
 		w.mu.Lock()
-		if w.closed {
+		if ctx.Err() != nil {
 			w.running = false
+			w.clock.close()
+			w.clock = nil
 			w.mu.Unlock()
 			return
 		}
@@ -159,25 +182,6 @@ func (w *waker) run() {
 		w.clock.arm(w.alarms[0].at.Sub(now))
 		w.mu.Unlock()
 		w.clock.wait()
-	}
-}
-
-// close stops the goroutine and waits for it. Callers still waiting leave
-// through their done channel, which the Bucket closed first; later sleeps
-// use plain timers.
-func (w *waker) close() {
-	w.mu.Lock()
-	w.closed = true
-	if w.clock != nil {
-		w.clock.arm(0) // wake the goroutine: it sees closed
-	}
-	w.mu.Unlock()
-	w.wg.Wait()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.clock != nil {
-		w.clock.close()
-		w.clock = nil
 	}
 }
 

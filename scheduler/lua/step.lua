@@ -16,7 +16,7 @@
 -- ARGV[7] wake channel: entries whose slot comes earlier than their
 --         estimate less the lead, or whose estimate is 0 (pushed without
 --         one), are published there with their slot, as space-separated
---         pairs "entry slot-µs", so that their process polls in time
+--         pairs "entry slot-µs" (wake.lua), so that their process polls in time
 -- ARGV[8..] policies: n, then cap, amount, freq µs for each
 --
 -- Reply {status, next µs, queue length, scheduled}:
@@ -44,26 +44,22 @@ while n < batch do
   slots[n] = slot
 end
 local ids = n > 0 and redis.call('LPOP', KEYS[1], n) or {}
-local early = {}
+local early = {} -- the wake message (wake.lua)
 for k, id in ipairs(ids) do
   local slot = slots[k]
   take(st)
   -- A slot key per caller, read and deleted by its poll; one its caller
   -- never collects (it died) expires grace after the slot.
-  local bare, est = string.match(id, '^(.*)|(%d+)$')
-  redis.call('SET', KEYS[3] .. (bare or id), int(slot), 'PX', ceil_ms(slot - now + grace))
-  est = tonumber(est)
+  local bare, est = entry_parts(id)
+  redis.call('SET', KEYS[3] .. bare, int(slot), 'PX', ceil_ms(slot - now + grace))
   -- An estimate of 0: pushed without one (queue/push.go); its caller
   -- waits for this message.
   if est and (est == 0 or slot < est - lead) then
-    early[#early + 1] = id
-    early[#early + 1] = int(slot)
+    wake_add(early, id, slot)
   end
 end
 local scheduled = #ids
-if #early > 0 then
-  redis.call('PUBLISH', channel, table.concat(early, ' '))
-end
+wake_publish(channel, early)
 
 local qlen = redis.call('LLEN', KEYS[1])
 if qlen == 0 then

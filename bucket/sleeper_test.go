@@ -3,6 +3,7 @@ package bucket
 import (
 	"context"
 	"errors"
+	"github.com/sluicehq/sluice/internal/background"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -12,13 +13,13 @@ import (
 	"time"
 )
 
-// TestWakerFiresEachAlarmNeverEarly sets 1000 alarms at random deadlines
+// TestSleeperFiresEachAlarmNeverEarly sets 1000 alarms at random deadlines
 // from many goroutines, takes a fifth of them out again before they are
 // due, and checks that every other alarm fired, none before its deadline,
 // and that the heap ends empty and the goroutine gone.
-func TestWakerFiresEachAlarmNeverEarly(t *testing.T) {
-	var w waker
-	defer w.close()
+func TestSleeperFiresEachAlarmNeverEarly(t *testing.T) {
+	w := &sleeper{group: background.NewGroup()}
+	defer w.group.Close()
 	const n = 1000
 	rng := rand.New(rand.NewPCG(1, 2))
 	type plan struct {
@@ -86,10 +87,10 @@ func TestWakerFiresEachAlarmNeverEarly(t *testing.T) {
 	}
 }
 
-// TestWakerSleep checks sleep's outcomes: nil no earlier than d, the ctx's
+// TestSleeperSleep checks sleep's outcomes: nil no earlier than d, the ctx's
 // error, ErrClosed when done closes, and plain timers after close.
-func TestWakerSleep(t *testing.T) {
-	var w waker
+func TestSleeperSleep(t *testing.T) {
+	w := &sleeper{group: background.NewGroup()}
 	ctx := context.Background()
 	done := make(chan struct{})
 
@@ -117,8 +118,8 @@ func TestWakerSleep(t *testing.T) {
 		t.Errorf("sleep when done closes = %v, want ErrClosed", err)
 	}
 
-	w.close()
-	w.close() // idempotent
+	w.group.Close()
+	w.group.Close() // idempotent
 	start := time.Now()
 	if err := w.sleep(ctx, time.Millisecond, make(chan struct{})); err != nil || time.Since(start) < time.Millisecond {
 		t.Errorf("sleep after close = %v after %v, want nil after ≥ 1ms", err, time.Since(start))
@@ -158,8 +159,8 @@ func BenchmarkWakeLateness(b *testing.B) {
 						defer wg.Wait()
 						defer close(stop)
 					}
-					var w waker
-					defer w.close()
+					w := &sleeper{group: background.NewGroup()}
+					defer w.group.Close()
 					ctx := context.Background()
 					done := make(chan struct{})
 					var late []time.Duration
@@ -185,13 +186,13 @@ func BenchmarkWakeLateness(b *testing.B) {
 	}
 }
 
-// TestWakerParks: while the waker waits for an alarm, its goroutine is
+// TestSleeperParks: while the waker waits for an alarm, its goroutine is
 // parked in the poller ("IO wait" on Linux's timerfd), not blocked in a
 // system call holding a thread and its P: a thread in nanosleep keeps its
 // P until sysmon takes it back, which starved a GOMAXPROCS 2 process.
-func TestWakerParks(t *testing.T) {
-	var w waker
-	defer w.close()
+func TestSleeperParks(t *testing.T) {
+	w := &sleeper{group: background.NewGroup()}
+	defer w.group.Close()
 	a := &alarm{at: time.Now().Add(time.Hour), c: make(chan struct{})}
 	if !w.add(a) {
 		t.Fatal("add refused")
@@ -206,7 +207,7 @@ func TestWakerParks(t *testing.T) {
 	for time.Now().Before(deadline) {
 		buf := make([]byte, 1<<20)
 		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
-			if strings.Contains(g, "(*waker).run") {
+			if strings.Contains(g, "(*sleeper).run") {
 				state = strings.SplitN(g, "\n", 2)[0]
 			}
 		}

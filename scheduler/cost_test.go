@@ -1,4 +1,4 @@
-package queue_test
+package scheduler_test
 
 import (
 	"fmt"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/scheduler"
 )
 
 // Tests of what the scripts were trimmed to: a queued arrival writes no
@@ -37,12 +38,12 @@ func TestTicketsUnique(t *testing.T) {
 			for i := range ids {
 				ids[i] = fmt.Sprintf("c%d-%d", round, i)
 			}
-			rs, err := q.EnqueueBatch(ctx, ids)
+			rs, err := q.Enqueue(ctx, ids)
 			if err != nil {
 				t.Fatal(err)
 			}
 			for _, r := range rs {
-				if r.Kind > queue.Queued {
+				if kindOf(r) > kQueued {
 					continue
 				}
 				if r.Ticket <= last {
@@ -50,12 +51,12 @@ func TestTicketsUnique(t *testing.T) {
 				}
 				last = r.Ticket
 				issued++
-				if r.Kind == queue.Queued {
+				if kindOf(r) == kQueued {
 					queued = append(queued, r.Entry)
 				}
 			}
 		case op < 8: // a step
-			if _, err := q.Step(ctx, "tok"); err != nil {
+			if _, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil {
 				t.Fatal(err)
 			}
 			takeLock(t, rdb, q, "tok") // the step releases the lock when the queue empties
@@ -69,7 +70,7 @@ func TestTicketsUnique(t *testing.T) {
 			for _, i := range idx {
 				leave = append(leave, queued[i])
 			}
-			if _, err := q.CancelBatch(ctx, leave); err != nil {
+			if err := q.Cancel(ctx, leave...); err != nil {
 				t.Fatal(err)
 			}
 			for _, e := range leave {
@@ -95,26 +96,26 @@ func TestSchedulerRunningFromState(t *testing.T) {
 	defer rdb.Close()
 	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: 200 * time.Millisecond},
 		queue.Options{Lookahead: time.Millisecond, LockTTL: 300 * time.Millisecond})
-	enqueue := func(id string) queue.EnqueueReply {
+	enqueue := func(id string) queue.Arrival {
 		t.Helper()
-		r, err := q.Enqueue(ctx, id)
+		r, err := enqueueOne(q, id)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return r
 	}
-	if r := enqueue("a"); r.Kind != queue.Granted {
+	if r := enqueue("a"); kindOf(r) != kGranted {
 		t.Fatalf("first caller: %+v, want granted", r)
 	}
-	if r := enqueue("b"); r.Kind != queue.Queued || r.SchedulerRunning {
+	if r := enqueue("b"); kindOf(r) != kQueued || r.SchedulerRunning {
 		t.Fatalf("second caller, no scheduler yet: %+v, want queued, not running", r)
 	}
 	takeLock(t, rdb, q, "tok")
 	if err := rdb.PExpire(ctx, q.Keys().Lock, 300*time.Millisecond).Err(); err != nil {
 		t.Fatal(err)
 	}
-	st, err := q.Step(ctx, "tok")
-	if err != nil || st.Status != queue.Running {
+	st, err := scheduler.Step(ctx, rdb, q, "tok")
+	if err != nil || st.Status != scheduler.Running {
 		t.Fatalf("step: %+v %v, want running (b is not due yet)", st, err)
 	}
 	if r := enqueue("c"); !r.SchedulerRunning {
@@ -137,11 +138,11 @@ func TestSchedulerRunningFromState(t *testing.T) {
 	// A step that empties the queue releases the lock and says so.
 	takeLock(t, rdb, q, "tok2")
 	for {
-		st, err := q.Step(ctx, "tok2")
+		st, err := scheduler.Step(ctx, rdb, q, "tok2")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Status == queue.Released {
+		if st.Status == scheduler.Released {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -149,7 +150,7 @@ func TestSchedulerRunningFromState(t *testing.T) {
 		}
 		time.Sleep(st.Next)
 	}
-	if r := enqueue("e"); r.Kind == queue.Queued && r.SchedulerRunning {
+	if r := enqueue("e"); kindOf(r) == kQueued && r.SchedulerRunning {
 		t.Fatalf("after the step released the lock: %+v, want not running", r)
 	}
 }
@@ -161,7 +162,7 @@ func TestQueuedArrivalWritesNoState(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
 	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: time.Second}, queue.Options{})
-	if r, err := q.Enqueue(ctx, "first"); err != nil || r.Kind != queue.Granted {
+	if r, err := enqueueOne(q, "first"); err != nil || kindOf(r) != kGranted {
 		t.Fatalf("first: %+v %v", r, err)
 	}
 	before, err := rdb.Get(ctx, q.Keys().State).Result()
@@ -169,8 +170,8 @@ func TestQueuedArrivalWritesNoState(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 5 {
-		r, err := q.Enqueue(ctx, fmt.Sprint("q", i))
-		if err != nil || r.Kind != queue.Queued || r.Position != i+1 {
+		r, err := enqueueOne(q, fmt.Sprint("q", i))
+		if err != nil || kindOf(r) != kQueued || r.Position != i+1 {
 			t.Fatalf("caller %d: %+v %v, want queued at %d", i, r, err, i+1)
 		}
 	}
@@ -199,25 +200,22 @@ func TestDirectPollMatchesScript(t *testing.T) {
 			if !direct {
 				s = scriptOnly{rdb}
 			}
-			q := queue.New(s, "sluice", t.Name(), []queue.Policy{{Capacity: 1, Amount: 1, Every: 10 * time.Millisecond}},
-				queue.Options{Lookahead: time.Second, LockTTL: time.Second, Grace: 10 * time.Second, Tolerance: 30 * time.Millisecond})
-			if err := q.Load(ctx); err != nil {
-				t.Fatal(err)
-			}
+			q := newQ(s, "sluice", t.Name(), []queue.Policy{{Capacity: 1, Amount: 1, Every: 10 * time.Millisecond}},
+				queue.Options{Lookahead: time.Second, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 30 * time.Millisecond})
 			ids := enqueueN(t, rdb, q, 3)
 			takeLock(t, rdb, q, "tok")
-			if r, err := q.Step(ctx, "tok"); err != nil || r.Scheduled != 3 {
+			if r, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil || r.Scheduled != 3 {
 				t.Fatalf("step: %+v %v", r, err)
 			}
 			want := slotsOf(t, rdb, q, ids)
 			p, err := q.Poll(ctx, ids[0])
-			if err != nil || p.Kind != queue.Slot || p.Slot != want[0] || p.RoundTrips != 1 {
+			if err != nil || pollKindOf(p) != pSlot || p.Slot != want[0] || p.RoundTrips != 1 {
 				t.Fatalf("poll: %+v %v, want slot %d in 1 round trip", p, err, want[0])
 			}
-			if p, err := q.Poll(ctx, ids[0]); err != nil || p.Kind != queue.Lost {
+			if p, err := q.Poll(ctx, ids[0]); err != nil || pollKindOf(p) != pLost {
 				t.Fatalf("second poll: %+v %v, want lost", p, err)
 			}
-			if p, err := q.Poll(ctx, "never-queued|1"); err != nil || p.Kind != queue.Lost {
+			if p, err := q.Poll(ctx, "never-queued|1"); err != nil || pollKindOf(p) != pLost {
 				t.Fatalf("poll of a stranger: %+v %v, want lost", p, err)
 			} else if wantTrips := map[bool]int{true: 2, false: 1}[direct]; p.RoundTrips != wantTrips {
 				t.Fatalf("a miss took %d round trips, want %d", p.RoundTrips, wantTrips)
@@ -237,7 +235,7 @@ func TestDirectPollMatchesScript(t *testing.T) {
 				}
 				time.Sleep(5 * time.Millisecond)
 			}
-			if p, err := q.Poll(ctx, ids[2]); err != nil || p.Kind != queue.Stale || p.Delay > -30*time.Millisecond {
+			if p, err := q.Poll(ctx, ids[2]); err != nil || pollKindOf(p) != pStale || p.Delay > -30*time.Millisecond {
 				t.Fatalf("late poll: %+v %v, want stale", p, err)
 			}
 			if n := countSlots(t, rdb, q); n != 1 {
@@ -254,13 +252,13 @@ func TestSlotPatternEscapesGlobs(t *testing.T) {
 	defer rdb.Close()
 	names := []string{"a*", "a?", "a[b]", `a\`, "a"}
 	for _, n := range names {
-		k := queue.NewKeys("sluice", n)
-		if err := rdb.Set(ctx, k.SlotKey("id|1"), 1, time.Minute).Err(); err != nil {
+		k := newQ(nil, "sluice", n, nil, queue.Options{}).Keys()
+		if err := rdb.Set(ctx, k.Slot+strings.SplitN("id|1", "|", 2)[0], 1, time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, n := range names {
-		m, err := queue.Slots(ctx, rdb, queue.NewKeys("sluice", n))
+		m, err := redistest.Slots(ctx, rdb, newQ(nil, "sluice", n, nil, queue.Options{}).Keys().Slot)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -268,7 +266,7 @@ func TestSlotPatternEscapesGlobs(t *testing.T) {
 			t.Errorf("name %q: slots %v, want only its own", n, m)
 		}
 	}
-	if k := queue.NewKeys("p", "x"); !strings.HasSuffix(k.SlotKey("abc|123"), "slot:abc") {
-		t.Errorf("SlotKey(entry) = %q, want the bare ID after the prefix", k.SlotKey("abc|123"))
+	if k := newQ(nil, "p", "x", nil, queue.Options{}).Keys(); !strings.HasSuffix(k.Slot+strings.SplitN("abc|123", "|", 2)[0], "slot:abc") {
+		t.Errorf("SlotKey(entry) = %q, want the bare ID after the prefix", k.Slot+strings.SplitN("abc|123", "|", 2)[0])
 	}
 }

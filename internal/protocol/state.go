@@ -1,0 +1,63 @@
+package protocol
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/sluicehq/sluice/internal/groundwork"
+)
+
+// BucketState is the state key of a bucket (load and save in state.lua):
+// "done until level1 anchor1 level2 anchor2 ...", integers separated by
+// spaces. Done counts the tickets no longer queued; Until is the Redis
+// instant (µs) to which the scheduler's lock was last renewed, 0 once
+// released; then each policy's level (may be negative: tokens promised to
+// slots in the future) and anchor (µs, its last refill counted).
+type BucketState struct {
+	Done, Until int64
+	Levels      []Level
+}
+
+// Level is one policy's part of the state.
+type Level struct {
+	Level, Anchor int64
+}
+
+// String is the state as state.lua's save writes it.
+func (s BucketState) String() string {
+	var b strings.Builder
+	b.WriteString(strconv.FormatInt(s.Done, 10))
+	b.WriteByte(' ')
+	b.WriteString(strconv.FormatInt(s.Until, 10))
+	for _, l := range s.Levels {
+		b.WriteByte(' ')
+		b.WriteString(strconv.FormatInt(l.Level, 10))
+		b.WriteByte(' ')
+		b.WriteString(strconv.FormatInt(l.Anchor, 10))
+	}
+	return b.String()
+}
+
+// ParseState reads a state string as state.lua's load does, for n
+// policies: values after the n-th policy's are ignored, as load ignores
+// them.
+func ParseState(raw string, n int) (BucketState, error) {
+	f := strings.Fields(raw)
+	if len(f) < 2+2*n {
+		return BucketState{}, fmt.Errorf("%w: state %q for %d policies", groundwork.ErrReply, raw, n)
+	}
+	v := make([]int64, 2+2*n)
+	for i, s := range f[:len(v)] {
+		x, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return BucketState{}, fmt.Errorf("%w: state %q", groundwork.ErrReply, raw)
+		}
+		v[i] = x
+	}
+	s := BucketState{Done: v[0], Until: v[1], Levels: make([]Level, n)}
+	for i := range s.Levels {
+		s.Levels[i] = Level{Level: v[2+2*i], Anchor: v[3+2*i]}
+	}
+	return s, nil
+}

@@ -1,0 +1,45 @@
+package protocol
+
+import "time"
+
+// Policy is one limit of a bucket: it holds at most Capacity tokens and
+// gains Amount tokens every Every (used in whole microseconds).
+type Policy struct {
+	Capacity int64
+	Amount   int64
+	Every    time.Duration
+}
+
+// PolicyArgs are the policies as the scripts read them (read_policies in
+// tokens.lua): n, then capacity, amount and period µs of each.
+func PolicyArgs(ps []Policy) []any {
+	args := []any{len(ps)}
+	for _, p := range ps {
+		args = append(args, p.Capacity, p.Amount, p.Every.Microseconds())
+	}
+	return args
+}
+
+// Refill is tokens.lua's refill in integer µs: it brings a policy's level
+// and anchor (the instant of the last refill counted) forward to now.
+func Refill(level, anchor, now int64, p Policy) (int64, int64) {
+	freq := p.Every.Microseconds()
+	if now > anchor && freq > 0 {
+		if n := (now - anchor) / freq; n > 0 {
+			level = min(p.Capacity, level+n*p.Amount)
+			anchor += n * freq
+		}
+	}
+	return level, anchor
+}
+
+// SlotFor is tokens.lua's slot_all for one policy: when the k-th token from
+// now on is due (now itself if the level covers it).
+func SlotFor(level, anchor, now, k int64, p Policy) int64 {
+	if level >= k {
+		return now
+	}
+	need := k - level
+	slot := anchor + (need+p.Amount-1)/p.Amount*p.Every.Microseconds()
+	return max(slot, now)
+}

@@ -1,0 +1,36 @@
+package protocol
+
+import (
+	"strconv"
+	"strings"
+)
+
+// Wake is one caller named in a wake message: its entry and its slot (µs,
+// Redis clock).
+type Wake struct {
+	Entry string
+	Slot  int64
+}
+
+// FormatWake is the message wake.lua's wake_add and wake_publish send.
+func FormatWake(ws []Wake) string {
+	parts := make([]string, 0, 2*len(ws))
+	for _, w := range ws {
+		parts = append(parts, w.Entry, strconv.FormatInt(w.Slot, 10))
+	}
+	return strings.Join(parts, " ")
+}
+
+// ParseWake reads a wake message, calling f for each caller it names. An
+// unreadable slot is reported as 1 (long past): its caller polls at once,
+// which is always safe.
+func ParseWake(payload string, f func(entry string, slot int64)) {
+	fields := strings.Fields(payload)
+	for i := 0; i+1 < len(fields); i += 2 {
+		slot, err := strconv.ParseInt(fields[i+1], 10, 64)
+		if err != nil || slot <= 0 {
+			slot = 1
+		}
+		f(fields[i], slot)
+	}
+}

@@ -1,0 +1,139 @@
+package protocol_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// wire drives the Lua side of each format: it reads what Go built and
+// builds it again, so each test is a round trip Go → Lua → Go.
+var wire = protocol.Script(`
+local f = ARGV[1]
+if f == 'state' then
+  -- ARGV[2] state string, ARGV[3] now, ARGV[4..] each policy's capacity
+  -- (its level: full, so the key's TTL is the grace); load it at a now
+  -- less than a period after every anchor (nothing refills) and save it.
+  local ps = {}
+  for i = 4, #ARGV do ps[#ps + 1] = {cap = tonumber(ARGV[i]), amount = 1, freq = 1e12} end
+  redis.call('SET', KEYS[1], ARGV[2])
+  local now = tonumber(ARGV[3])
+  local st, done, till = load(KEYS[1], ps, now)
+  save(KEYS[1], st, ps, now, 1000000, done, till)
+  return redis.call('GET', KEYS[1])
+elseif f == 'entry' then
+  -- ARGV[2] an entry: its parts, and the entry built again from them
+  local id, est = entry_parts(ARGV[2])
+  if not est then return {id, '', ''} end
+  return {id, int(est), entry(id, est)}
+elseif f == 'wake' then
+  -- ARGV[2..] entry, slot pairs: publish them as one message
+  local list = {}
+  for i = 2, #ARGV, 2 do wake_add(list, ARGV[i], tonumber(ARGV[i + 1])) end
+  wake_publish(KEYS[1], list)
+  return 1
+end
+`, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua)
+
+const µs = int64(1_763_769_600_123_457) // 16 digits: %.14g would round it
+
+func TestStateRoundTrip(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	ctx := context.Background()
+	for _, s := range []protocol.BucketState{
+		{Done: 0, Until: 0, Levels: []protocol.Level{{Level: 5, Anchor: µs}}},
+		{Done: 1 << 40, Until: µs + 1000, Levels: []protocol.Level{{Level: -1234567, Anchor: µs}}},
+		{Done: 7, Until: 0, Levels: []protocol.Level{{Level: 1000, Anchor: µs}, {Level: -3, Anchor: µs + 6_696_000}, {Level: 0, Anchor: µs - 1}}},
+	} {
+		raw := s.String()
+		args := []any{"state", raw, µs + 6_696_000}
+		for _, l := range s.Levels {
+			args = append(args, l.Level)
+		}
+		back, err := wire.Run(ctx, rdb, []string{t.Name()}, args...).Text()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if back != raw {
+			t.Errorf("Lua read %q and wrote %q", raw, back)
+		}
+		got, err := protocol.ParseState(back, len(s.Levels))
+		if err != nil || got.String() != raw {
+			t.Errorf("ParseState(%q) = %+v, %v", back, got, err)
+		}
+	}
+	for _, bad := range []string{"", "1 2 3", "1 2 x 4", "1 2 3 4.5"} {
+		if _, err := protocol.ParseState(bad, 1); err == nil {
+			t.Errorf("ParseState(%q) accepted it", bad)
+		}
+	}
+}
+
+func TestEntryRoundTrip(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	for _, c := range []struct {
+		id  string
+		est int64
+	}{{"a", 0}, {"AbC-_9.z1", µs}, {"with|bar", 12}, {"", 3}} {
+		e := protocol.MakeEntry(c.id, c.est)
+		v, err := wire.Run(context.Background(), rdb, []string{"k"}, "entry", e).StringSlice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v[0] != c.id || v[2] != e {
+			t.Errorf("Lua parts of %q = %q, rebuilt %q", e, v, v[2])
+		}
+		if id := protocol.EntryID(e); id != c.id && c.id != "with|bar" {
+			t.Errorf("EntryID(%q) = %q", e, id)
+		}
+		if est, ok := protocol.EntryEstimate(e); !ok || est != c.est {
+			t.Errorf("EntryEstimate(%q) = %d, %v", e, est, ok)
+		}
+	}
+	// A bare ID (a caller that gave up before it learned its entry).
+	v, err := wire.Run(context.Background(), rdb, []string{"k"}, "entry", "bare").StringSlice()
+	if err != nil || v[0] != "bare" || v[1] != "" {
+		t.Errorf("Lua parts of a bare ID: %q, %v", v, err)
+	}
+	if _, ok := protocol.EntryEstimate("bare"); ok || protocol.EntryID("bare") != "bare" {
+		t.Error("Go misread a bare ID")
+	}
+}
+
+func TestWakeRoundTrip(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	ctx := context.Background()
+	sub := rdb.Subscribe(ctx, t.Name())
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sent := []protocol.Wake{{Entry: "a|0", Slot: µs}, {Entry: "b|" + "123", Slot: µs + 1}}
+	args := []any{"wake"}
+	for _, w := range sent {
+		args = append(args, w.Entry, w.Slot)
+	}
+	if err := wire.Run(ctx, rdb, []string{t.Name()}, args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := sub.ReceiveMessage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg.Payload != protocol.FormatWake(sent) {
+		t.Errorf("Lua sent %q, Go formats %q", msg.Payload, protocol.FormatWake(sent))
+	}
+	var got []protocol.Wake
+	protocol.ParseWake(msg.Payload, func(e string, s int64) { got = append(got, protocol.Wake{Entry: e, Slot: s}) })
+	if len(got) != len(sent) || got[0] != sent[0] || got[1] != sent[1] {
+		t.Errorf("ParseWake(%q) = %v, want %v", msg.Payload, got, sent)
+	}
+	var _ redis.Scripter = rdb
+}

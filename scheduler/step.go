@@ -1,0 +1,61 @@
+package scheduler
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/queue"
+)
+
+//go:embed lua/step.lua
+var stepLua string
+
+var stepScript = protocol.Script(stepLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua)
+
+// stepStatus is what a step decided.
+type stepStatus int
+
+const (
+	fenced   stepStatus = -1 // the lock is not held by this token: stop
+	released stepStatus = 0  // the queue is empty and the lock was released
+	running  stepStatus = 1  // callers still wait: step again after next
+)
+
+// stepReply is what a step did.
+type stepReply struct {
+	status    stepStatus
+	next      time.Duration // running: when the next caller enters the lookahead
+	waiting   int           // callers still queued
+	scheduled int           // callers given a slot by this step
+}
+
+// step runs one step of q's scheduler as the holder of the lock token.
+func step(ctx context.Context, rdb redis.Scripter, q *queue.Queue, token string) (stepReply, error) {
+	o, k := q.Options(), q.Keys()
+	args := []any{token, o.LockTTL.Milliseconds(), groundwork.Micros(o.Lookahead), o.MaxBatch, groundwork.Micros(o.Grace), groundwork.Micros(o.Lead), k.Wake}
+	args = append(args, protocol.PolicyArgs(o.Policies)...)
+	return parseStep(stepScript.Run(ctx, rdb, []string{k.Queue, k.State, k.Slot, k.Lock}, args...).Result())
+}
+
+// parseStep checks a step reply.
+func parseStep(reply any, err error) (stepReply, error) {
+	v, err := groundwork.Ints(reply, err)
+	if err != nil {
+		return stepReply{}, err
+	}
+	if len(v) != 4 || v[0] < -1 || v[0] > 1 {
+		return stepReply{}, fmt.Errorf("%w: step %v", groundwork.ErrReply, v)
+	}
+	return stepReply{
+		status:    stepStatus(v[0]),
+		next:      groundwork.Dur(v[1], time.Microsecond),
+		waiting:   int(v[2]),
+		scheduled: int(v[3]),
+	}, nil
+}
