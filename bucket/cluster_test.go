@@ -59,7 +59,7 @@ func TestCluster(t *testing.T) {
 	for _, name := range []string{t.Name(), "a{b}c", "}{", "%7B"} {
 		keys := keysFor(bucket.Config{Name: name})
 		var slots []int64
-		for _, k := range []string{keys.Queue, keys.State, keys.Slot, keys.Slot+"x", keys.Lock} {
+		for _, k := range []string{keys.Queue, keys.State, keys.Slot, keys.Slot + "x", keys.Lock} {
 			s, err := rdb.ClusterKeySlot(ctx, k).Result()
 			if err != nil {
 				t.Fatal(err)
