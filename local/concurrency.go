@@ -40,7 +40,7 @@ type Concurrency struct {
 }
 
 // NewConcurrency returns a Concurrency configured by cfg, or an error
-// wrapping ErrInvalidConfig if cfg is out of range.
+// wrapping ErrConfig if cfg is out of range.
 func NewConcurrency(cfg ConcurrencyConfig) (*Concurrency, error) {
 	switch {
 	case cfg.Limit < 1:

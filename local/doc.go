@@ -45,7 +45,7 @@
 // consumed nothing. When the caller's context ends first, the limiters return
 // an error that matches ctx.Err() with errors.Is, and whatever the caller had
 // reserved is given back. Constructors return errors wrapping
-// ErrInvalidConfig and never panic.
+// ErrConfig and never panic.
 //
 // All limiters are safe for concurrent use, and start no goroutines of their
 // own: every wait happens in the caller's goroutine.

@@ -1,10 +1,10 @@
 package local
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/groundwork"
 )
 
 // Refusals. Each wraps sluice.ErrLimited, and a refused call has consumed
@@ -24,11 +24,12 @@ var (
 	ErrTimeout = fmt.Errorf("local: timed out waiting for a slot: %w", sluice.ErrLimited)
 )
 
-// ErrInvalidConfig is wrapped by every error a constructor returns. It does
-// not wrap sluice.ErrLimited: a bad configuration is a bug to fix, not a
+// ErrConfig is wrapped by every error a constructor returns; it matches
+// sluice.ErrConfig, as bucket.ErrConfig and semaphore.ErrConfig do. It does
+// not match sluice.ErrLimited: a bad configuration is a bug to fix, not a
 // refusal to back off from.
-var ErrInvalidConfig = errors.New("local: invalid config")
+var ErrConfig = groundwork.ConfigError("local")
 
 func invalid(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	return groundwork.Invalid(ErrConfig, format, args...)
 }

@@ -55,7 +55,7 @@ type Rate struct {
 }
 
 // NewRate returns a Rate configured by cfg, or an error wrapping
-// ErrInvalidConfig if cfg is out of range.
+// ErrConfig if cfg is out of range.
 func NewRate(cfg RateConfig) (*Rate, error) {
 	switch {
 	case cfg.Rate < 1:

@@ -36,8 +36,8 @@ func TestNewRateValidates(t *testing.T) {
 			if tt.ok && (err != nil || r == nil) {
 				t.Fatalf("NewRate(%+v) = %v, %v; want a limiter", tt.cfg, r, err)
 			}
-			if !tt.ok && (!errors.Is(err, ErrInvalidConfig) || r != nil) {
-				t.Fatalf("NewRate(%+v) = %v, %v; want ErrInvalidConfig", tt.cfg, r, err)
+			if !tt.ok && (!errors.Is(err, ErrConfig) || r != nil) {
+				t.Fatalf("NewRate(%+v) = %v, %v; want ErrConfig", tt.cfg, r, err)
 			}
 			if !tt.ok && errors.Is(err, sluice.ErrLimited) {
 				t.Fatalf("config error %v must not look like a refusal", err)

@@ -1,16 +1,15 @@
 package semaphore
 
 import (
-	"fmt"
-	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/groundwork"
 )
 
 // Defaults for the optional Config fields.
 const (
-	DefaultLeaseTTL  = 10 * time.Second
-	DefaultQueueTTL  = 2 * time.Second
-	DefaultKeyPrefix = "sluice"
+	DefaultLeaseTTL = 10 * time.Second
+	DefaultQueueTTL = 2 * time.Second
 )
 
 // Bounds on the TTLs: below minTTL the renewals (every third of a TTL) would
@@ -52,20 +51,20 @@ type Config struct {
 	MaxQueue int
 
 	// KeyPrefix starts every key, "<KeyPrefix>:{<name>}:<suffix>". Empty
-	// means DefaultKeyPrefix. It must not contain '{' or '}'.
+	// means "sluice". It must not contain '{' or '}'.
 	KeyPrefix string
 }
 
 // withDefaults validates c and fills in the defaults.
 func (c Config) withDefaults() (Config, error) {
 	if c.Name == "" {
-		return c, fmt.Errorf("semaphore: empty Name")
+		return c, groundwork.Invalid(ErrConfig, "empty Name")
 	}
 	if c.Capacity < 1 {
-		return c, fmt.Errorf("semaphore: Capacity %d, want at least 1", c.Capacity)
+		return c, groundwork.Invalid(ErrConfig, "Capacity %d, want at least 1", c.Capacity)
 	}
 	if c.MaxQueue < 0 {
-		return c, fmt.Errorf("semaphore: MaxQueue %d, want 0 (no bound) or more", c.MaxQueue)
+		return c, groundwork.Invalid(ErrConfig, "MaxQueue %d, want 0 (no bound) or more", c.MaxQueue)
 	}
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = DefaultLeaseTTL
@@ -78,16 +77,13 @@ func (c Config) withDefaults() (Config, error) {
 		v    time.Duration
 	}{{"LeaseTTL", c.LeaseTTL}, {"QueueTTL", c.QueueTTL}} {
 		if d.v < minTTL || d.v > maxTTL {
-			return c, fmt.Errorf("semaphore: %s %v, want 0 (default) or between %v and %v", d.name, d.v, minTTL, maxTTL)
+			return c, groundwork.Invalid(ErrConfig, "%s %v, want 0 (default) or between %v and %v", d.name, d.v, minTTL, maxTTL)
 		}
 	}
 	if c.KeyPrefix == "" {
-		c.KeyPrefix = DefaultKeyPrefix
+		c.KeyPrefix = groundwork.DefaultKeyPrefix
 	}
-	if strings.ContainsAny(c.KeyPrefix, "{}") {
-		return c, fmt.Errorf("semaphore: KeyPrefix %q contains '{' or '}', which would break the hash tag", c.KeyPrefix)
-	}
-	return c, nil
+	return c, groundwork.CheckPrefix(ErrConfig, c.KeyPrefix)
 }
 
 // beat is the renewal and refresh period: a third of the shorter TTL, so

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/groundwork"
 )
 
 //go:embed sync.lua
@@ -133,8 +135,8 @@ func (s *Semaphore) exchange(ctx context.Context, b batch) (time.Duration, bool)
 	args := make([]interface{}, 0, 12+len(b.releases)+len(b.leaves)+len(b.renews)+2*len(b.refresh)+len(b.acquires))
 	args = append(args,
 		s.cfg.Capacity,
-		micros(s.cfg.LeaseTTL),
-		micros(s.cfg.QueueTTL),
+		groundwork.Micros(s.cfg.LeaseTTL),
+		groundwork.Micros(s.cfg.QueueTTL),
 		s.cfg.MaxQueue,
 		s.chanPrefix,
 		s.proc,
@@ -277,8 +279,6 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 	}
 	return 0, false
 }
-
-func micros(d time.Duration) int64 { return int64(d / time.Microsecond) }
 
 // reply is sync.lua's answer; see its header.
 type reply struct {

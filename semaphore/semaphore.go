@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/groundwork"
 )
 
 var (
@@ -25,6 +26,10 @@ var (
 	// ErrQueueFull is returned by Acquire when Config.MaxQueue callers
 	// already wait. It wraps sluice.ErrLimited.
 	ErrQueueFull = fmt.Errorf("semaphore: queue full: %w", sluice.ErrLimited)
+
+	// ErrConfig is wrapped by every error New returns; it matches
+	// sluice.ErrConfig.
+	ErrConfig = groundwork.ConfigError("semaphore")
 
 	// ErrLeaseLost reports that a permit's lease ended before it was
 	// released: it could not be renewed in time (the process stalled or
@@ -98,12 +103,12 @@ type leaveOp struct {
 // starts the Semaphore's goroutines; it does not talk to Redis, so it
 // succeeds while Redis is down. The caller must call Close.
 //
-// Use a client with ContextTimeoutEnabled: otherwise go-redis ignores
-// context deadlines shorter than its ReadTimeout, and a frozen Redis can
-// hold a call for that long.
+// rdb must have ContextTimeoutEnabled set, or New refuses it (ErrConfig):
+// go-redis would otherwise ignore context deadlines shorter than its
+// ReadTimeout, and a frozen Redis could hold a call for that long.
 func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
-	if isNilClient(rdb) {
-		return nil, errors.New("semaphore: nil Redis client")
+	if err := groundwork.CheckClient(ErrConfig, rdb); err != nil {
+		return nil, err
 	}
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -134,20 +139,6 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 	s.dispatchWG.Add(1)
 	go s.dispatch()
 	return s, nil
-}
-
-func isNilClient(rdb redis.UniversalClient) bool {
-	switch c := rdb.(type) {
-	case nil:
-		return true
-	case *redis.Client:
-		return c == nil
-	case *redis.ClusterClient:
-		return c == nil
-	case *redis.Ring:
-		return c == nil
-	}
-	return false
 }
 
 // Acquire waits for a permit and returns it. The caller must Release it.

@@ -12,8 +12,10 @@ import (
 )
 
 func TestNewValidates(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer rdb.Close()
+	plain := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer plain.Close()
 	var nilClient *redis.Client
 	for _, tc := range []struct {
 		name string
@@ -31,12 +33,16 @@ func TestNewValidates(t *testing.T) {
 		{"negative queue ttl", rdb, Config{Name: "a", Capacity: 1, QueueTTL: -1}},
 		{"negative max queue", rdb, Config{Name: "a", Capacity: 1, MaxQueue: -1}},
 		{"brace in prefix", rdb, Config{Name: "a", Capacity: 1, KeyPrefix: "x{y"}},
+		{"client ignoring deadlines", plain, Config{Name: "a", Capacity: 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := New(tc.rdb, tc.cfg)
 			if err == nil {
 				s.Close()
 				t.Fatal("New accepted it")
+			}
+			if !errors.Is(err, ErrConfig) || !errors.Is(err, sluice.ErrConfig) {
+				t.Fatalf("%v: not ErrConfig", err)
 			}
 			t.Log(err)
 		})
