@@ -1,19 +1,23 @@
-// Package queue is the Redis side of a distributed token bucket: the keys
-// of one bucket and the Lua scripts that change them, each one atomic step.
+// Package queue is the queue of a distributed token bucket: its Redis keys,
+// the callers' arrivals (enqueue.lua, or the push lane for callers arriving
+// behind waiting ones), their polls for a slot and their cancels, each one
+// atomic step on the Redis clock. It is one of the bucket's building blocks,
+// with package scheduler (which pops the queue and writes the slots): most
+// users need only package bucket.
 //
-//   - Enqueue: a caller arrives. With nobody queued and a token due within
-//     the lookahead, it gets that token at once (the fast path, one round
-//     trip); otherwise its ID is pushed on the tail of the queue.
-//   - Step: the scheduler, fenced by its lock token, pops IDs from the head
-//     (FIFO by arrival at Redis), writes each one's slot, saves the bucket
-//     and, when the queue is empty, deletes the lock in the same script.
-//   - Poll: a queued caller collects its slot, consuming it.
-//   - Cancel: a caller that gives up leaves the queue.
+//   - Enqueue: callers arrive. With nobody queued and a token due within
+//     the lookahead, a caller gets that token at once (the fast path, one
+//     round trip); otherwise its entry is pushed on the tail of the queue.
+//   - Poll: a queued caller collects the slot the scheduler wrote for it,
+//     consuming it.
+//   - Cancel: callers that give up leave the queue.
 //
 // All times are taken from Redis TIME inside the scripts; replies carry
 // durations relative to it, so client clocks never matter. The state of every
 // policy lives in Redis, never in a process, so the rate holds even if two
-// schedulers run at once: the lock only saves work.
+// schedulers run at once. The formats the scripts share with Go (a queue
+// entry, the state string, a wake message) and the token arithmetic live in
+// internal/protocol.
 //
 // A Queue is safe for concurrent use.
 package queue
