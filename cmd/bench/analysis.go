@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"time"
@@ -236,18 +237,35 @@ type Saturation struct {
 	ReenteredCalls int `json:"reentered_calls"` // grants with at least one
 }
 
+// limitRows writes the rows that say whether the limit held: for slots,
+// for start times, and for start times in the longer windows the bucket
+// promises them.
+func (s Saturation) limitRows(row func(name, value, note string)) {
+	row("busiest window, by slot (Redis clock)", vsLimit(s.ExcessSlots.All), "the promise: never over; "+windows(s.ExcessSlots))
+	row("busiest window, by start", vsLimit(s.ExcessStarts.All), "no promise alone: a start may lag its slot by MaxLateness; "+windows(s.ExcessStarts))
+	row(fmt.Sprintf("busiest window, by start, + %v", s.MaxLateness+startSlack), vsLimit(s.ExcessStartsSlack),
+		fmt.Sprintf("the promise for starts: never over in windows MaxLateness + %v (the reply's trip) longer", startSlack))
+}
+
 // RoundTripsPerGrant is RoundTrips per successful Enter.
 func (s Saturation) RoundTripsPerGrant() float64 { return per(s.RoundTrips, s.Grants) }
 
 // CallerRoundTripsPerGrant is CallerRoundTrips per successful Enter.
 func (s Saturation) CallerRoundTripsPerGrant() float64 { return per(s.CallerRoundTrips, s.Grants) }
 
+// per is a / b, or 0 when b is 0.
 func per(a int64, b int) float64 {
 	if b == 0 {
 		return 0
 	}
 	return float64(a) / float64(b)
 }
+
+// The bucket's defaults, as its Config documents them.
+const (
+	defaultMaxLateness = 25 * time.Millisecond
+	defaultKeyPrefix   = "sluice"
+)
 
 // startSlack is the reply's trip from Redis to the caller allowed on top
 // of MaxLateness when start times are judged (as bucket's tests do).

@@ -3,14 +3,15 @@ package main
 import (
 	"cmp"
 	"context"
+	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/url"
 	"slices"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
@@ -19,7 +20,7 @@ import (
 	"github.com/sluicehq/sluice/internal/loadgen"
 )
 
-// The chaos soak (--chaos): saturated callers in several worker processes,
+// The chaos soak (bench chaos): saturated callers in several worker processes,
 // some connected through a faultproxy each, while faults happen at random
 // one after another; then every record is judged. docs/benchmarks.md
 // describes it.
@@ -167,14 +168,49 @@ type chaosRun struct {
 	faults   []FaultRecord
 }
 
-// chaosSoak runs the soak for d and judges it.
-func chaosSoak(ctx context.Context, tg target, cfg bucket.Config, callers, procs int, d, deadline time.Duration, seed uint64, stderr io.Writer) (Chaos, error) {
-	cfg.LockTTL = chaosLockTTL
-	if cfg.MaxLateness == 0 {
-		cfg.MaxLateness = defaultMaxLateness
+func (*Chaos) about() about {
+	return about{name: "chaos", takes: "--duration plus ~5 s",
+		what: "saturated callers while faults happen at random; judged for excess per Redis epoch, hangs and lost callers"}
+}
+
+func (c *Chaos) flags(fs *flag.FlagSet) {
+	fs.DurationVar(&c.Duration, "duration", 2*time.Minute, "how long the soak runs")
+	fs.Uint64Var(&c.Seed, "seed", 0, "seed of the fault schedule: the same seed replays it (0: from the clock; the seed used is printed)")
+	fs.DurationVar(&c.Deadline, "deadline", 2*time.Second, "every Enter's deadline")
+	fs.IntVar(&c.Callers, "callers", 400, "callers in total, spread over the worker processes")
+	fs.IntVar(&c.Procs, "procs", 4, "worker processes (half of them behind a fault proxy each)")
+}
+
+func (c *Chaos) check() error {
+	switch least := 2 * (chaosQuietHead + chaosQuietTail); {
+	case c.Duration < least:
+		return fmt.Errorf("--duration %v: want at least %v", c.Duration, least)
+	case c.Deadline <= 0:
+		return fmt.Errorf("--deadline %v: want > 0", c.Deadline)
+	case c.Callers < 1:
+		return fmt.Errorf("--callers %d: want ≥ 1", c.Callers)
+	case c.Procs < 1 || c.Procs > c.Callers:
+		return fmt.Errorf("--procs %d: want between 1 and --callers (%d)", c.Procs, c.Callers)
 	}
+	return nil
+}
+
+// run runs the soak and judges it.
+func (c *Chaos) run(ctx context.Context, e *env) (err error) {
+	if c.Seed == 0 {
+		c.Seed = uint64(time.Now().UnixNano())
+	}
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("seed %d: %w", c.Seed, err)
+		}
+	}()
+	tg, cfg, callers, procs, d, deadline, seed, stderr := e.target, e.limit, c.Callers, c.Procs, c.Duration, c.Deadline, c.Seed, e.log
+	cfg.Name = e.name
+	cfg.LockTTL = chaosLockTTL
+	cfg.MaxLateness = cmp.Or(cfg.MaxLateness, defaultMaxLateness)
 	proxied := procs / 2
-	c := Chaos{Seed: seed, Duration: d, Procs: procs, Proxied: proxied, Callers: callers, Deadline: deadline,
+	*c = Chaos{Seed: seed, Duration: d, Procs: procs, Proxied: proxied, Callers: callers, Deadline: deadline,
 		LockTTL: cfg.LockTTL, OwnServer: tg.srv != nil, HangSlack: hangSlack, Errors: map[string]int{},
 		Limit: float64(cfg.RefillAmount) / cfg.RefillFrequency.Seconds()}
 	r := &chaosRun{tg: tg, cfg: cfg, deadline: deadline, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
@@ -190,41 +226,37 @@ func chaosSoak(ctx context.Context, tg target, cfg bucket.Config, callers, procs
 		if i < proxied {
 			px, err := faultproxy.New(tg.opt.Addr)
 			if err != nil {
-				return c, err
+				return err
 			}
 			s.proxy = px
 		}
 		r.slots = append(r.slots, s)
-		n := callers / procs
-		if i < callers%procs {
-			n++
-		}
-		r.callers = append(r.callers, n)
+		r.callers = append(r.callers, share(callers, procs, i))
 	}
 	startAt := time.Now().Add(workerStartup)
 	r.begin, r.end = startAt, startAt.Add(d)
 	for i := range r.slots {
 		if _, err := r.startWorker(i, startAt); err != nil {
-			return c, err
+			return err
 		}
 	}
 	for _, p := range r.procs {
 		select {
 		case <-p.p.Ready():
 		case <-ctx.Done():
-			return c, ctx.Err()
+			return ctx.Err()
 		}
 	}
 	if err := r.inject(ctx); err != nil {
-		return c, err
+		return err
 	}
 	if err := sleepUntil(ctx, r.end); err != nil {
-		return c, err
+		return err
 	}
 	stopAt := time.Now()
 	lost := r.stop()
-	r.judge(&c, stopAt, lost)
-	return c, nil
+	r.judge(c, stopAt, lost)
+	return nil
 }
 
 // startWorker starts a worker in slot i (replacing whatever ran there),
@@ -333,6 +365,17 @@ func (r *chaosRun) describe(i int) string {
 	return fmt.Sprintf("worker %d (pid %d, %s)", s.cur.id, s.cur.p.Pid(), how)
 }
 
+// proxied lists the slots behind a proxy.
+func (r *chaosRun) proxied() []int {
+	var is []int
+	for i, s := range r.slots {
+		if s.proxy != nil {
+			is = append(is, i)
+		}
+	}
+	return is
+}
+
 // fault injects one fault of kind and undoes it; it returns its record.
 func (r *chaosRun) fault(ctx context.Context, kind string) (FaultRecord, error) {
 	f := FaultRecord{At: time.Since(r.begin), Kind: kind}
@@ -410,31 +453,18 @@ func (r *chaosRun) fault(ctx context.Context, kind string) (FaultRecord, error) 
 		f.end = time.Now()
 	case faultDelay:
 		f.Target = "every proxied worker"
-		for _, s := range r.slots {
-			if s.proxy != nil {
-				s.proxy.SetDelay(chaosMaxDelay/10, chaosMaxDelay)
-			}
+		for _, i := range r.proxied() {
+			r.slots[i].proxy.SetDelay(chaosMaxDelay/10, chaosMaxDelay)
 		}
 		_ = sleepUntil(ctx, time.Now().Add(r.between(time.Second, 3*time.Second)))
-		for _, s := range r.slots {
-			if s.proxy != nil {
-				s.proxy.SetDelay(0, 0)
-			}
+		for _, i := range r.proxied() {
+			r.slots[i].proxy.SetDelay(0, 0)
+			f.target = append(f.target, r.slots[i].cur.id)
 		}
 		f.end = time.Now()
 		f.Note = fmt.Sprintf("round trips +%v–%v", 2*chaosMaxDelay/10, 2*chaosMaxDelay)
-		for _, s := range r.slots {
-			if s.proxy != nil {
-				f.target = append(f.target, s.cur.id)
-			}
-		}
 	case faultCut:
-		var proxied []int
-		for i, s := range r.slots {
-			if s.proxy != nil {
-				proxied = append(proxied, i)
-			}
-		}
+		proxied := r.proxied()
 		i := proxied[r.rng.IntN(len(proxied))]
 		f.Target = r.describe(i)
 		r.slots[i].proxy.Cut()
@@ -656,48 +686,38 @@ func (r *chaosRun) judge(c *Chaos, stopAt time.Time, lost []loadgen.Grant) {
 	}
 }
 
-// writeChaos writes the soak's report for people.
-func writeChaos(w io.Writer, c *Chaos, l Limit) error {
-	var b strings.Builder
-	verdict := "PASSED: 0 excess, 0 hangs, 0 lost"
+func (c *Chaos) table(t *table, l Limit) {
+	verdict := "PASSED: never over the limit, no hang, no lost caller"
 	if !c.OK() {
 		verdict = "FAILED"
 	}
-	fmt.Fprintf(&b, "\nCHAOS: seed %d, %v, %d callers in %d worker slots (%d behind a faultproxy), capacity %d, %d every %v = %s/s, deadline %v, LockTTL %v\n",
+	t.title("CHAOS: seed %d, %v, %d callers in %d worker slots (%d behind a fault proxy), capacity %d, %d every %v = %s/s, deadline %v, LockTTL %v",
 		c.Seed, c.Duration, c.Callers, c.Procs, c.Proxied, l.Capacity, l.RefillAmount, l.RefillFrequency, num(l.PerSecond), c.Deadline, c.LockTTL)
 	if !c.OwnServer {
-		b.WriteString("  (--redis: not our server, so no Redis kill, restart or pause)\n")
+		fmt.Fprintln(t, "  (--redis: not our server, so no Redis kill, restart or pause)")
 	}
-	fmt.Fprintf(&b, "  verdict: %s\n", verdict)
-	tw := newTab(&b)
-	row := func(name, v, note string) { fmt.Fprintf(tw, "  %s\t%s\t%s\n", name, v, note) }
-	row("Enters", commas(c.Enters), fmt.Sprintf("%s processes started in all (replacements and cancellation bursts included)", commas(c.Started)))
-	row("grants", commas(c.Grants), fmt.Sprintf("%s/s over the run (limit %s/s); %s re-entries", num(c.PerSecond), num(c.Limit), commas(c.Reentries)))
-	kinds := make([]string, 0, len(c.Errors))
-	for k := range c.Errors {
-		kinds = append(kinds, k)
-	}
-	slices.SortFunc(kinds, func(a, b string) int { return c.Errors[b] - c.Errors[a] })
+	fmt.Fprintf(t, "  verdict: %s\n", verdict)
+	t.row("Enters", commas(c.Enters), fmt.Sprintf("%s processes started in all (replacements and cancellation bursts included)", commas(c.Started)))
+	t.row("grants", commas(c.Grants), fmt.Sprintf("%s/s over the run (limit %s/s); %s re-entries", num(c.PerSecond), num(c.Limit), commas(c.Reentries)))
+	kinds := slices.Collect(maps.Keys(c.Errors))
+	slices.SortFunc(kinds, func(a, b string) int { return cmp.Or(c.Errors[b]-c.Errors[a], strings.Compare(a, b)) })
 	var parts []string
 	total := 0
 	for _, k := range kinds {
 		parts = append(parts, fmt.Sprintf("%s %s", k, commas(c.Errors[k])))
 		total += c.Errors[k]
 	}
-	row("errors", commas(total), strings.Join(parts, ", "))
-	row("  cancelled by the stop at the end", commas(c.Stopped), "not counted as errors")
-	row("worst excess, slots", excess(Excess{All: c.ExcessSlots}), fmt.Sprintf("judged per Redis epoch (%d restarts, %d epochs)", c.Restarts, len(c.Epochs)))
-	row("worst excess, start times", excess(Excess{All: c.ExcessStart}), fmt.Sprintf("per epoch, windows judged %v longer (MaxLateness + %v + the delay fault's one-way %v)", c.StartSlack, startSlack, chaosMaxDelay))
-	row("  slots across epochs", fmt.Sprintf("%d", c.AcrossEpochs), fmt.Sprintf("one series, nothing allowed for restarts: may reach Capacity × restarts = %d", l.Capacity*c.Restarts))
-	row("returned > 100 µs before slot", commas(c.Early), "")
-	row("hangs", commas(c.Hangs), fmt.Sprintf("returned > %v past the deadline, or never (worst overrun %s); %d returned late because their own process was stopped (excused)", c.HangSlack, dur(c.WorstOver), c.FrozenLate))
-	row("lost callers", commas(c.Lost), "begun in a live process, no grant and no error")
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	b.WriteString("\n  fault log (recovery: end of the fault → next grant, of any process / of the process hit)\n")
-	tw = newTab(&b)
-	fmt.Fprintf(tw, "  at\tfault\tlasted\trecovery\tof target\ttarget\n")
+	t.row("errors", commas(total), strings.Join(parts, ", "))
+	t.row("  cancelled by the stop at the end", commas(c.Stopped), "not counted as errors")
+	t.row("busiest window, by slot", vsLimit(c.ExcessSlots), fmt.Sprintf("judged per Redis epoch (%d restarts, %d epochs): a restarted Redis starts a full bucket", c.Restarts, len(c.Epochs)))
+	t.row("busiest window, by start", vsLimit(c.ExcessStart), fmt.Sprintf("per epoch, windows %v longer (MaxLateness + %v + the delay fault's one-way %v)", c.StartSlack, startSlack, chaosMaxDelay))
+	t.row("  by slot, epochs as one", vsLimit(c.AcrossEpochs), fmt.Sprintf("nothing allowed for restarts: may be up to capacity × restarts = %d over", l.Capacity*c.Restarts))
+	t.row("returned > 100 µs before slot", commas(c.Early), "")
+	t.row("hangs", commas(c.Hangs), fmt.Sprintf("returned > %v past the deadline, or never (worst overrun %s); %d returned late because their own process was stopped (excused)", c.HangSlack, dur(c.WorstOver), c.FrozenLate))
+	t.row("lost callers", commas(c.Lost), "begun in a live process, no grant and no error")
+	t.Flush()
+	fmt.Fprintln(t, "\n  fault log (recovery: end of the fault → next grant, of any process / of the process hit)")
+	t.row("at", "fault", "lasted", "recovery", "of target", "target")
 	rec := func(d time.Duration) string {
 		if d < 0 {
 			return "none"
@@ -709,20 +729,23 @@ func writeChaos(w io.Writer, c *Chaos, l Limit) error {
 		if f.Note != "" {
 			target += "; " + strings.TrimSpace(f.Note)
 		}
-		fmt.Fprintf(tw, "  %.2fs\t%s\t%s\t%s\t%s\t%s\n", f.At.Seconds(), f.Kind, dur(f.Lasted), rec(f.Recovery), rec(f.TargetRecovery), target)
+		t.row(fmt.Sprintf("%.2fs", f.At.Seconds()), f.Kind, dur(f.Lasted), rec(f.Recovery), rec(f.TargetRecovery), target)
 	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
+	t.Flush()
 	if len(c.Evidence) > 0 {
-		b.WriteString("\n  evidence (records of hangs, lost callers, early starts):\n")
+		fmt.Fprintln(t, "\n  evidence (records of hangs, lost callers, early starts):")
 		for _, g := range c.Evidence {
-			fmt.Fprintf(&b, "    proc %d caller %d enter %d: begun %s, wait %s, slot %d, err %q, begun-only %v\n",
+			fmt.Fprintf(t, "    proc %d caller %d enter %d: begun %s, wait %s, slot %d, err %q, begun-only %v\n",
 				g.Proc, g.Caller, g.Seq, time.Unix(0, g.Start).UTC().Format("15:04:05.000000"), dur(g.Wait()), g.Slot, g.Err, g.Begun)
 		}
 	}
-	_, err := io.WriteString(w, b.String())
-	return err
 }
 
-func newTab(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0) }
+func (c *Chaos) gobench(g *gobench) {
+	total := 0
+	for _, n := range c.Errors {
+		total += n
+	}
+	g.line("Chaos", c.Enters, c.Grants, "grants", c.ExcessSlots, "excess-slots", c.ExcessStart, "excess-starts-slack",
+		c.Hangs, "hangs", c.Lost, "lost", total, "errors", len(c.Faults), "faults", c.Restarts, "restarts")
+}

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -25,26 +24,23 @@ func TestChaosSoak(t *testing.T) {
 	}
 	redistest.New(t).RequireReal(t) // run starts its own; CI fails without redis-server
 	var stdout, stderr bytes.Buffer
-	args := []string{"--chaos", "25s", "--seed", "1", "--procs", "3", "--callers", "60",
+	args := []string{"chaos", "--duration", "25s", "--seed", "1", "--procs", "3", "--callers", "60",
 		"--capacity", "10", "--refill-frequency", "5ms", "--json"}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := run(ctx, args, &stdout, &stderr); err != nil {
 		t.Fatalf("run: %v\n%s", err, stderr.String())
 	}
-	var rep Report
-	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
-		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
-	}
+	rep := decode(t, stdout.Bytes())
 	c := rep.Chaos
 	if c == nil {
 		t.Fatalf("no chaos section: %s", stdout.String())
 	}
-	var table bytes.Buffer
-	if err := writeChaos(&table, c, rep.Limit); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%s", table.String())
+	var out bytes.Buffer
+	tab := newTable(&out)
+	c.table(tab, rep.Limit)
+	tab.Flush()
+	t.Logf("%s", out.String())
 	if !c.OK() {
 		t.Errorf("chaos goal missed: excess slots %d, starts %d, early %d, hangs %d, lost %d (seed %d)",
 			c.ExcessSlots, c.ExcessStart, c.Early, c.Hangs, c.Lost, c.Seed)

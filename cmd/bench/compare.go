@@ -3,15 +3,14 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
-	"io"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/loadgen"
 )
@@ -33,7 +32,7 @@ type CompareResult struct {
 	// Admit is N concurrent callers released at once with the limit far
 	// above reach: time until the last returns, per round.
 	Admit []Admit `json:"admit"`
-	// Hammer is compareHammerCallers looping with the limit far above reach.
+	// Hammer is hammerCallers looping with the limit far above reach.
 	Hammer Hammer `json:"hammer"`
 	// Saturated is Callers looping on the saturated limit for Duration.
 	Saturated CompareSaturation `json:"saturated"`
@@ -70,104 +69,168 @@ type CompareSaturation struct {
 func (s CompareSaturation) RoundTripsPerGrant() float64 { return per(s.RoundTrips, s.Grants) }
 
 const (
-	compareSamples       = 1000
-	compareWarmup        = 100
-	compareRounds        = 3
-	compareHammerCallers = 64
-	compareHammer        = time.Second
+	compareSamples = 1000
+	compareRounds  = 3
+	compareHammer  = time.Second
 	// compareTail is how long after Duration calls still waiting are
 	// given before the run is cut off (redis_rate's herd can starve some).
 	compareTail = 3 * time.Second
 	overtakeTol = time.Millisecond
 )
 
-// compare runs every contender through the same workloads, one after the
-// other, each on its own client.
-func compare(ctx context.Context, opt *redis.Options, name string, cfg bucket.Config, callers int, d time.Duration, stderr io.Writer) (Compare, error) {
-	sat := rateLimit{Burst: cfg.Capacity, Amount: cfg.RefillAmount, Every: cfg.RefillFrequency}
-	c := Compare{
-		Limit:   Limit{Capacity: sat.Burst, RefillAmount: sat.Amount, RefillFrequency: sat.Every, PerSecond: float64(sat.Amount) / sat.Every.Seconds()},
-		Callers: callers, Duration: d,
+func (*Compare) about() about {
+	return about{name: "compare", takes: "~20 s", all: true,
+		what: "the same workloads against x/time/rate, a one-script GCRA limiter and go-redis/redis_rate, with ratios to Sluice"}
+}
+
+func (c *Compare) flags(fs *flag.FlagSet) {
+	fs.IntVar(&c.Callers, "compare-callers", 200, "callers looping on the saturated limit (one process)")
+	fs.DurationVar(&c.Duration, "compare-duration", 3*time.Second, "length of each contender's saturated run")
+}
+
+func (c *Compare) check() error {
+	switch {
+	case c.Callers < 1:
+		return fmt.Errorf("--compare-callers %d: want ≥ 1", c.Callers)
+	case c.Duration <= 0:
+		return fmt.Errorf("--compare-duration %v: want > 0", c.Duration)
 	}
+	return nil
+}
+
+// run runs every contender through the same workloads, one after the
+// other, each on its own client.
+func (c *Compare) run(ctx context.Context, e *env) error {
+	sat := rateLimit{Burst: e.limit.Capacity, Amount: e.limit.RefillAmount, Every: e.limit.RefillFrequency}
+	c.Limit = limitOf(e.limit)
 	for i, k := range contenders {
-		fmt.Fprintf(stderr, "compare: %s: uncontended, 100 and 1,000 at once, %d looping, %d callers saturating %s/s for %v...\n",
-			k.Name, compareHammerCallers, callers, num(c.Limit.PerSecond), d)
-		r, err := compareOne(ctx, opt, fmt.Sprintf("%s-cmp%d", name, i), k, sat, callers, d)
+		e.logf("compare: %s: uncontended, 100 and 1,000 at once, %d looping, %d callers saturating %s/s for %v...",
+			k.Name, hammerCallers, c.Callers, num(c.Limit.PerSecond), c.Duration)
+		r, err := compareOne(ctx, e.opt, fmt.Sprintf("%s-%d", e.name, i), k, sat, c.Callers, c.Duration)
 		if err != nil {
-			return c, fmt.Errorf("%s: %w", k.Name, err)
+			return fmt.Errorf("%s: %w", k.Name, err)
 		}
 		c.Results = append(c.Results, r)
 	}
-	return c, nil
+	return nil
+}
+
+// table writes the contenders side by side, each figure with its ratio to
+// Sluice's.
+func (c *Compare) table(t *table, _ Limit) {
+	l := c.Limit
+	t.title("COMPARE: the same workloads in this run, one process each; (×) is the ratio to sluice; saturated: %d callers loop for %v on capacity %d, %d every %v = %s/s",
+		c.Callers, c.Duration, l.Capacity, l.RefillAmount, l.RefillFrequency, num(l.PerSecond))
+	res := c.Results
+	if len(res) == 0 {
+		return
+	}
+	header := []string{""}
+	for _, r := range res {
+		header = append(header, r.Name)
+	}
+	t.row(header...)
+	// cells writes one row: v(r) formatted by format, with the ratio to
+	// the first (Sluice) when ratio is set.
+	cells := func(name string, v func(CompareResult) float64, format func(float64) string, ratio bool) {
+		out := []string{name}
+		base := v(res[0])
+		for i, r := range res {
+			x := v(r)
+			cell := format(x)
+			switch {
+			case ratio && i > 0 && base != 0:
+				cell += fmt.Sprintf(" (%s×)", ratioString(x/base))
+			case ratio && i > 0:
+				cell += " (—)"
+			}
+			out = append(out, cell)
+		}
+		t.row(out...)
+	}
+	d := func(x float64) string { return dur(time.Duration(x)) }
+	f3 := func(x float64) string { return fmt.Sprintf("%.3f", x) }
+	n := func(x float64) string { return commas(int(x)) }
+	vs := func(x float64) string { return vsLimit(int(x)) }
+	cells("uncontended call, p50", func(r CompareResult) float64 { return float64(r.Uncontended.P50) }, d, true)
+	cells("uncontended call, p99", func(r CompareResult) float64 { return float64(r.Uncontended.P99) }, d, true)
+	for i, a := range res[0].Admit {
+		cells(fmt.Sprintf("%s at once: last returns, median", commas(a.Callers)), func(r CompareResult) float64 { return float64(r.Admit[i].Last.P50) }, d, true)
+	}
+	h := res[0].Hammer
+	cells(fmt.Sprintf("grants/s, %d callers, no limit in reach", h.Callers), func(r CompareResult) float64 { return r.Hammer.PerSecond }, func(x float64) string { return commas(int(x + 0.5)) }, true)
+	cells("  round trips per grant", func(r CompareResult) float64 { return r.Hammer.RoundTripsPerGrant }, f3, true)
+	cells("saturated: grants", func(r CompareResult) float64 { return float64(r.Saturated.Grants) }, n, false)
+	cells("  utilization", func(r CompareResult) float64 { return r.Saturated.Throughput.Utilization }, func(x float64) string { return fmt.Sprintf("%.2f %%", 100*x) }, true)
+	cells("  busiest window, by return", func(r CompareResult) float64 { return float64(r.Saturated.Excess.All) }, vs, false)
+	cells(fmt.Sprintf("  the same, windows + %v", bucketSlack()), func(r CompareResult) float64 { return float64(r.Saturated.ExcessSlack) }, vs, false)
+	cells("  wait p50 (steady)", func(r CompareResult) float64 { return float64(r.Saturated.Wait.P50) }, d, true)
+	cells("  wait max (steady)", func(r CompareResult) float64 { return float64(r.Saturated.Wait.Max) }, d, true)
+	cells("  wait max / median", func(r CompareResult) float64 { return r.Saturated.MaxOverMedian }, f3, true)
+	cells("  overtaken (by a later call)", func(r CompareResult) float64 { return 100 * per(int64(r.Saturated.Overtaken), r.Saturated.Grants) }, func(x float64) string { return fmt.Sprintf("%.2f %%", x) }, false)
+	cells("  round trips per grant", func(r CompareResult) float64 { return r.Saturated.RoundTripsPerGrant() }, f3, true)
+	cells("  cut off at the end", func(r CompareResult) float64 { return float64(r.Saturated.CutOff) }, n, false)
+	cells("  errors", func(r CompareResult) float64 { return float64(r.Saturated.Errors) }, n, false)
+	t.Flush()
+	fmt.Fprintf(t, "  busiest window: the most grants in any window against what the limit allows there (\"1 OVER\": one more);\n"+
+		"  by return, a grant counts when its call returned; windows + %v allow Sluice's MaxLateness and the reply's trip\n", bucketSlack())
+}
+
+func (c *Compare) gobench(g *gobench) {
+	for _, x := range c.Results {
+		name := "Compare/" + x.Key
+		g.line(name+"/uncontended", x.Uncontended.N, ns(x.Uncontended.P50), "ns/op", ns(x.Uncontended.P99), "p99-ns/op")
+		for _, a := range x.Admit {
+			g.line(fmt.Sprintf("%s/admit-%d", name, a.Callers), a.Rounds, ns(a.Last.P50), "ns/burst", ns(a.Last.Max), "max-ns/burst")
+		}
+		h := x.Hammer
+		g.line(fmt.Sprintf("%s/hammer-%d", name, h.Callers), h.Grants, f(h.PerSecond), "grants/s", f(h.RoundTripsPerGrant), "round-trips/op")
+		s := x.Saturated
+		g.line(name+"/saturated", s.Grants, f(s.Throughput.Utilization), "utilization", s.Excess.All, "excess", s.ExcessSlack, "excess-slack",
+			ms(s.Wait.P50), "ms-wait-p50", ms(s.Wait.Max), "ms-wait-max", f(s.MaxOverMedian), "max/median",
+			f(100*per(int64(s.Overtaken), s.Grants)), "pct-overtaken", f(s.RoundTripsPerGrant()), "round-trips/op", s.CutOff, "cut-off", s.Errors, "errors")
+	}
+}
+
+// bucketSlack is how much longer the slack windows are: Sluice's
+// MaxLateness default and the reply's trip.
+func bucketSlack() time.Duration { return defaultMaxLateness + startSlack }
+
+// ratioString formats a ratio with two or three significant digits.
+func ratioString(x float64) string {
+	switch {
+	case x >= 100:
+		return fmt.Sprintf("%.0f", x)
+	case x >= 10:
+		return fmt.Sprintf("%.1f", x)
+	case x >= 0.01:
+		return fmt.Sprintf("%.2f", x)
+	}
+	return fmt.Sprintf("%.2g", x)
 }
 
 func compareOne(ctx context.Context, opt *redis.Options, name string, k contender, sat rateLimit, callers int, d time.Duration) (CompareResult, error) {
 	r := CompareResult{Name: k.Name, Key: k.Key}
-	rdb := client(opt, max(1000, callers))
-	defer rdb.Close()
-	var rt loadgen.RoundTripCounter
-	rdb.AddHook(&rt)
-	// Dial the pool first: the figures are the limiter's, not the dialler's.
-	if k.Redis {
-		if err := concurrently(max(1000, callers), func(int) error { return rdb.Ping(ctx).Err() }); err != nil {
-			return r, err
-		}
+	rdb, rt, err := dialed(ctx, opt, max(1000, callers), k.Redis)
+	if err != nil {
+		return r, err
 	}
+	defer rdb.Close()
 
 	l, err := k.New(rdb, name+"-seq", farAbove)
 	if err != nil {
 		return r, err
 	}
-	ds := make([]time.Duration, 0, compareSamples)
-	for i := -compareWarmup; i < compareSamples; i++ {
-		t := time.Now()
-		if err := l.Wait(ctx); err != nil {
-			l.Close()
-			return r, fmt.Errorf("uncontended: %w", err)
-		}
-		if i >= 0 {
-			ds = append(ds, time.Since(t))
-		}
-	}
+	r.Uncontended, err = timeCalls(compareSamples, func() error { return l.Wait(ctx) })
 	l.Close()
-	r.Uncontended = distOf(ds)
-
-	for _, n := range []int{100, 1000} {
-		a, err := compareAdmit(ctx, rdb, fmt.Sprintf("%s-admit%d", name, n), k, n)
-		if err != nil {
-			return r, err
-		}
-		r.Admit = append(r.Admit, a)
+	if err != nil {
+		return r, fmt.Errorf("uncontended: %w", err)
 	}
-	if r.Hammer, err = compareHammerRun(ctx, rdb, &rt, name+"-hammer", k); err != nil {
+	if r.Admit, r.Hammer, err = burstsAndHammer(ctx, rdb, rt, name, k, compareRounds, compareHammer); err != nil {
 		return r, err
 	}
-	r.Saturated, err = compareSaturate(ctx, rdb, &rt, name+"-sat", k, sat, callers, d)
+	r.Saturated, err = compareSaturate(ctx, rdb, rt, name+"-sat", k, sat, callers, d)
 	return r, err
-}
-
-// compareAdmit releases n callers at once on a fresh limiter with the limit
-// far above reach, compareRounds times after an untimed round.
-func compareAdmit(ctx context.Context, rdb *redis.Client, name string, k contender, n int) (Admit, error) {
-	return admitBursts(ctx, Admit{Callers: n, Rounds: compareRounds}, func(round int) (func(context.Context) error, func(), error) {
-		l, err := k.New(rdb, fmt.Sprintf("%s-%d", name, round), farAbove)
-		if err != nil {
-			return nil, nil, err
-		}
-		return l.Wait, func() { l.Close() }, nil
-	})
-}
-
-// compareHammerRun has compareHammerCallers loop Wait with the limit far
-// above reach for compareHammer.
-func compareHammerRun(ctx context.Context, rdb *redis.Client, rt *loadgen.RoundTripCounter, name string, k contender) (Hammer, error) {
-	h := Hammer{Callers: compareHammerCallers, Duration: compareHammer}
-	l, err := k.New(rdb, name, farAbove)
-	if err != nil {
-		return h, err
-	}
-	defer l.Close()
-	return hammerLoop(ctx, h, rt, l.Wait)
 }
 
 // call is one Wait of the saturated workload.

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"math/rand/v2"
 	"strings"
@@ -129,10 +128,7 @@ func TestSemaphoreCompareScale(t *testing.T) {
 	if err := run(ctx, args, &stdout, &stderr); err != nil {
 		t.Fatalf("run: %v\n%s", err, stderr.String())
 	}
-	var rep Report
-	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
-		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
-	}
+	rep := decode(t, stdout.Bytes())
 	if rep.Semaphore == nil || rep.Compare == nil || rep.Scale == nil || rep.Saturate != nil {
 		t.Fatalf("want the semaphore, compare and scale scenarios only: %s", stdout.String())
 	}

@@ -19,21 +19,84 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+// decoded is the --json report, read back.
+type decoded struct {
+	Limit     Limit      `json:"limit"`
+	Overhead  *Overhead  `json:"overhead"`
+	Scripts   *Scripts   `json:"scripts"`
+	Saturate  *Saturate  `json:"saturate"`
+	Semaphore *Semaphore `json:"semaphore"`
+	Compare   *Compare   `json:"compare"`
+	Scale     *Scale     `json:"scale"`
+	Chaos     *Chaos     `json:"chaos"`
+}
+
+func decode(t *testing.T, out []byte) decoded {
+	t.Helper()
+	var rep decoded
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out)
+	}
+	return rep
+}
+
+// TestParseRefusesBadFlags: each bad command line is refused before
+// anything runs, with an error that names the flag.
 func TestParseRefusesBadFlags(t *testing.T) {
-	for _, args := range [][]string{
-		{"--scenario", "nope"},
-		{"--callers", "0"},
-		{"--procs", "5", "--callers", "4"},
-		{"--duration", "0s"},
-		{"--capacity", "0"},
-		{"--refill-amount", "51"},
-		{"--refill-frequency", "1500ns"},
-		{"--json", "--gobench"},
-		{"extra"},
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--scenario", "nope"}, `no scenario "nope"`},
+		{[]string{"--callers", "0"}, "--callers 0"},
+		{[]string{"--procs", "5", "--callers", "4"}, "--procs 5"},
+		{[]string{"--duration", "0s"}, "--duration 0s"},
+		{[]string{"--capacity", "0"}, "--capacity 0"},
+		{[]string{"--refill-amount", "51"}, "--refill-amount 51"},
+		{[]string{"--refill-frequency", "1500ns"}, "--refill-frequency 1.5µs"},
+		{[]string{"--json", "--gobench"}, "exclusive"},
+		{[]string{"extra"}, "unexpected arguments"},
+		{[]string{"--nope"}, "-nope"},
+		{[]string{"--scenario", "overhead", "--plot", "x.svg"}, "--plot is a flag of the saturate scenario"},
+		{[]string{"--scenario", "overhead", "--scale-callers", "10"}, "--scale-callers is a flag of the scale scenario"},
+		{[]string{"chaos", "--duration", "1s"}, "--duration 1s"},
+		{[]string{"chaos", "--scenario", "overhead"}, "-scenario"},
 	} {
-		var stderr bytes.Buffer
-		if err := run(context.Background(), args, &bytes.Buffer{}, &stderr); err == nil {
-			t.Errorf("run(%q) succeeded, want an error", args)
+		var stdout, stderr bytes.Buffer
+		err := run(context.Background(), tc.args, &stdout, &stderr)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("run(%q) = %v, want an error containing %q", tc.args, err, tc.want)
+		}
+		if stdout.Len() > 0 {
+			t.Errorf("run(%q) wrote to stdout: %s", tc.args, stdout.String())
+		}
+	}
+}
+
+// TestHelp: --help succeeds (main exits 0) and writes to stdout what a
+// new user needs: every scenario with its rough duration, which are in
+// all, the chaos subcommand, and what the bench starts on this machine.
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"chaos", "--help"}} {
+		var stdout, stderr bytes.Buffer
+		if err := run(context.Background(), args, &stdout, &stderr); err != nil {
+			t.Fatalf("run(%q): %v", args, err)
+		}
+		out := stdout.String()
+		want := []string{"redis-server", "worker processes", "-redis URL", "-capacity int"}
+		if args[0] == "chaos" {
+			want = append(want, "-seed uint", "-duration duration", "kills, pauses and")
+		} else {
+			for _, s := range scenarios() {
+				a := s.about()
+				want = append(want, a.name+" ", a.takes, a.what)
+			}
+			want = append(want, "all = overhead,scripts,saturate,semaphore,compare", "chaos [flags]", "-compare-callers int", "-scale-procs int", "-plot FILE")
+		}
+		for _, w := range want {
+			if !strings.Contains(out, w) {
+				t.Errorf("run(%q) output lacks %q:\n%s", args, w, out)
+			}
 		}
 	}
 }
@@ -48,10 +111,7 @@ func TestSaturateJSON(t *testing.T) {
 	if err := run(context.Background(), args, &stdout, &stderr); err != nil {
 		t.Fatalf("run: %v\n%s", err, stderr.String())
 	}
-	var rep Report
-	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
-		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
-	}
+	rep := decode(t, stdout.Bytes())
 	s := rep.Saturate
 	if s == nil || rep.Overhead != nil {
 		t.Fatalf("want only the saturate scenario: %s", stdout.String())
@@ -111,10 +171,7 @@ func TestScriptsScenario(t *testing.T) {
 	if err := run(context.Background(), []string{"--redis", srv.URL(), "--scenario", "scripts", "--json"}, &stdout, &stderr); err != nil {
 		t.Fatalf("run: %v\n%s", err, stderr.String())
 	}
-	var rep Report
-	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
-		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
-	}
+	rep := decode(t, stdout.Bytes())
 	if rep.Scripts == nil || len(rep.Scripts.Rows) != 5 {
 		t.Fatalf("want 5 rows: %s", stdout.String())
 	}

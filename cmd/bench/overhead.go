@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"slices"
 	"sync"
@@ -22,7 +24,7 @@ type Overhead struct {
 	Enter   Dist `json:"enter"`   // uncontended Enter
 	// EnterOverScript is Enter.P50 / Script.P50.
 	EnterOverScript float64 `json:"enter_over_script"`
-	// RoundTripsPerEnter is the mean of Report.RoundTrips.
+	// RoundTripsPerEnter is the mean of bucket.Report.RoundTrips.
 	RoundTripsPerEnter float64 `json:"round_trips_per_enter"`
 
 	Admit  []Admit `json:"admit"`
@@ -54,78 +56,96 @@ type Hammer struct {
 
 const (
 	overheadSamples = 2000
-	overheadWarmup  = 200
 	admitRounds     = 5
 	hammerCallers   = 64
 	hammerDuration  = 2 * time.Second
 )
 
-// unlimited is a bucket no benchmark can exhaust: a billion tokens, a
-// billion more every second.
-func unlimited(name string) bucket.Config {
-	return bucket.Config{Name: name, Capacity: 1e9, RefillAmount: 1e9, RefillFrequency: time.Second}
+func (*Overhead) about() about {
+	return about{name: "overhead", takes: "~3 s", all: true,
+		what: "one process, limit out of reach: round trips, uncontended Enter, bursts of callers, grants/s"}
 }
 
-// client is a new client of opt with room for callers connections.
-func client(opt *redis.Options, callers int) *redis.Client {
-	o := *opt
-	o.ContextTimeoutEnabled = true
-	o.PoolSize = callers + 10
-	return redis.NewClient(&o)
-}
+func (*Overhead) flags(*flag.FlagSet) {}
+func (*Overhead) check() error        { return nil }
 
-func overhead(ctx context.Context, opt *redis.Options, name string) (Overhead, error) {
-	o := Overhead{Samples: overheadSamples}
-	rdb := client(opt, 1)
+func (o *Overhead) run(ctx context.Context, e *env) error {
+	e.logf("overhead: round trips, uncontended Enter, concurrent callers, grants/s...")
+	*o = Overhead{Samples: overheadSamples}
+	name := e.name
+	rdb, rt, err := dialed(ctx, e.opt, 1000, true)
+	if err != nil {
+		return err
+	}
 	defer rdb.Close()
 
-	var err error
-	if o.Ping, err = timeCalls(func() error { return rdb.Ping(ctx).Err() }); err != nil {
-		return o, fmt.Errorf("ping: %w", err)
+	if o.Ping, err = timeCalls(overheadSamples, func() error { return rdb.Ping(ctx).Err() }); err != nil {
+		return fmt.Errorf("ping: %w", err)
 	}
 	one := redis.NewScript("return 1")
 	if err := one.Load(ctx, rdb).Err(); err != nil {
-		return o, fmt.Errorf("script load: %w", err)
+		return fmt.Errorf("script load: %w", err)
 	}
-	if o.Script, err = timeCalls(func() error { return one.EvalSha(ctx, rdb, nil).Err() }); err != nil {
-		return o, fmt.Errorf("script: %w", err)
+	if o.Script, err = timeCalls(overheadSamples, func() error { return one.EvalSha(ctx, rdb, nil).Err() }); err != nil {
+		return fmt.Errorf("script: %w", err)
 	}
 
-	b, err := bucket.New(rdb, unlimited(name+"-enter"))
+	b, err := bucket.New(rdb, bucket.Config{Name: name + "-enter", Capacity: farAbove.Burst, RefillAmount: farAbove.Amount, RefillFrequency: farAbove.Every})
 	if err != nil {
-		return o, err
+		return err
 	}
 	defer b.Close()
 	var rts, n int
-	if o.Enter, err = timeCalls(func() error {
+	if o.Enter, err = timeCalls(overheadSamples, func() error {
 		rep, err := b.EnterReport(ctx)
 		rts += rep.RoundTrips
 		n++
 		return err
 	}); err != nil {
-		return o, fmt.Errorf("enter: %w", err)
+		return fmt.Errorf("enter: %w", err)
 	}
 	o.RoundTripsPerEnter = float64(rts) / float64(n)
 	if o.Script.P50 > 0 {
 		o.EnterOverScript = float64(o.Enter.P50) / float64(o.Script.P50)
 	}
 
-	for _, callers := range []int{100, 1000} {
-		a, err := admit(ctx, opt, fmt.Sprintf("%s-admit%d", name, callers), callers)
-		if err != nil {
-			return o, err
-		}
-		o.Admit = append(o.Admit, a)
-	}
-	o.Hammer, err = hammer(ctx, opt, name+"-hammer")
-	return o, err
+	o.Admit, o.Hammer, err = burstsAndHammer(ctx, rdb, rt, name, contenders[0], admitRounds, hammerDuration)
+	return err
 }
 
-// timeCalls times overheadSamples sequential calls of f after
-// overheadWarmup untimed ones.
-func timeCalls(f func() error) (Dist, error) {
-	ds := make([]time.Duration, 0, overheadSamples)
-	for i := -overheadWarmup; i < overheadSamples; i++ {
+func (o *Overhead) table(t *table, _ Limit) {
+	t.title("OVERHEAD: one process, the bucket's limit far out of reach")
+	t.row("", "p50", "p99", "max", "")
+	t.dist("PING round trip", o.Ping, fmt.Sprintf("%s sequential calls each", commas(o.Samples)))
+	t.dist("script round trip (EVALSHA return 1)", o.Script, "")
+	t.dist("Enter, uncontended", o.Enter, fmt.Sprintf("p50 = %.2f × the script's; %.2f Redis round trips per Enter", o.EnterOverScript, o.RoundTripsPerEnter))
+	for _, a := range o.Admit {
+		t.row(fmt.Sprintf("%s Enters at once: last returns after", commas(a.Callers)), dur(a.Last.P50), "", dur(a.Last.Max),
+			fmt.Sprintf("median and max of %d rounds; %d errors", a.Rounds, a.Errors))
+	}
+	h := o.Hammer
+	t.dist(fmt.Sprintf("%d callers looping Enter: latency", h.Callers), h.Enter, "")
+	t.row(fmt.Sprintf("%d callers looping Enter: grants/s", h.Callers), commas(int(h.PerSecond+0.5)), "", "",
+		fmt.Sprintf("%s grants in %v; %.3f round trips per grant (concurrent arrivals share round trips); %d errors", commas(h.Grants), h.Duration, h.RoundTripsPerGrant, h.Errors))
+}
+
+func (o *Overhead) gobench(g *gobench) {
+	g.line("Overhead/ping", o.Ping.N, ns(o.Ping.P50), "ns/op", ns(o.Ping.P99), "p99-ns/op")
+	g.line("Overhead/script", o.Script.N, ns(o.Script.P50), "ns/op", ns(o.Script.P99), "p99-ns/op")
+	g.line("Overhead/enter", o.Enter.N, ns(o.Enter.P50), "ns/op", ns(o.Enter.P99), "p99-ns/op",
+		f(o.EnterOverScript), "x-script", f(o.RoundTripsPerEnter), "round-trips/op")
+	for _, a := range o.Admit {
+		g.line(fmt.Sprintf("Overhead/admit-%d", a.Callers), a.Rounds, ns(a.Last.P50), "ns/burst", ns(a.Last.Max), "max-ns/burst")
+	}
+	h := o.Hammer
+	g.line(fmt.Sprintf("Overhead/hammer-%d", h.Callers), h.Grants, f(h.PerSecond), "grants/s", ns(h.Enter.P50), "ns/op",
+		ns(h.Enter.P99), "p99-ns/op", f(h.RoundTripsPerGrant), "round-trips/op")
+}
+
+// timeCalls times n sequential calls of f after n/10 untimed ones.
+func timeCalls(n int, f func() error) (Dist, error) {
+	ds := make([]time.Duration, 0, n)
+	for i := -n / 10; i < n; i++ {
 		t := time.Now()
 		if err := f(); err != nil {
 			return Dist{}, err
@@ -137,32 +157,52 @@ func timeCalls(f func() error) (Dist, error) {
 	return distOf(ds), nil
 }
 
-// admit releases callers concurrent Enters at once, on a fresh unlimited
-// bucket each round (one untimed round first), and times the last return.
-func admit(ctx context.Context, opt *redis.Options, name string, callers int) (Admit, error) {
-	a := Admit{Callers: callers, Rounds: admitRounds}
-	rdb := client(opt, callers)
-	defer rdb.Close()
-	// Dial the pool first: the figure is the bucket's, not the dialler's.
-	if err := concurrently(callers, func(int) error { return rdb.Ping(ctx).Err() }); err != nil {
-		return a, err
-	}
-	return admitBursts(ctx, a, func(round int) (func(context.Context) error, func(), error) {
-		b, err := bucket.New(rdb, unlimited(fmt.Sprintf("%s-%d", name, round)))
-		if err != nil {
+// dialed is a new client of opt with n connections open (when dial is
+// set: the figures are then the limiter's, not the dialler's) and a
+// counter of its round trips.
+func dialed(ctx context.Context, opt *redis.Options, n int, dial bool) (*redis.Client, *loadgen.RoundTripCounter, error) {
+	rdb := client(opt, n)
+	rt := new(loadgen.RoundTripCounter)
+	rdb.AddHook(rt)
+	if dial {
+		if err := concurrently(n, func(int) error { return rdb.Ping(ctx).Err() }); err != nil {
+			rdb.Close()
 			return nil, nil, err
 		}
-		return b.Enter, func() { b.Close() }, nil
-	})
+	}
+	return rdb, rt, nil
 }
 
-// admitBursts runs a.Rounds timed bursts (after one untimed) of a.Callers
+// burstsAndHammer measures limiters of k on rdb with the limit far above
+// reach: bursts of 100 and then 1,000 callers released at once (rounds
+// times each, after an untimed round), then hammerCallers looping for d.
+func burstsAndHammer(ctx context.Context, rdb *redis.Client, rt *loadgen.RoundTripCounter, name string, k contender, rounds int, d time.Duration) ([]Admit, Hammer, error) {
+	var bursts []Admit
+	for _, n := range []int{100, 1000} {
+		a, err := admit(ctx, Admit{Callers: n, Rounds: rounds}, func(round int) (limiter, error) {
+			return k.New(rdb, fmt.Sprintf("%s-admit%d-%d", name, n, round), farAbove)
+		})
+		if err != nil {
+			return nil, Hammer{}, err
+		}
+		bursts = append(bursts, a)
+	}
+	l, err := k.New(rdb, name+"-hammer", farAbove)
+	if err != nil {
+		return nil, Hammer{}, err
+	}
+	defer l.Close()
+	h, err := hammer(ctx, Hammer{Callers: hammerCallers, Duration: d}, rt, l.Wait)
+	return bursts, h, err
+}
+
+// admit runs a.Rounds timed bursts (after one untimed) of a.Callers
 // calls released at once, each burst on the limiter that fresh(round)
 // makes, and times the last return of each.
-func admitBursts(ctx context.Context, a Admit, fresh func(round int) (wait func(context.Context) error, done func(), err error)) (Admit, error) {
+func admit(ctx context.Context, a Admit, fresh func(round int) (limiter, error)) (Admit, error) {
 	var lasts []time.Duration
 	for round := -1; round < a.Rounds; round++ {
-		wait, done, err := fresh(round + 1)
+		l, err := fresh(round + 1)
 		if err != nil {
 			return a, err
 		}
@@ -173,14 +213,14 @@ func admitBursts(ctx context.Context, a Admit, fresh func(round int) (wait func(
 		for i := range a.Callers {
 			wg.Go(func() {
 				<-gate
-				errs[i] = wait(ctx)
+				errs[i] = l.Wait(ctx)
 				ends[i] = time.Now()
 			})
 		}
 		start := time.Now()
 		close(gate)
 		wg.Wait()
-		done()
+		l.Close()
 		if err := ctx.Err(); err != nil {
 			return a, err
 		}
@@ -206,36 +246,12 @@ func concurrently(n int, f func(i int) error) error {
 		wg.Go(func() { errs[i] = f(i) })
 	}
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
-// hammer runs hammerCallers goroutines looping Enter on one unlimited
-// bucket for hammerDuration and counts the grants and round trips.
-func hammer(ctx context.Context, opt *redis.Options, name string) (Hammer, error) {
-	h := Hammer{Callers: hammerCallers, Duration: hammerDuration}
-	rdb := client(opt, hammerCallers)
-	defer rdb.Close()
-	var rt loadgen.RoundTripCounter
-	rdb.AddHook(&rt)
-	if err := concurrently(hammerCallers, func(int) error { return rdb.Ping(ctx).Err() }); err != nil {
-		return h, err
-	}
-	b, err := bucket.New(rdb, unlimited(name))
-	if err != nil {
-		return h, err
-	}
-	defer b.Close()
-	return hammerLoop(ctx, h, &rt, b.Enter)
-}
-
-// hammerLoop has h.Callers goroutines loop wait for h.Duration, and fills
-// in the grants, their latencies and the round trips rt counted.
-func hammerLoop(ctx context.Context, h Hammer, rt *loadgen.RoundTripCounter, wait func(context.Context) error) (Hammer, error) {
+// hammer has h.Callers goroutines loop wait for h.Duration, and fills in
+// the grants, their latencies and the round trips rt counted.
+func hammer(ctx context.Context, h Hammer, rt *loadgen.RoundTripCounter, wait func(context.Context) error) (Hammer, error) {
 	lat := make([][]time.Duration, h.Callers)
 	errs := make([]int, h.Callers)
 	before := rt.RoundTrips()

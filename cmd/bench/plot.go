@@ -118,17 +118,17 @@ func writePlot(path string, grants []loadgen.Grant, l guarantee.Limit, s Saturat
 	return f.Close()
 }
 
-func addLine(p *plot.Plot, xys plotter.XYs, col color.Color, dashed bool, legend string) error {
-	return addLineW(p, xys, col, vg.Points(1.2), dashed, legend)
-}
-
-func addLineW(p *plot.Plot, xys plotter.XYs, col color.Color, width vg.Length, dashed bool, legend string) error {
+// addLine adds a line to p, 1.2 points wide unless width says otherwise.
+func addLine(p *plot.Plot, xys plotter.XYs, col color.Color, dashed bool, legend string, width ...vg.Length) error {
 	ln, err := plotter.NewLine(xys)
 	if err != nil {
 		return err
 	}
 	ln.Color = col
-	ln.Width = width
+	ln.Width = vg.Points(1.2)
+	if len(width) > 0 {
+		ln.Width = width[0]
+	}
 	if dashed {
 		ln.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 	}
@@ -165,7 +165,7 @@ func cumulativePlot(slots, starts []time.Time, l guarantee.Limit, sec func(time.
 		env = plotter.XYs{{X: 0, Y: float64(l.Allowed(0))}, {X: end, Y: float64(l.Allowed(time.Duration(end * float64(time.Second))))}}
 	}
 	// Wide and pale, under the grants: at this scale the lines meet.
-	if err := addLineW(p, env, color.RGBA{R: 240, G: 150, B: 150, A: 255}, vg.Points(5), false, "allowed since the first slot: capacity + refills"); err != nil {
+	if err := addLine(p, env, color.RGBA{R: 240, G: 150, B: 150, A: 255}, false, "allowed since the first slot: capacity + refills", vg.Points(5)); err != nil {
 		return nil, err
 	}
 	if err := addLine(p, cumXY(slots), colSlot, false, "grants by slot (Redis clock)"); err != nil {

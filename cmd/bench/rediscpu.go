@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -120,13 +121,8 @@ func parseCPU(info string) (cpuSample, error) {
 			c := CommandCost{Name: name}
 			for field := range strings.SplitSeq(v, ",") {
 				fk, fv, _ := strings.Cut(field, "=")
-				var dst *int64
-				switch fk {
-				case "calls":
-					dst = &c.Calls
-				case "usec":
-					dst = &c.Usec
-				default:
+				dst := map[string]*int64{"calls": &c.Calls, "usec": &c.Usec}[fk]
+				if dst == nil {
 					continue
 				}
 				n, err := strconv.ParseInt(fv, 10, 64)
@@ -163,9 +159,8 @@ func redisCPU(before, after cpuSample, grants int, shared bool) RedisCPU {
 		return CommandCost{Name: name, Calls: a.Calls - b.Calls, Usec: a.Usec - b.Usec}
 	}
 	r.CommandsUsec += directTime(delta("time"), delta("getdel"))
-	for name, a := range after.rows {
-		b := before.rows[name]
-		d := CommandCost{Name: name, Calls: a.Calls - b.Calls, Usec: a.Usec - b.Usec}
+	for name := range after.rows {
+		d := delta(name)
 		if d.Calls <= 0 || slices.Contains(probeCommands, name) {
 			continue
 		}
@@ -184,10 +179,7 @@ func redisCPU(before, after cpuSample, grants int, shared bool) RedisCPU {
 		}
 	}
 	slices.SortFunc(rows, func(x, y CommandCost) int {
-		if x.Usec != y.Usec {
-			return int(y.Usec - x.Usec)
-		}
-		return strings.Compare(x.Name, y.Name)
+		return cmp.Or(cmp.Compare(y.Usec, x.Usec), strings.Compare(x.Name, y.Name))
 	})
 	r.Top = rows[:min(len(rows), 8)]
 	r.ProcessCPU = time.Duration((after.cpu - before.cpu) * float64(time.Second))

@@ -2,9 +2,11 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -16,7 +18,6 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/loadgen"
-	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // Saturate is the saturated run: its set-up and the analysis of all its
@@ -39,25 +40,46 @@ type Saturate struct {
 	RedisCPU *RedisCPU `json:"redis_cpu,omitempty"`
 	// Machine is how all CPUs of the machine spent the run (Linux only).
 	Machine *MachineCPU `json:"machine_cpu,omitempty"`
+
+	grants, plot string // --grants, --plot: files to write
 }
 
 // workerStartup is how long after their start worker processes begin
 // entering, together.
 const workerStartup = 500 * time.Millisecond
 
-// target says where the callers connect.
-type target struct {
-	opt *redis.Options
-	url string // --redis, passed on to worker processes; "" for a local server
-	// srv is the throwaway redis-server this command started, nil for
-	// --redis or miniredis: only it may be killed, paused and restarted.
-	srv *redistest.Server
+func (*Saturate) about() about {
+	return about{name: "saturate", takes: "~12 s", all: true,
+		what: "callers in several processes hammer one bucket; every grant judged: rate, guarantee, waits, order, cost"}
 }
 
-// saturate runs callers spread over procs processes (1: this one), each
-// looping Enter on one bucket for d, and analyses all grants together.
-func saturate(ctx context.Context, tg target, cfg bucket.Config, callers, procs int, d time.Duration, dump string, stderr io.Writer) (Saturate, []loadgen.Grant, error) {
-	s := Saturate{Callers: callers, Procs: procs, Duration: d}
+func (s *Saturate) flags(fs *flag.FlagSet) {
+	fs.IntVar(&s.Callers, "callers", 400, "callers in total, spread over the processes")
+	fs.IntVar(&s.Procs, "procs", 4, "worker processes (1: the callers run in this process)")
+	fs.DurationVar(&s.Duration, "duration", 10*time.Second, "how long the callers keep entering")
+	fs.StringVar(&s.grants, "grants", "", "also write every grant record to `FILE` as JSON lines")
+	fs.StringVar(&s.plot, "plot", "", "draw the grant timeline against the allowed envelope and the wait histogram to `FILE` (.svg or .png)")
+}
+
+func (s *Saturate) check() error {
+	switch {
+	case s.Callers < 1:
+		return fmt.Errorf("--callers %d: want ≥ 1", s.Callers)
+	case s.Procs < 1 || s.Procs > s.Callers:
+		return fmt.Errorf("--procs %d: want between 1 and --callers (%d)", s.Procs, s.Callers)
+	case s.Duration <= 0:
+		return fmt.Errorf("--duration %v: want > 0", s.Duration)
+	}
+	return nil
+}
+
+// run has s.Callers callers spread over s.Procs processes (1: this one)
+// loop Enter on one bucket for s.Duration, and analyses all grants
+// together.
+func (s *Saturate) run(ctx context.Context, e *env) error {
+	tg, callers, procs, d := e.target, s.Callers, s.Procs, s.Duration
+	cfg := e.limit
+	cfg.Name = e.name
 	l := guarantee.Limit{Capacity: cfg.Capacity, Amount: cfg.RefillAmount, Every: cfg.RefillFrequency}
 	rate := float64(l.Amount) / l.Every.Seconds()
 	// A caller that re-enters at once finds the other callers ahead of it:
@@ -65,15 +87,11 @@ func saturate(ctx context.Context, tg target, cfg bucket.Config, callers, procs 
 	// up on a stuck Enter (recorded as an error).
 	turn := time.Duration(float64(callers) / rate * float64(time.Second))
 	timeout := 30*time.Second + 4*turn
-	fmt.Fprintf(stderr, "saturate: %d callers in %d process(es) for %v at %.0f/s, burst %d...\n", callers, procs, d, rate, l.Capacity)
+	e.logf("saturate: %d callers in %d process(es) for %v at %.0f/s, burst %d...", callers, procs, d, rate, l.Capacity)
 
 	specs := make([]loadgen.Spec, procs)
 	for i := range specs {
-		n := callers / procs
-		if i < callers%procs {
-			n++
-		}
-		specs[i] = loadgen.Spec{Proc: i, Addr: tg.opt.Addr, URL: tg.url, Bucket: cfg, Callers: n, Until: d, Timeout: timeout}
+		specs[i] = loadgen.Spec{Proc: i, Addr: tg.opt.Addr, URL: tg.url, Bucket: cfg, Callers: share(callers, procs, i), Until: d, Timeout: timeout}
 	}
 	probe := client(tg.opt, 1)
 	defer probe.Close()
@@ -82,11 +100,10 @@ func saturate(ctx context.Context, tg target, cfg bucket.Config, callers, procs 
 	// The floor script, one per 4 grants (at most 500/s): spread out like
 	// the bucket's calls, and too few to change the process CPU figure much.
 	floorCtx, stopFloor := context.WithCancel(ctx)
-	floorDone := make(chan struct{})
-	go func() {
-		defer close(floorDone)
+	var floor sync.WaitGroup
+	floor.Go(func() {
 		paceFloor(floorCtx, probe, max(time.Duration(4*float64(time.Second)/rate), 2*time.Millisecond))
-	}()
+	})
 	var (
 		grants []loadgen.Grant
 		stats  loadgen.WorkerStats
@@ -95,15 +112,15 @@ func saturate(ctx context.Context, tg target, cfg bucket.Config, callers, procs 
 	if procs == 1 {
 		grants, stats, err = inProcess(ctx, tg.opt, specs[0])
 	} else {
-		grants, stats, err = inWorkers(ctx, specs, stderr)
+		grants, stats, err = inWorkers(ctx, specs, e.log)
 	}
 	stopFloor()
-	<-floorDone
+	floor.Wait()
 	if machineAfter, ok := readCPUTimes(); ok && haveMachine {
 		s.Machine = machineCPU(machineBefore, machineAfter)
 	}
 	if err != nil {
-		return s, nil, err
+		return err
 	}
 	if cpuErr == nil {
 		var after cpuSample
@@ -119,21 +136,109 @@ func saturate(ctx context.Context, tg target, cfg bucket.Config, callers, procs 
 		}
 	}
 	if cpuErr != nil {
-		fmt.Fprintf(stderr, "saturate: no Redis CPU figures: %v\n", cpuErr)
+		e.logf("saturate: no Redis CPU figures: %v", cpuErr)
 	}
-	if dump != "" {
-		if err := writeGrants(dump, grants); err != nil {
-			return s, nil, err
+	if s.grants != "" {
+		if err := writeGrants(s.grants, grants); err != nil {
+			return err
 		}
 	}
-	maxLate := cfg.MaxLateness
-	if maxLate == 0 {
-		maxLate = defaultMaxLateness
-	}
+	maxLate := cmp.Or(cfg.MaxLateness, defaultMaxLateness)
 	s.Saturation = analyse(grants, l, min(turn, d/2), maxLate, stats.RoundTrips)
 	s.SetupRoundTrips = stats.SetupRoundTrips
 	s.Steps, s.Fenced, s.SchedulerErrors = stats.SchedulerSteps, stats.SchedulerFenced, stats.SchedulerErrors
-	return s, grants, nil
+	if s.plot != "" {
+		if err := writePlot(s.plot, grants, l, s.Saturation); err != nil {
+			return err
+		}
+		e.logf("saturate: plot written to %s", s.plot)
+	}
+	return nil
+}
+
+func (s *Saturate) table(t *table, l Limit) {
+	t.title("SATURATE: %d callers in %d process(es) loop Enter for %v on one bucket: capacity %d, %d every %v = %s/s",
+		s.Callers, s.Procs, s.Duration, l.Capacity, l.RefillAmount, l.RefillFrequency, num(l.PerSecond))
+	val := func(name, v, note string) { t.row(name, v, "", "", note) }
+	val("", "value", "")
+	note := fmt.Sprintf("%d errors", s.Errors)
+	if s.Err != "" {
+		note += "; first: " + s.Err
+	}
+	val("grants", commas(s.Grants), note)
+	tp := s.Throughput
+	val("rate after the initial burst", num(tp.Rate)+"/s", fmt.Sprintf("(grants − capacity) / %.3f s from first to last slot", tp.Span.Seconds()))
+	val("utilization", fmt.Sprintf("%.2f %%", 100*tp.Utilization), fmt.Sprintf("rate / limit (%s/s)", num(tp.Limit)))
+	s.Saturation.limitRows(val)
+	val("wait max / median", fmt.Sprintf("%.3f", s.MaxOverMedian), "queued callers, steady state")
+	val("grants overtaken, by slot", pct(s.OvertakenSlot, s.Grants), fmt.Sprintf("%d grants whose slot a later caller's slot preceded", s.OvertakenSlot))
+	val("grants overtaken, by start", pct(s.OvertakenStart, s.Grants), fmt.Sprintf("%d grants a later caller started > %v before", s.OvertakenStart, s.StartTol))
+	val("polls per queued waiter", fmt.Sprintf("%.3f", s.PollsPerQueued), fmt.Sprintf("%s queued grants; max %d polls", commas(s.Queued), s.MaxPolls))
+	val("round trips per grant, all", fmt.Sprintf("%.3f", s.RoundTripsPerGrant()), fmt.Sprintf("%s commands and pipelines sent by all processes; connection handshakes (%s) left out", commas(int(s.RoundTrips)), commas(int(s.SetupRoundTrips))))
+	val("round trips per grant, callers", fmt.Sprintf("%.3f", s.CallerRoundTripsPerGrant()), "the calls each caller waited for (EnterReport's RoundTrips); a batched call counts for every caller in it")
+	val("returned > 100 µs before slot", commas(s.Early), "")
+	val("returned > MaxLateness after slot", commas(s.Tardy), fmt.Sprintf("MaxLateness %v: such callers are re-entered instead", s.MaxLateness))
+	val("re-entries", commas(s.Reentries), fmt.Sprintf("%d grants re-entered at least once", s.ReenteredCalls))
+	val("scheduler steps", commas(int(s.Steps)), fmt.Sprintf("%d fenced off (another process held the lock), %d errors", s.Fenced, s.SchedulerErrors))
+	if m := s.Machine; m != nil {
+		val("machine CPUs during the run", m.String(), "/proc/stat, all CPUs: stolen = time the hypervisor ran other VMs; tails grow with both")
+	}
+	if c := s.RedisCPU; c != nil {
+		shared := "server used by this run only"
+		if c.Shared {
+			shared = "SHARED server (--redis): other clients count too, an upper bound"
+		}
+		val("Redis time per grant, commands", dur(c.PerGrant), fmt.Sprintf("%s; INFO commandstats Δ usec %s (scripts %s) / grants, inner commands not counted twice; %s",
+			goal(c.PerGrant <= redisCPUGoal, "≤ "+dur(redisCPUGoal)), dur(time.Duration(c.CommandsUsec)*time.Microsecond), dur(time.Duration(c.ScriptsUsec)*time.Microsecond), shared))
+		val("Redis CPU per grant, process", dur(c.ProcessCPUPerGrant), fmt.Sprintf("INFO used_cpu_sys + used_cpu_user Δ %s / grants: all threads, I/O and event loop included", dur(c.ProcessCPU)))
+		val("  costliest commands", "", c.topString(4))
+		if c.FloorUsec > 0 {
+			val("  one-line script, same pace", dur(time.Duration(c.FloorUsec*float64(time.Microsecond))),
+				fmt.Sprintf("EVAL %q sent alone, one per 4 grants, during the run: a grant costs Redis %.1f of them", floorScript, c.PerGrantFloors))
+		}
+	}
+	t.Flush() // a block of its own: the values above are wide
+	t.row("", "p50", "p99", "max", "")
+	t.dist("wait, queued callers, steady state", s.Wait, fmt.Sprintf("%s Enters begun ≥ %v after the first", commas(s.Wait.N), s.Warmup.Round(time.Millisecond)))
+	t.dist("lateness: Enter return − slot", s.Late, "all grants")
+	t.dist("lateness, steady state", s.LateSteady, fmt.Sprintf("%s Enters begun ≥ %v after the first", commas(s.LateSteady.N), s.Warmup.Round(time.Millisecond)))
+	t.dist("  of those answered before the slot", s.LateInTime, fmt.Sprintf("what the final wait itself adds; %s were answered at or after their slot (late before the final wait)", commas(s.LateAnswer)))
+}
+
+func (s *Saturate) gobench(g *gobench) {
+	g.line("Saturate", s.Grants,
+		f(s.Throughput.Utilization), "utilization",
+		f(s.Throughput.Rate), "grants/s",
+		s.ExcessSlots.All, "excess-slots",
+		s.ExcessStarts.All, "excess-starts",
+		s.ExcessStartsSlack, "excess-starts-slack",
+		ms(s.Wait.P50), "ms-wait-p50",
+		ms(s.Wait.P99), "ms-wait-p99",
+		ms(s.Wait.Max), "ms-wait-max",
+		f(s.MaxOverMedian), "max/median",
+		f(100*per(int64(s.OvertakenSlot), s.Grants)), "pct-overtaken-slot",
+		f(100*per(int64(s.OvertakenStart), s.Grants)), "pct-overtaken-start",
+		f(s.PollsPerQueued), "polls/waiter",
+		f(s.RoundTripsPerGrant()), "round-trips/op",
+		ms(s.Late.P50), "ms-late-p50",
+		ms(s.Late.P99), "ms-late-p99",
+		ms(s.LateSteady.P99), "ms-late-steady-p99",
+		s.Tardy, "tardy",
+		s.Reentries, "reentries",
+		s.Errors, "errors")
+	if c := s.RedisCPU; c != nil {
+		g.line("Saturate/redis-cpu", s.Grants, f(float64(c.PerGrant)/float64(time.Microsecond)), "redis-us/op",
+			f(float64(c.ProcessCPUPerGrant)/float64(time.Microsecond)), "redis-process-cpu-us/op",
+			f(c.FloorUsec), "one-line-script-us", f(c.PerGrantFloors), "one-line-scripts/op")
+	}
+}
+
+// share is how many of callers spread over procs processes the i-th gets.
+func share(callers, procs, i int) int {
+	if i < callers%procs {
+		return callers/procs + 1
+	}
+	return callers / procs
 }
 
 // inProcess runs spec's callers in this process.
@@ -197,17 +302,18 @@ func inWorkers(ctx context.Context, specs []loadgen.Spec, stderr io.Writer) ([]l
 		fmt.Fprintf(stderr, "saturate: warning: the last worker was ready %v after the common start\n", late.Round(time.Millisecond))
 	}
 	// Stop the workers early if we are interrupted.
-	finished := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		select {
-		case <-ctx.Done():
-			for _, p := range procs {
-				p.Stop()
-			}
-		case <-finished:
+	stopped := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(stopped)
+		for _, p := range procs {
+			p.Stop()
 		}
 	})
+	defer func() {
+		if !stop() {
+			<-stopped
+		}
+	}()
 	var (
 		grants []loadgen.Grant
 		errs   []error
@@ -228,8 +334,6 @@ func inWorkers(ctx context.Context, specs []loadgen.Spec, stderr io.Writer) ([]l
 		total.SchedulerFenced += st.SchedulerFenced
 		total.SchedulerErrors += st.SchedulerErrors
 	}
-	close(finished)
-	wg.Wait()
 	if err := ctx.Err(); err != nil {
 		return nil, total, err
 	}

@@ -1,9 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"flag"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 	"sync"
@@ -11,7 +12,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/queue"
@@ -46,19 +46,43 @@ type Scale struct {
 	Steps           int64 `json:"scheduler_steps"`
 }
 
-// Goal of issue 3.
+// scaleGoalBytes is the goal for Redis memory per waiting caller.
 const scaleGoalBytes = 200
 
 const scaleSample = 50 * time.Millisecond
 
-// scale queues callers callers, spread over procs worker processes, on
-// one bucket of cfg's limit: each Enters once with deadline d, arriving
-// over stagger. The parent samples Redis's memory and the queue's length
-// meanwhile.
-func scale(ctx context.Context, tg target, cfg bucket.Config, callers, procs int, d, stagger time.Duration, stderr io.Writer) (Scale, error) {
-	s := Scale{Callers: callers, Procs: procs, Deadline: d, Stagger: stagger}
+func (*Scale) about() about {
+	return about{name: "scale", takes: "~7 s",
+		what: "10,000 callers in 8 processes queue once on one bucket: Redis memory per waiting caller, polls, the guarantee"}
+}
+
+func (s *Scale) flags(fs *flag.FlagSet) {
+	fs.IntVar(&s.Callers, "scale-callers", 10000, "callers queued once, spread over the processes")
+	fs.IntVar(&s.Procs, "scale-procs", 8, "worker processes")
+	fs.DurationVar(&s.Deadline, "scale-deadline", 5*time.Second, "each caller's deadline for its one Enter")
+	fs.DurationVar(&s.Stagger, "scale-stagger", time.Second, "the callers' arrivals are spread over this long")
+}
+
+func (s *Scale) check() error {
+	switch {
+	case s.Procs < 1 || s.Procs > s.Callers:
+		return fmt.Errorf("--scale-procs %d: want between 1 and --scale-callers (%d)", s.Procs, s.Callers)
+	case s.Deadline <= 0 || s.Stagger < 0:
+		return fmt.Errorf("--scale-deadline %v, --scale-stagger %v: want > 0 and ≥ 0", s.Deadline, s.Stagger)
+	}
+	return nil
+}
+
+// run queues s.Callers callers, spread over s.Procs worker processes, on
+// one bucket of the limit: each Enters once with deadline s.Deadline,
+// arriving over s.Stagger. This process samples Redis's memory and the
+// queue's length meanwhile.
+func (s *Scale) run(ctx context.Context, e *env) error {
+	tg, callers, procs, d, stagger := e.target, s.Callers, s.Procs, s.Deadline, s.Stagger
+	cfg := e.limit
+	cfg.Name = e.name
 	l := guarantee.Limit{Capacity: cfg.Capacity, Amount: cfg.RefillAmount, Every: cfg.RefillFrequency}
-	fmt.Fprintf(stderr, "scale: %d callers in %d processes queue once on one bucket (%s/s, burst %d), deadline %v...\n",
+	e.logf("scale: %d callers in %d processes queue once on one bucket (%s/s, burst %d), deadline %v...",
 		callers, procs, num(float64(l.Amount)/l.Every.Seconds()), l.Capacity, d)
 	rdb := client(tg.opt, 2)
 	defer rdb.Close()
@@ -69,16 +93,12 @@ func scale(ctx context.Context, tg target, cfg bucket.Config, callers, procs int
 	keys := queue.New(nil, prefix, cfg.Name, queue.Options{}).Keys()
 	base, err := memory(ctx, rdb)
 	if err != nil {
-		return s, err
+		return err
 	}
 
 	specs := make([]loadgen.Spec, procs)
 	for i := range specs {
-		n := callers / procs
-		if i < callers%procs {
-			n++
-		}
-		specs[i] = loadgen.Spec{Proc: i, Addr: tg.opt.Addr, URL: tg.url, Bucket: cfg, Callers: n, Enters: 1, Timeout: d, Stagger: stagger}
+		specs[i] = loadgen.Spec{Proc: i, Addr: tg.opt.Addr, URL: tg.url, Bucket: cfg, Callers: share(callers, procs, i), Enters: 1, Timeout: d, Stagger: stagger}
 	}
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	var peak memSample
@@ -107,11 +127,11 @@ func scale(ctx context.Context, tg target, cfg bucket.Config, callers, procs int
 			rising = append(rising, m)
 		}
 	})
-	grants, stats, err := inWorkers(ctx, specs, stderr)
+	grants, stats, err := inWorkers(ctx, specs, e.log)
 	stopSampling()
 	wg.Wait()
 	if err != nil {
-		return s, err
+		return err
 	}
 	s.QueuedPeak = peak.queued
 	s.UsedMemory = peak.used - base.used
@@ -134,15 +154,43 @@ func scale(ctx context.Context, tg target, cfg bucket.Config, callers, procs int
 		ok = append(ok, g)
 	}
 	s.PollsPer = per(int64(s.Polls), len(grants))
-	maxLate := cfg.MaxLateness
-	if maxLate == 0 {
-		maxLate = defaultMaxLateness
-	}
+	maxLate := cmp.Or(cfg.MaxLateness, defaultMaxLateness)
 	// Waits are not in steady state here (every caller arrives once):
 	// no warm-up is left out.
 	s.Saturation = analyse(ok, l, 0, maxLate, stats.RoundTrips)
 	s.SetupRoundTrips, s.Steps = stats.SetupRoundTrips, stats.SchedulerSteps
-	return s, nil
+	return nil
+}
+
+func (s *Scale) table(t *table, _ Limit) {
+	t.title("SCALE: %s callers in %d processes Enter once on one bucket, arriving over %v, deadline %v",
+		commas(s.Callers), s.Procs, s.Stagger, s.Deadline)
+	row := func(name, v, note string) { t.row(name, v, note) }
+	row("callers queued at the peak", commas(int(s.QueuedPeak)), fmt.Sprintf("LLEN of the queue key, sampled every %v (%d samples as it grew)", scaleSample, s.Samples))
+	row("Redis memory per waiting caller", fmt.Sprintf("%.0f B", s.PerWaiter), fmt.Sprintf("%s; INFO used_memory Δ %s B / queued", goal(s.PerWaiter <= scaleGoalBytes, fmt.Sprintf("≤ %d B", scaleGoalBytes)), commas(int(s.UsedMemory))))
+	row("  less connection buffers", fmt.Sprintf("%.0f B", s.PerWaiterData), fmt.Sprintf("(used_memory Δ − mem_clients_normal Δ %s B of %d more connections) / queued", commas(int(s.ClientMemory)), s.Connections))
+	row("  the queue key alone", fmt.Sprintf("%.0f B", s.PerWaiterQueue), fmt.Sprintf("MEMORY USAGE %s B / queued", commas(int(s.QueueKeyMemory))))
+	note := fmt.Sprintf("%s left at their deadline; %d errors", commas(s.Deadlines), s.Errors)
+	if s.Err != "" {
+		note += "; first: " + s.Err
+	}
+	row("grants", commas(s.Grants), note)
+	s.Saturation.limitRows(row)
+	row("utilization", fmt.Sprintf("%.2f %%", 100*s.Throughput.Utilization), fmt.Sprintf("rate after the initial burst %s/s", num(s.Throughput.Rate)))
+	row("grants overtaken, by slot", pct(s.OvertakenSlot, s.Grants), "")
+	row("polls per queued waiter (granted)", fmt.Sprintf("%.3f", s.PollsPerQueued), fmt.Sprintf("%s queued grants; max %d polls", commas(s.Queued), s.MaxPolls))
+	row("polls per caller (all)", fmt.Sprintf("%.3f", s.PollsPer), fmt.Sprintf("%s polls by %s callers, those that left included", commas(s.Polls), commas(s.Callers)))
+	row("round trips per grant, all", fmt.Sprintf("%.3f", s.RoundTripsPerGrant()), fmt.Sprintf("%s sent by all processes (cancellations included); handshakes (%s) left out", commas(int(s.RoundTrips)), commas(int(s.SetupRoundTrips))))
+	row("round trips per caller, all", fmt.Sprintf("%.3f", per(s.RoundTrips, s.Callers)), fmt.Sprintf("scheduler steps %s", commas(int(s.Steps))))
+	row("wait of queued grants p50 / p99 / max", fmt.Sprintf("%s / %s / %s", dur(s.Wait.P50), dur(s.Wait.P99), dur(s.Wait.Max)), "every caller arrives once: no steady state")
+	row("lateness p50 / p99 / max", fmt.Sprintf("%s / %s / %s", dur(s.Late.P50), dur(s.Late.P99), dur(s.Late.Max)), fmt.Sprintf("%d returned > MaxLateness after slot, %d re-entries", s.Tardy, s.Reentries))
+}
+
+func (s *Scale) gobench(g *gobench) {
+	g.line("Scale", s.Callers, s.QueuedPeak, "queued", f(s.PerWaiter), "B/waiter", f(s.PerWaiterData), "B/waiter-data",
+		f(s.PerWaiterQueue), "B/waiter-queue-key", s.ExcessSlots.All, "excess-slots", s.ExcessStarts.All, "excess-starts",
+		f(s.PollsPerQueued), "polls/waiter", f(s.PollsPer), "polls/caller", f(s.RoundTripsPerGrant()), "round-trips/op",
+		f(per(s.RoundTrips, s.Callers)), "round-trips/caller", s.Grants, "grants", s.Deadlines, "deadlines", s.Errors, "errors")
 }
 
 type memSample struct {
@@ -152,37 +200,19 @@ type memSample struct {
 // memory reads used_memory and mem_clients_normal from INFO memory, and
 // connected_clients from INFO clients.
 func memory(ctx context.Context, rdb *redis.Client) (memSample, error) {
-	info, err := rdb.Info(ctx, "memory", "clients").Result()
+	info, err := rdb.InfoMap(ctx, "memory", "clients").Result()
 	if err != nil {
 		return memSample{}, err
 	}
 	var m memSample
-	var seen int
-	for line := range strings.SplitSeq(info, "\n") {
-		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok {
-			continue
+	for _, f := range []struct {
+		dst     *int64
+		section string
+		key     string
+	}{{&m.used, "Memory", "used_memory"}, {&m.clients, "Memory", "mem_clients_normal"}, {&m.conns, "Clients", "connected_clients"}} {
+		if *f.dst, err = strconv.ParseInt(info[f.section][f.key], 10, 64); err != nil {
+			return m, fmt.Errorf("INFO %s %s: %w", f.section, f.key, err)
 		}
-		var dst *int64
-		switch k {
-		case "used_memory":
-			dst = &m.used
-		case "mem_clients_normal":
-			dst = &m.clients
-		case "connected_clients":
-			dst = &m.conns
-		default:
-			continue
-		}
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return m, fmt.Errorf("INFO memory %s: %w", k, err)
-		}
-		*dst = n
-		seen++
-	}
-	if seen != 3 {
-		return m, fmt.Errorf("INFO: used_memory, mem_clients_normal or connected_clients missing")
 	}
 	return m, nil
 }

@@ -2,9 +2,10 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
-	"io"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -56,10 +57,19 @@ type costCase struct {
 	call       func(ctx context.Context, i int) error
 }
 
-func scriptsScenario(ctx context.Context, opt *redis.Options, name string, stderr io.Writer) (Scripts, error) {
-	fmt.Fprintln(stderr, "scripts: Redis time of each call, back to back and paced...")
-	out := Scripts{Tight: scriptsTight, Paced: scriptsPaced, Pace: scriptsPace}
-	rdb := client(opt, 1)
+func (*Scripts) about() about {
+	return about{name: "scripts", takes: "~5 s", all: true,
+		what: "what each of the bucket's calls costs Redis (INFO commandstats), next to the least a script costs"}
+}
+
+func (*Scripts) flags(*flag.FlagSet) {}
+func (*Scripts) check() error        { return nil }
+
+func (out *Scripts) run(ctx context.Context, e *env) error {
+	e.logf("scripts: Redis time of each call, back to back and paced...")
+	*out = Scripts{Tight: scriptsTight, Paced: scriptsPaced, Pace: scriptsPace}
+	name := e.name
+	rdb := client(e.opt, 1)
 	defer rdb.Close()
 	newQueue := func(suffix string, p queue.Policy) *queue.Queue {
 		var c redis.Scripter = rdb
@@ -146,20 +156,38 @@ func scriptsScenario(ctx context.Context, opt *redis.Options, name string, stder
 	for _, c := range cases {
 		if c.setup != nil {
 			if err := c.setup(ctx); err != nil {
-				return out, fmt.Errorf("%s: %w", c.name, err)
+				return fmt.Errorf("%s: %w", c.name, err)
 			}
 		}
 		row := ScriptCost{Name: c.name, Runs: c.runs, Rows: c.rows}
 		var err error
 		if row.Tight, err = measureCase(ctx, rdb, c, 0, scriptsTight, 0); err != nil {
-			return out, fmt.Errorf("%s: %w", c.name, err)
+			return fmt.Errorf("%s: %w", c.name, err)
 		}
 		if row.Paced, err = measureCase(ctx, rdb, c, scriptsTight, scriptsPaced, scriptsPace); err != nil {
-			return out, fmt.Errorf("%s: %w", c.name, err)
+			return fmt.Errorf("%s: %w", c.name, err)
 		}
 		out.Rows = append(out.Rows, row)
 	}
-	return out, nil
+	return nil
+}
+
+func (sc *Scripts) table(t *table, _ Limit) {
+	t.title("SCRIPTS: Redis time per call (INFO commandstats), %s back to back, then %s one every %v", commas(sc.Tight), commas(sc.Paced), sc.Pace)
+	t.row("", "tight", "paced", "")
+	for _, c := range sc.Rows {
+		note := c.Runs
+		if floor := sc.Rows[0]; c.Name != floor.Name && floor.Tight > 0 && floor.Paced > 0 {
+			note = fmt.Sprintf("%.1f× / %.1f× the one-line script; %s", c.Tight/floor.Tight, c.Paced/floor.Paced, c.Runs)
+		}
+		t.row(c.Name, usec(c.Tight), usec(c.Paced), note)
+	}
+}
+
+func (sc *Scripts) gobench(g *gobench) {
+	for _, c := range sc.Rows {
+		g.line("Scripts/"+strings.NewReplacer(" ", "-", ",", "").Replace(c.Name), sc.Tight, f(c.Tight), "redis-us/op", f(c.Paced), "paced-redis-us/op")
+	}
 }
 
 // measureCase runs n calls of c, numbered from first (so that the two

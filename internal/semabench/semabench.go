@@ -50,35 +50,36 @@ const (
 
 // Result holds the figures of one Run.
 type Result struct {
-	Clients int
+	Clients int `json:"clients"`
 
 	// Burst: Burst concurrent Acquire calls in one process with capacity
 	// to spare, from release of the callers to the last grant.
-	Burst                 int
-	BurstMedian, BurstMax time.Duration
+	Burst       int           `json:"burst"`
+	BurstMedian time.Duration `json:"burst_median_ns"`
+	BurstMax    time.Duration `json:"burst_max_ns"`
 
 	// Saturated run: Callers callers over Clients clients loop acquire,
 	// hold Hold, release, on a semaphore of Capacity permits.
-	Capacity    int
-	Callers     int
-	Hold        time.Duration
-	HoldMean    time.Duration // holds as measured: sleeping overshoots Hold
-	Handoff     time.Duration // mean time a permit sat unused between holds
-	Window      time.Duration // measured part of the run
-	Holds       int           // holds started in the window
-	HoldsPerSec float64
-	Possible    float64 // Capacity/Hold: holds per second of a perfect semaphore
-	Utilization float64 // HoldsPerSec/Possible
-	WaitP50     time.Duration
-	WaitP99     time.Duration
-	WaitIdeal   time.Duration // every caller's wait in a perfect FIFO semaphore
+	Capacity    int           `json:"capacity"`
+	Callers     int           `json:"callers"`
+	Hold        time.Duration `json:"hold_ns"`
+	HoldMean    time.Duration `json:"hold_mean_ns"` // holds as measured: sleeping overshoots Hold
+	Handoff     time.Duration `json:"handoff_ns"`   // mean time a permit sat unused between holds
+	Window      time.Duration `json:"window_ns"`    // measured part of the run
+	Holds       int           `json:"holds"`        // holds started in the window
+	HoldsPerSec float64       `json:"holds_per_s"`
+	Possible    float64       `json:"possible_per_s"` // Capacity/Hold: holds per second of a perfect semaphore
+	Utilization float64       `json:"utilization"`    // HoldsPerSec/Possible
+	WaitP50     time.Duration `json:"wait_p50_ns"`
+	WaitP99     time.Duration `json:"wait_p99_ns"`
+	WaitIdeal   time.Duration `json:"wait_ideal_ns"` // every caller's wait in a perfect FIFO semaphore
 
 	// Check over every interval of the saturated run.
-	Intervals  int
-	Peak       int // most holders at one instant
-	Violations int // acquisitions that took the holders above Capacity
-	Lost       int // leases lost during the run (should be 0)
-	Errors     int // failed Acquire or Release calls
+	Intervals  int `json:"intervals"`
+	Peak       int `json:"peak"`       // most holders at one instant
+	Violations int `json:"violations"` // acquisitions that took the holders above Capacity
+	Lost       int `json:"lost"`       // leases lost during the run (should be 0)
+	Errors     int `json:"errors"`     // failed Acquire or Release calls
 }
 
 // Row is one line of the result table.

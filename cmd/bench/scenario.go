@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/sluicehq/sluice/bucket"
+)
+
+// A scenario is one part of the benchmark. Its value holds both its flags
+// and, once run, its figures: the report's JSON is the exported fields,
+// its table and benchstat lines are the scenario's own. Adding a scenario
+// is one file that implements scenario, and a line in scenarios.
+type scenario interface {
+	about() about
+	// flags registers the scenario's own flags; check validates them
+	// before anything runs.
+	flags(fs *flag.FlagSet)
+	check() error
+	run(ctx context.Context, e *env) error
+	// table writes the scenario's rows for people; gobench its lines in
+	// the Go benchmark format.
+	table(t *table, l Limit)
+	gobench(g *gobench)
+}
+
+// about describes a scenario for --help.
+type about struct {
+	name  string // what --scenario calls it, and its JSON key
+	what  string // what it measures, in a line
+	takes string // roughly how long it runs with the default flags
+	all   bool   // part of --scenario all
+}
+
+// scenarios returns one of each scenario, in the order they run.
+func scenarios() []scenario {
+	return []scenario{&Overhead{}, &Scripts{}, &Saturate{}, &Semaphore{}, &Compare{}, &Scale{}}
+}
+
+// env is what every scenario runs with.
+type env struct {
+	target
+	limit bucket.Config // --capacity, --refill-amount, --refill-frequency
+	name  string        // unique to this run and scenario: prefix the bucket names with it
+	log   io.Writer     // progress, for the person waiting
+}
+
+func (e *env) logf(format string, a ...any) { fmt.Fprintf(e.log, format+"\n", a...) }
+
+// table is one scenario's section of the report for people: a title line,
+// then aligned rows.
+type table struct{ *tabwriter.Writer }
+
+func newTable(w io.Writer) *table { return &table{tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)} }
+
+func (t *table) title(format string, a ...any) { fmt.Fprintf(t, "\n"+format+"\n", a...) }
+
+// row writes one indented row of cells; the last is not padded.
+func (t *table) row(cells ...string) { fmt.Fprintf(t, "  %s\n", strings.Join(cells, "\t")) }
+
+// dist writes a row of a distribution: p50, p99, max.
+func (t *table) dist(name string, d Dist, note string) {
+	t.row(name, dur(d.P50), dur(d.P99), dur(d.Max), note)
+}
+
+// gobench gathers lines in the Go benchmark format, for benchstat.
+type gobench struct{ strings.Builder }
+
+// line writes one benchmark: its name, its count n, then value-unit pairs.
+func (g *gobench) line(name string, n int, metrics ...any) {
+	fmt.Fprintf(g, "Benchmark%s %d", name, max(n, 1))
+	for i := 0; i+1 < len(metrics); i += 2 {
+		fmt.Fprintf(g, " %v %s", metrics[i], metrics[i+1])
+	}
+	g.WriteByte('\n')
+}
+
+// goal says in words whether a figure met its goal.
+func goal(met bool, want string) string {
+	if met {
+		return "goal " + want + ": met"
+	}
+	return "goal " + want + ": NOT MET"
+}
