@@ -24,6 +24,12 @@ var ErrLimited = errors.New("sluice: limited")
 // configuration is a bug to fix, not a refusal to back off from.
 var ErrConfig = errors.New("sluice: invalid config")
 
+// ErrCostExceedsCapacity is the parent of every package's refusal of a cost
+// that no wait could ever grant: one above a policy's capacity (or a
+// semaphore's permits). It is returned at once, never queued, and does not
+// match ErrLimited: retrying later cannot succeed.
+var ErrCostExceedsCapacity = errors.New("sluice: cost exceeds capacity")
+
 // Limiter runs functions within a limit. Do waits for the caller's turn, runs
 // fn, and for concurrency limiters releases the place after fn returns (even
 // when fn panics). Do returns the limiter's error if it could not enter (an
