@@ -30,6 +30,7 @@ const maxBatch = 512
 // arrival is one caller's trip to Redis through the arrivals batcher.
 type arrival struct {
 	id    string
+	costs []int64       // per policy; nil: each policy's Call
 	done  chan struct{} // closed when reply/err are set
 	sent  time.Time     // when its batch left for Redis
 	reply queue.Arrival
@@ -60,19 +61,24 @@ func (c *comings) init(g *background.Group, q *queue.Queue, arriveTimeout, leave
 	})
 }
 
-// enqueue makes caller id arrive, alone or in a batch. It also returns when
-// the call carrying it left for Redis.
-func (c *comings) enqueue(ctx context.Context, id string) (queue.Arrival, time.Time, error) {
+// enqueue makes caller id, of costs (nil: each policy's Call), arrive,
+// alone or in a batch. It also returns when the call carrying it left for
+// Redis.
+func (c *comings) enqueue(ctx context.Context, id string, costs []int64) (queue.Arrival, time.Time, error) {
 	if c.arr.Claim() {
 		sent := c.now()
-		rs, err := c.q.Enqueue(ctx, []string{id})
+		var cs [][]int64
+		if costs != nil {
+			cs = [][]int64{costs}
+		}
+		rs, err := c.q.Enqueue(ctx, []string{id}, cs)
 		c.arr.Release()
 		if err != nil {
 			return queue.Arrival{}, sent, err
 		}
 		return rs[0], sent, nil
 	}
-	ar := &arrival{id: id, done: make(chan struct{})}
+	ar := &arrival{id: id, costs: costs, done: make(chan struct{})}
 	c.arr.Add(ar)
 	select {
 	case <-ar.done:
@@ -96,11 +102,20 @@ func (c *comings) enqueue(ctx context.Context, id string) (queue.Arrival, time.T
 // sendArrivals is the arrivals batcher's send.
 func (c *comings) sendArrivals(ctx context.Context, batch []*arrival) {
 	ids := make([]string, len(batch))
+	var costs [][]int64
 	for i, ar := range batch {
 		ids[i] = ar.id
+		if ar.costs != nil && costs == nil {
+			costs = make([][]int64, len(batch))
+		}
+	}
+	if costs != nil {
+		for i, ar := range batch {
+			costs[i] = ar.costs
+		}
 	}
 	sent := c.now()
-	replies, err := c.q.Enqueue(ctx, ids)
+	replies, err := c.q.Enqueue(ctx, ids, costs)
 	var abandoned []string
 	c.handoff.Lock()
 	for i, ar := range batch {

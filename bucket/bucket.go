@@ -5,6 +5,10 @@
 // A bucket holds at most Capacity tokens and gains RefillAmount tokens every
 // RefillFrequency. The guarantee: in any window of length T, at most
 // Capacity + RefillAmount × (⌊T / RefillFrequency⌋ + 1) callers are granted.
+// A bucket may have several policies (Config.Policies), each in a unit
+// (calls, processing units, tokens, bytes) and each with this guarantee
+// for the sum of the costs it granted; a caller's cost (EnterN, EnterCost)
+// is taken from every policy at once, or from none.
 //
 // How Enter works: the caller's fresh ID arrives at Redis in one script.
 // When nobody waits and a token is due within the lookahead, that is the
@@ -21,7 +25,9 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -36,14 +42,18 @@ import (
 )
 
 // Errors. Refusals (ErrQueueFull, ErrWaitTooLong) consume nothing and match
-// sluice.ErrLimited; ErrConfig matches sluice.ErrConfig. A failed call to
-// Redis returns an error that matches both ctx.Err() (when the caller's ctx
-// ended) and Redis's own error.
+// sluice.ErrLimited; ErrConfig matches sluice.ErrConfig. A cost above a
+// policy's Capacity can never be granted: it is refused at once with
+// ErrCostExceedsCapacity, which matches sluice.ErrCostExceedsCapacity and
+// not sluice.ErrLimited. A failed call to Redis returns an error that
+// matches both ctx.Err() (when the caller's ctx ended) and Redis's own
+// error.
 var (
-	ErrClosed      = errors.New("bucket: closed")
-	ErrQueueFull   = fmt.Errorf("bucket: queue full: %w", sluice.ErrLimited)
-	ErrWaitTooLong = fmt.Errorf("bucket: wait too long: %w", sluice.ErrLimited)
-	ErrConfig      = groundwork.ConfigError("bucket")
+	ErrClosed              = errors.New("bucket: closed")
+	ErrQueueFull           = fmt.Errorf("bucket: queue full: %w", sluice.ErrLimited)
+	ErrWaitTooLong         = fmt.Errorf("bucket: wait too long: %w", sluice.ErrLimited)
+	ErrConfig              = groundwork.ConfigError("bucket")
+	ErrCostExceedsCapacity = fmt.Errorf("bucket: %w", sluice.ErrCostExceedsCapacity)
 )
 
 // Defaults of the optional Config fields.
@@ -57,11 +67,15 @@ const (
 )
 
 // Config describes a bucket. Every process sharing a bucket must use the
-// same Name, KeyPrefix, Capacity, RefillAmount and RefillFrequency.
+// same Name, KeyPrefix, Capacity, RefillAmount, RefillFrequency and
+// Policies.
 type Config struct {
 	// Name identifies the shared quota. Any non-empty byte string is valid.
 	Name string
 	// Capacity is the most tokens the bucket holds: the largest burst. ≥ 1.
+	// Capacity, RefillAmount and RefillFrequency are the bucket's policy
+	// counting calls (Unit ""); they may be left zero when Policies holds
+	// every policy.
 	Capacity int
 	// RefillAmount tokens are added every RefillFrequency, up to Capacity.
 	// 1 ≤ RefillAmount ≤ Capacity.
@@ -69,6 +83,10 @@ type Config struct {
 	// RefillFrequency is the time between refills; a whole number of
 	// microseconds, at least one.
 	RefillFrequency time.Duration
+	// Policies are the bucket's other policies, each with its own unit and
+	// the same rules as the fields above. Several may count the same unit
+	// over different windows (1,000 units a minute and 400,000 a month).
+	Policies []Policy
 
 	// KeyPrefix starts every Redis key of the bucket,
 	// "<KeyPrefix>:{<Name>}:..."; "" means "sluice". It may not contain
@@ -101,13 +119,31 @@ type Config struct {
 	MaxLateness time.Duration
 }
 
+// Policy is one limit of a bucket in one unit: it holds at most Capacity
+// tokens and gains RefillAmount every RefillFrequency.
+type Policy struct {
+	// Unit names what the policy counts. "" counts calls: Enter takes 1
+	// token of it and EnterN n. A policy of any other unit ("pu",
+	// "tokens", "bytes") is taken from only by EnterCost.
+	Unit            string
+	Capacity        int
+	RefillAmount    int
+	RefillFrequency time.Duration
+}
+
+// Cost is what one caller takes, by unit: Cost{"": 1, "pu": 60} is one
+// call and 60 processing units. A unit missing from it costs 0, and leaves
+// its policies untouched.
+type Cost map[string]int
+
 // Bucket is a handle on a shared bucket. It is safe for concurrent use by
 // any number of goroutines.
 type Bucket struct {
-	cfg   Config
-	q     *queue.Queue
-	sched *scheduler.Scheduler
-	lead  time.Duration // wake this long before the estimated slot to poll
+	cfg      Config
+	policies []Policy // the pinned policy (if any), then cfg.Policies
+	q        *queue.Queue
+	sched    *scheduler.Scheduler
+	lead     time.Duration // wake this long before the estimated slot to poll
 	// bg owns every goroutine of the Bucket but the scheduler's: the
 	// batchers', the notices' and the sleeper's. Close ends them all.
 	bg      *background.Group
@@ -145,12 +181,16 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 	if err != nil {
 		return nil, err
 	}
+	policies := cfg.Policies
+	if cfg.Capacity != 0 {
+		policies = append([]Policy{{Capacity: cfg.Capacity, RefillAmount: cfg.RefillAmount, RefillFrequency: cfg.RefillFrequency}}, policies...)
+	}
+	qps := make([]queue.Policy, len(policies))
+	for i, p := range policies {
+		qps[i] = queue.Policy{Capacity: int64(p.Capacity), Amount: int64(p.RefillAmount), Every: p.RefillFrequency, Other: p.Unit != ""}
+	}
 	q := queue.New(rdb, cfg.KeyPrefix, cfg.Name, queue.Options{
-		Policies: []queue.Policy{{
-			Capacity: int64(cfg.Capacity),
-			Amount:   int64(cfg.RefillAmount),
-			Every:    cfg.RefillFrequency,
-		}},
+		Policies:    qps,
 		Lookahead:   cfg.Lookahead,
 		LockTTL:     cfg.LockTTL,
 		Grace:       grace(cfg),
@@ -161,14 +201,15 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 	})
 	bg := background.NewGroup()
 	b := &Bucket{
-		cfg:     cfg,
-		q:       q,
-		sched:   scheduler.New(rdb, q),
-		lead:    cfg.Lookahead / 4,
-		bg:      bg,
-		notices: notices{rdb: rdb, channel: q.Keys().Wake, group: bg},
-		sleeper: &sleeper{group: bg},
-		now:     time.Now,
+		cfg:      cfg,
+		policies: policies,
+		q:        q,
+		sched:    scheduler.New(rdb, q),
+		lead:     cfg.Lookahead / 4,
+		bg:       bg,
+		notices:  notices{rdb: rdb, channel: q.Keys().Wake, group: bg},
+		sleeper:  &sleeper{group: bg},
+		now:      time.Now,
 	}
 	b.comings.init(bg, q, batchTimeout, cfg.LockTTL, func() time.Time { return b.now() })
 	u := uuid.New()
@@ -190,27 +231,16 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Name == "" {
 		return bad("empty Name")
 	}
-	if c.Capacity < 1 {
-		return bad("Capacity %d, want ≥ 1", c.Capacity)
+	if c.Capacity != 0 || c.RefillAmount != 0 || c.RefillFrequency != 0 || len(c.Policies) == 0 {
+		if err := checkPolicy(Policy{Capacity: c.Capacity, RefillAmount: c.RefillAmount, RefillFrequency: c.RefillFrequency}, ""); err != nil {
+			return c, err
+		}
 	}
-	if c.RefillAmount < 1 {
-		return bad("RefillAmount %d, want ≥ 1", c.RefillAmount)
-	}
-	if c.RefillAmount > c.Capacity {
-		return bad("RefillAmount %d above Capacity %d: tokens beyond Capacity are never usable", c.RefillAmount, c.Capacity)
-	}
-	if c.RefillFrequency < time.Microsecond {
-		return bad("RefillFrequency %v, want ≥ 1µs", c.RefillFrequency)
-	}
-	if c.RefillFrequency%time.Microsecond != 0 {
-		return bad("RefillFrequency %v is not a whole number of microseconds", c.RefillFrequency)
-	}
-	const maxCount = 1 << 40 // Lua numbers are doubles: keep every sum exact
-	if c.Capacity > maxCount {
-		return bad("Capacity %d above %d", c.Capacity, maxCount)
-	}
-	if c.RefillFrequency > 100*365*24*time.Hour {
-		return bad("RefillFrequency %v above 100 years", c.RefillFrequency)
+	c.Policies = slices.Clone(c.Policies)
+	for i, p := range c.Policies {
+		if err := checkPolicy(p, fmt.Sprintf("Policies[%d] ", i)); err != nil {
+			return c, err
+		}
 	}
 	if c.KeyPrefix == "" {
 		c.KeyPrefix = groundwork.DefaultKeyPrefix
@@ -240,6 +270,82 @@ func (c Config) withDefaults() (Config, error) {
 		c.MaxLateness = defaultMaxLateness
 	}
 	return c, nil
+}
+
+// checkPolicy validates one policy; where prefixes its fields' names.
+func checkPolicy(p Policy, where string) error {
+	bad := func(format string, a ...any) error {
+		return groundwork.Invalid(ErrConfig, where+format, a...)
+	}
+	const maxCount = 1 << 40 // Lua numbers are doubles: keep every sum exact
+	switch {
+	case p.Capacity < 1:
+		return bad("Capacity %d, want ≥ 1", p.Capacity)
+	case p.RefillAmount < 1:
+		return bad("RefillAmount %d, want ≥ 1", p.RefillAmount)
+	case p.RefillAmount > p.Capacity:
+		return bad("RefillAmount %d above Capacity %d: tokens beyond Capacity are never usable", p.RefillAmount, p.Capacity)
+	case p.RefillFrequency < time.Microsecond:
+		return bad("RefillFrequency %v, want ≥ 1µs", p.RefillFrequency)
+	case p.RefillFrequency%time.Microsecond != 0:
+		return bad("RefillFrequency %v is not a whole number of microseconds", p.RefillFrequency)
+	case p.Capacity > maxCount:
+		return bad("Capacity %d above %d", p.Capacity, maxCount)
+	case p.RefillFrequency > 100*365*24*time.Hour:
+		return bad("RefillFrequency %v above 100 years", p.RefillFrequency)
+	case strings.ContainsAny(p.Unit, ","):
+		return bad("Unit %q contains a comma", p.Unit)
+	}
+	return nil
+}
+
+// costs turns c into a cost per policy: nil when it is what Enter takes
+// (each policy counting calls 1, the others 0), and zero when c takes
+// nothing from any policy. A unit no policy counts, a negative cost and a
+// cost above a policy's Capacity are errors; the last one
+// ErrCostExceedsCapacity.
+func (b *Bucket) costs(c Cost) (costs []int64, zero bool, err error) {
+	for unit, n := range c {
+		if n < 0 {
+			return nil, false, fmt.Errorf("bucket: negative cost %d of unit %q", n, unit)
+		}
+		if n > 0 && !slices.ContainsFunc(b.policies, func(p Policy) bool { return p.Unit == unit }) {
+			return nil, false, fmt.Errorf("bucket: cost of unit %q, which no policy of bucket %q counts", unit, b.cfg.Name)
+		}
+	}
+	costs = make([]int64, len(b.policies))
+	plain, zero := true, true
+	for i, p := range b.policies {
+		n := c[p.Unit]
+		if n > p.Capacity {
+			return nil, false, fmt.Errorf("%w: %d %s above the Capacity %d of policy %d (%s), so it could never be granted",
+				ErrCostExceedsCapacity, n, unitName(p.Unit), p.Capacity, i, describe(p))
+		}
+		call := 0 // what Enter takes
+		if p.Unit == "" {
+			call = 1
+		}
+		costs[i] = int64(n)
+		plain = plain && n == call
+		zero = zero && n == 0
+	}
+	if plain {
+		return nil, false, nil
+	}
+	return costs, zero, nil
+}
+
+// unitName is how errors name a unit.
+func unitName(u string) string {
+	if u == "" {
+		return "calls"
+	}
+	return fmt.Sprintf("%q", u)
+}
+
+// describe is a policy as errors show it: "1000 pu, 1 every 60ms".
+func describe(p Policy) string {
+	return fmt.Sprintf("%d %s, %d every %v", p.Capacity, unitName(p.Unit), p.RefillAmount, p.RefillFrequency)
 }
 
 // Config returns the bucket's configuration with defaults filled in.
@@ -287,7 +393,36 @@ var _ sluice.RateLimiter = (*Bucket)(nil)
 // one whose slot was already assigned (its token due within the lookahead)
 // spends that token, which nobody else then uses.
 func (b *Bucket) Enter(ctx context.Context) error {
-	_, err := b.EnterReport(ctx)
+	_, err := b.enter(ctx, nil)
+	return err
+}
+
+// EnterN is Enter for a caller that costs n calls: n tokens of every policy
+// counting calls (Unit ""), as x/time/rate's WaitN. n = 0 returns at once.
+func (b *Bucket) EnterN(ctx context.Context, n int) error {
+	return b.EnterCost(ctx, Cost{"": n})
+}
+
+// EnterCost is Enter for a caller of cost c, which is taken from every
+// policy at once (each policy takes c[its Unit]) or from none. The caller
+// waits its turn in arrival order whatever its cost: a large cost at the
+// head of the queue waits for its tokens and those behind it wait too,
+// never overtaking it. A cost that takes nothing returns at once. A cost
+// above a policy's Capacity is refused at once with ErrCostExceedsCapacity;
+// a negative cost, or one in a unit no policy counts, is an error.
+//
+// Cancellation gives the whole cost back while the caller is still queued;
+// once its slot was assigned (its tokens due within the lookahead) they are
+// spent.
+func (b *Bucket) EnterCost(ctx context.Context, c Cost) error {
+	costs, zero, err := b.costs(c)
+	if err != nil {
+		return err
+	}
+	if zero {
+		return ctx.Err()
+	}
+	_, err = b.enter(ctx, costs)
 	return err
 }
 
@@ -315,6 +450,11 @@ type Report struct {
 
 // EnterReport is Enter that also reports what happened.
 func (b *Bucket) EnterReport(ctx context.Context) (Report, error) {
+	return b.enter(ctx, nil)
+}
+
+// enter enters a caller of costs (per policy; nil: Enter's).
+func (b *Bucket) enter(ctx context.Context, costs []int64) (Report, error) {
 	var rep Report
 	start := b.now()
 	for {
@@ -326,7 +466,7 @@ func (b *Bucket) EnterReport(ctx context.Context) (Report, error) {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		again, err := b.enterOnce(ctx, &rep)
+		again, err := b.enterOnce(ctx, costs, &rep)
 		if !again {
 			rep.Wait = b.now().Sub(start)
 			return rep, err
@@ -337,9 +477,9 @@ func (b *Bucket) EnterReport(ctx context.Context) (Report, error) {
 
 // enterOnce makes one arrival with a fresh ID. It reports again when the
 // caller must arrive anew (its slot went stale or was lost).
-func (b *Bucket) enterOnce(ctx context.Context, rep *Report) (again bool, err error) {
+func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report) (again bool, err error) {
 	id := b.newID()
-	er, sent, err := b.comings.enqueue(ctx, id)
+	er, sent, err := b.comings.enqueue(ctx, id, costs)
 	received := b.now()
 	rep.RoundTrips++
 	if err != nil {

@@ -131,7 +131,7 @@ func FuzzParsers(f *testing.F) {
 
 		callers := int(n%4) + 1 // EnqueueBatch always asks for len(ids) ≥ 1
 		ids := make([]string, callers)
-		if out, perr := parseEnqueue(ids, reply, err); perr == nil {
+		if out, perr := parseEnqueue(ids, make([]string, callers), reply, err); perr == nil {
 			if len(out) != callers {
 				t.Fatalf("parseEnqueue(%d) returned %d replies", callers, len(out))
 			}
@@ -177,7 +177,7 @@ func TestParseDurationOverflow(t *testing.T) {
 			return r.Delay, err
 		}, func(d time.Duration) bool { return d > 0 }},
 		{"enqueue delay", func() (time.Duration, error) {
-			r, err := parseEnqueue([]string{"a"}, []any{int64(1_790_000_000_000_000), int64(1), int64(4), int64(2), int64(9_467_280_000_000_000), int64(3)}, nil)
+			r, err := parseEnqueue([]string{"a"}, []string{""}, []any{int64(1_790_000_000_000_000), int64(1), int64(4), int64(2), int64(9_467_280_000_000_000), int64(3)}, nil)
 			if err != nil {
 				return 0, err
 			}

@@ -48,15 +48,16 @@ var errNoPush = errors.New("queue: push lane not available")
 // only queue the caller too (nobody overtakes a waiting caller), so the
 // lanes give the same outcome; a guess that is out of date (callers ahead
 // cancelled and the queue emptied) costs the caller a scheduler step, not
-// a token. The lane needs one server (*redis.Client), one policy, and
-// neither MaxQueue nor MaxWait (their refusals are the script's).
+// a token. The lane needs one server (*redis.Client), one policy that
+// counts calls, callers without costs of their own, and neither MaxQueue
+// nor MaxWait (their refusals are the script's).
 func (l *lane) open(q *Queue) bool {
 	return q.canPush() && time.Now().UnixNano() < l.busyUntil.Load()
 }
 
 // canPush says whether the push lane may be used at all.
 func (q *Queue) canPush() bool {
-	return q.direct != nil && len(q.opt.Policies) == 1 && q.opt.MaxQueue == 0 && q.opt.MaxWait == 0 && !q.lane.off.Load()
+	return q.direct != nil && len(q.opt.Policies) == 1 && !q.opt.Policies[0].Other && q.opt.MaxQueue == 0 && q.opt.MaxWait == 0 && !q.lane.off.Load()
 }
 
 // note records what the last arrival of a batch learned of the queue: a
@@ -81,7 +82,7 @@ func (q *Queue) push(ctx context.Context, ids []string) ([]Arrival, error) {
 	}
 	entries := make([]any, len(ids))
 	for i, id := range ids {
-		entries[i] = protocol.MakeEntry(id, 0)
+		entries[i] = protocol.MakeEntry(id, 0, "")
 	}
 	var (
 		now   *redis.TimeCmd
@@ -149,7 +150,7 @@ func pushReplies(ids []string, now int64, raw string, length int64, p Policy) ([
 			Position:         int(pos),
 			SchedulerRunning: until > now,
 			Ticket:           done + pos,
-			Entry:            protocol.MakeEntry(ids[i], 0),
+			Entry:            protocol.MakeEntry(ids[i], 0, ""),
 			Now:              now,
 		}
 	}

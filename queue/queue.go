@@ -18,7 +18,7 @@ type Policy = protocol.Policy
 
 // Options describe a Queue. Durations are used in whole microseconds.
 type Options struct {
-	Policies    []Policy      // the bucket's limits; a caller needs a token of each
+	Policies    []Policy      // the bucket's limits; a caller takes its costs (or each one's Call) from all of them
 	Lookahead   time.Duration // slots within this are given at once; the scheduler schedules this far ahead
 	LockTTL     time.Duration // the scheduler lock's TTL, renewed by every step
 	Grace       time.Duration // added to every key's TTL; uncollected slots are dropped after it
@@ -49,8 +49,9 @@ type Queue struct {
 	// bucket's keys, with another clock, so both stay scripts.
 	direct *redis.Client
 
-	policyArgs []any // as the scripts read them: protocol.PolicyArgs
-	lane       lane  // the push lane (push.go)
+	policyArgs []any  // as the scripts read them: protocol.PolicyArgs
+	calls      string // each policy's Call, as protocol.Costs formats them
+	lane       lane   // the push lane (push.go)
 }
 
 // New returns the Queue of the bucket name under prefix. It does not talk to
@@ -60,7 +61,11 @@ func New(rdb redis.Scripter, prefix, name string, opt Options) *Queue {
 	if opt.MaxBatch <= 0 {
 		opt.MaxBatch = 1000
 	}
-	q := &Queue{rdb: rdb, keys: newKeys(prefix, name), opt: opt, policyArgs: protocol.PolicyArgs(opt.Policies)}
+	calls := make([]int64, len(opt.Policies))
+	for i, p := range opt.Policies {
+		calls[i] = p.Call()
+	}
+	q := &Queue{rdb: rdb, keys: newKeys(prefix, name), opt: opt, policyArgs: protocol.PolicyArgs(opt.Policies), calls: protocol.Costs(calls)}
 	if c, ok := rdb.(*redis.Client); ok && c != nil {
 		q.direct = c
 	}
@@ -96,24 +101,28 @@ type Arrival struct {
 // queued reports whether the caller waits in the queue.
 func (a Arrival) queued() bool { return a.Err == nil && a.Entry != "" }
 
-// Enqueue makes callers ids (fresh, unique IDs) arrive at the bucket in one
-// round trip, in the order given, each handled as if it had come alone:
-// with nobody queued and a token due within the lookahead a caller gets it
-// at once; otherwise it joins the queue, unless MaxQueue or MaxWait refuse
-// it. Callers arriving while others surely wait take the push lane
-// (push.go), which Redis runs for a fifth of the script's cost.
-func (q *Queue) Enqueue(ctx context.Context, ids []string) ([]Arrival, error) {
+// Enqueue makes callers ids (fresh, unique IDs without a '|') arrive at the
+// bucket in one round trip, in the order given, each handled as if it had
+// come alone: with nobody queued and its tokens due within the lookahead a
+// caller gets them at once; otherwise it joins the queue, unless MaxQueue
+// or MaxWait refuse it. costs, when not nil, holds each caller's costs,
+// one per policy (nil for a caller taking each policy's Call); a caller's
+// slot is the latest its policies allow after the callers ahead of it, so
+// none overtakes another. Callers without costs arriving while others
+// surely wait take the push lane (push.go), which Redis runs for a fifth of
+// the script's cost.
+func (q *Queue) Enqueue(ctx context.Context, ids []string, costs [][]int64) ([]Arrival, error) {
 	var (
 		rs  []Arrival
 		err error
 	)
-	if q.lane.open(q) {
+	if costs == nil && q.lane.open(q) {
 		rs, err = q.push(ctx, ids)
 		if errors.Is(err, errNoPush) {
-			rs, err = q.enqueueScript(ctx, ids)
+			rs, err = q.enqueueScript(ctx, ids, costs)
 		}
 	} else {
-		rs, err = q.enqueueScript(ctx, ids)
+		rs, err = q.enqueueScript(ctx, ids, costs)
 	}
 	if err == nil {
 		q.lane.note(q, rs[len(rs)-1])
@@ -121,20 +130,22 @@ func (q *Queue) Enqueue(ctx context.Context, ids []string) ([]Arrival, error) {
 	return rs, err
 }
 
-// enqueueScript makes ids arrive by enqueue.lua.
-func (q *Queue) enqueueScript(ctx context.Context, ids []string) ([]Arrival, error) {
-	args := make([]any, 0, 4+len(q.policyArgs)+1+len(ids))
+func (q *Queue) enqueueScript(ctx context.Context, ids []string, costs [][]int64) ([]Arrival, error) {
+	args := make([]any, 0, 4+len(q.policyArgs)+1+2*len(ids))
 	args = append(args, us(q.opt.Lookahead), q.opt.MaxQueue, us(q.opt.MaxWait), us(q.opt.Grace))
 	args = append(args, q.policyArgs...)
 	args = append(args, len(ids))
-	for _, id := range ids {
-		args = append(args, id)
+	cs := make([]string, len(ids))
+	for i, id := range ids {
+		if costs != nil {
+			cs[i] = protocol.Costs(costs[i])
+		}
+		args = append(args, id, cs[i])
 	}
 	reply, err := enqueueScript.Run(ctx, q.rdb, q.keys.list()[:2], args...).Result()
-	return parseEnqueue(ids, reply, err)
+	return parseEnqueue(ids, cs, reply, err)
 }
 
-// Kinds of caller in enqueue.lua's reply.
 const (
 	kindGranted     = 0 // start now
 	kindAssigned    = 1 // start after the delay
@@ -144,7 +155,7 @@ const (
 )
 
 // parseEnqueue checks an enqueue reply for callers ids.
-func parseEnqueue(ids []string, reply any, err error) ([]Arrival, error) {
+func parseEnqueue(ids, costs []string, reply any, err error) ([]Arrival, error) {
 	v, err := groundwork.Ints(reply, err)
 	if err != nil {
 		return nil, err
@@ -168,7 +179,7 @@ func parseEnqueue(ids []string, reply any, err error) ([]Arrival, error) {
 			ticket++
 		case kindQueued:
 			r.Ticket, r.SchedulerRunning = ticket, running
-			r.Entry = protocol.MakeEntry(ids[i], now+delay)
+			r.Entry = protocol.MakeEntry(ids[i], now+delay, costs[i])
 			ticket++
 		case kindQueueFull:
 			r.Err = ErrQueueFull
@@ -294,9 +305,10 @@ const (
 )
 
 func (q *Queue) cancel(ctx context.Context, entries []string) ([]cancelResult, error) {
-	args := make([]any, len(entries))
-	for i, e := range entries {
-		args[i] = e
+	args := make([]any, 1, 1+len(entries))
+	args[0] = q.calls
+	for _, e := range entries {
+		args = append(args, e)
 	}
 	reply, err := cancelScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.Slot, q.keys.State}, args...).Result()
 	return parseCancel(len(entries), reply, err)

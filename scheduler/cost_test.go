@@ -38,7 +38,7 @@ func TestTicketsUnique(t *testing.T) {
 			for i := range ids {
 				ids[i] = fmt.Sprintf("c%d-%d", round, i)
 			}
-			rs, err := q.Enqueue(ctx, ids)
+			rs, err := q.Enqueue(ctx, ids, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -18,7 +18,7 @@ func newQ(rdb redis.Scripter, prefix, name string, ps []queue.Policy, opt queue.
 
 // enqueueOne makes one caller arrive.
 func enqueueOne(q *queue.Queue, id string) (queue.Arrival, error) {
-	rs, err := q.Enqueue(context.Background(), []string{id})
+	rs, err := q.Enqueue(context.Background(), []string{id}, nil)
 	if err != nil {
 		return queue.Arrival{}, err
 	}

@@ -90,7 +90,7 @@ func (out *Scripts) run(ctx context.Context, e *env) error {
 	defer sched.Close()
 	const perStep = 10
 	enqueue := func(ctx context.Context, q *queue.Queue, id string) (queue.Arrival, error) {
-		rs, err := q.Enqueue(ctx, []string{id})
+		rs, err := q.Enqueue(ctx, []string{id}, nil)
 		if err != nil {
 			return queue.Arrival{}, err
 		}

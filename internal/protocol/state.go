@@ -17,6 +17,11 @@ import (
 type BucketState struct {
 	Done, Until int64
 	Levels      []Level
+	// Costed counts the queued callers with costs of their own; Extra is,
+	// per policy, the tokens they need beyond the policy's Call each (nil
+	// when Costed is 0).
+	Costed int64
+	Extra  []int64
 }
 
 // Level is one policy's part of the state.
@@ -36,12 +41,19 @@ func (s BucketState) String() string {
 		b.WriteByte(' ')
 		b.WriteString(strconv.FormatInt(l.Anchor, 10))
 	}
+	if s.Costed > 0 {
+		b.WriteByte(' ')
+		b.WriteString(strconv.FormatInt(s.Costed, 10))
+	}
+	for _, x := range s.Extra {
+		b.WriteByte(' ')
+		b.WriteString(strconv.FormatInt(x, 10))
+	}
 	return b.String()
 }
 
 // ParseState reads a state string as state.lua's load does, for n
-// policies: values after the n-th policy's are ignored, as load ignores
-// them.
+// policies: then the costed callers and n extras if present.
 func ParseState(raw string, n int) (BucketState, error) {
 	f := strings.Fields(raw)
 	if len(f) < 2+2*n {
@@ -58,6 +70,16 @@ func ParseState(raw string, n int) (BucketState, error) {
 	s := BucketState{Done: v[0], Until: v[1], Levels: make([]Level, n)}
 	for i := range s.Levels {
 		s.Levels[i] = Level{Level: v[2+2*i], Anchor: v[3+2*i]}
+	}
+	if len(f) >= 3+3*n {
+		x := make([]int64, 1+n)
+		for i := range x {
+			var err error
+			if x[i], err = strconv.ParseInt(f[2+2*n+i], 10, 64); err != nil {
+				return BucketState{}, fmt.Errorf("%w: state %q", groundwork.ErrReply, raw)
+			}
+		}
+		s.Costed, s.Extra = x[0], x[1:]
 	}
 	return s, nil
 }

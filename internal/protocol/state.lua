@@ -6,7 +6,11 @@
 -- (granted at once, popped by the scheduler, or cancelled while queued),
 -- so a caller pushed to position p of the queue has ticket done + p;
 -- until is the Redis instant (µs) to which the last step renewed the
--- scheduler lock, 0 once released; then level and anchor of each policy.
+-- scheduler lock, 0 once released; then level and anchor of each policy;
+-- then, only while callers with costs of their own are queued, how many
+-- and each policy's extra: the tokens the queued callers need beyond call
+-- each (written by whoever queues, pops or removes such a caller; absent
+-- means none and all 0).
 -- A string costs one GET and one SET ... PX, where a hash would need
 -- HMGET, HSET and PEXPIRE: this is on every caller's path. Because a
 -- queued arrival changes none of it, a queued enqueue writes nothing here.
@@ -18,12 +22,13 @@ local function load(state_key, ps, now)
   local st = {}
   if #ps == 1 then -- the common case, without a loop or a table of values
     local p = ps[1]
-    local done, till, l, a
+    local done, till, l, a, c, x
     if raw then
-      done, till, l, a = string.match(raw, '^(%S+) (%S+) (%S+) (%S+)')
+      done, till, l, a, c, x = string.match(raw, '^(%S+) (%S+) (%S+) (%S+) ?(%S*) ?(%S*)')
     end
     local level, anchor = refill(tonumber(l), tonumber(a), now, p.cap, p.amount, p.freq)
-    st[1] = {level = level, anchor = anchor}
+    st[1] = {level = level, anchor = anchor, extra = tonumber(x) or 0}
+    st.costed = tonumber(c) or 0
     return st, tonumber(done) or 0, tonumber(till) or 0, not raw
   end
   local vals = {}
@@ -35,8 +40,9 @@ local function load(state_key, ps, now)
   for i = 1, #ps do
     local p = ps[i]
     local level, anchor = refill(vals[2 * i + 1], vals[2 * i + 2], now, p.cap, p.amount, p.freq)
-    st[i] = {level = level, anchor = anchor}
+    st[i] = {level = level, anchor = anchor, extra = vals[2 * #ps + 3 + i] or 0}
   end
+  st.costed = vals[2 * #ps + 3] or 0
   return st, vals[1] or 0, vals[2] or 0, not raw
 end
 
@@ -55,11 +61,12 @@ local function full_in(st, ps, now)
   return d
 end
 
--- save writes done, until and every policy's state, with a TTL that
--- outlives the time to full by grace.
+-- save writes done, until and every policy's state (and extras, when
+-- there are any), with a TTL that outlives the time to full by grace.
 local function save(state_key, st, ps, now, grace, done, till)
   local value
-  if #st == 1 then
+  local x = (st.costed or 0) > 0
+  if #st == 1 and not x then
     value = string.format('%d %d %d %d', done, till, st[1].level, st[1].anchor)
   else
     local parts = {int(done), int(till)}
@@ -67,19 +74,47 @@ local function save(state_key, st, ps, now, grace, done, till)
       parts[#parts + 1] = int(st[i].level)
       parts[#parts + 1] = int(st[i].anchor)
     end
+    if x then
+      parts[#parts + 1] = int(st.costed)
+      for i = 1, #st do
+        parts[#parts + 1] = int(st[i].extra)
+      end
+    end
     value = table.concat(parts, ' ')
   end
   redis.call('SET', state_key, value, 'PX', ceil_ms(full_in(st, ps, now) + grace))
 end
 
 -- add_done counts n more tickets as no longer queued (callers that left the
--- queue), keeping the rest of the state and its TTL.
-local function add_done(state_key, n)
+-- queue) and, when less is set, takes less.costed callers with costs and
+-- their extra tokens (less[i] per policy) off the state's, keeping the rest
+-- of the state and its TTL.
+local function add_done(state_key, n, less)
   local raw = redis.call('GET', state_key)
-  if raw then
+  if not raw then return end
+  if not less then
     local done, rest = string.match(raw, '^(%d+)(.*)$')
     if done then
       redis.call('SET', state_key, string.format('%d', tonumber(done) + n) .. rest, 'KEEPTTL')
     end
+    return
   end
+  local vals = {}
+  for v in string.gmatch(raw, '%S+') do
+    vals[#vals + 1] = tonumber(v)
+  end
+  local np = #less
+  if #vals < 2 + 2 * np then return end
+  local parts = {int(vals[1] + n)}
+  for i = 2, 2 + 2 * np do
+    parts[i] = int(vals[i])
+  end
+  local costed = (vals[3 + 2 * np] or 0) - less.costed
+  if costed > 0 then
+    parts[3 + 2 * np] = int(costed)
+    for i = 1, np do
+      parts[3 + 2 * np + i] = int((vals[3 + 2 * np + i] or 0) - less[i])
+    end
+  end
+  redis.call('SET', state_key, table.concat(parts, ' '), 'KEEPTTL')
 end

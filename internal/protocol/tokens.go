@@ -3,19 +3,30 @@ package protocol
 import "time"
 
 // Policy is one limit of a bucket: it holds at most Capacity tokens and
-// gains Amount tokens every Every (used in whole microseconds).
+// gains Amount tokens every Every (used in whole microseconds). A caller
+// without costs of its own takes its call from each policy: 1 token, or 0
+// from a policy that counts another unit than calls (Other).
 type Policy struct {
 	Capacity int64
 	Amount   int64
 	Every    time.Duration
+	Other    bool
+}
+
+// Call is what a caller without costs of its own takes from p.
+func (p Policy) Call() int64 {
+	if p.Other {
+		return 0
+	}
+	return 1
 }
 
 // PolicyArgs are the policies as the scripts read them (read_policies in
-// tokens.lua): n, then capacity, amount and period µs of each.
+// tokens.lua): n, then capacity, amount, period µs and call of each.
 func PolicyArgs(ps []Policy) []any {
 	args := []any{len(ps)}
 	for _, p := range ps {
-		args = append(args, p.Capacity, p.Amount, p.Every.Microseconds())
+		args = append(args, p.Capacity, p.Amount, p.Every.Microseconds(), p.Call())
 	}
 	return args
 }

@@ -7,10 +7,12 @@
 -- integer token counts and may go negative: a negative level is tokens
 -- already promised to callers whose slots lie in the future.
 --
--- A bucket has one or more policies, each {cap, amount, freq}: it holds at
--- most cap tokens and gains amount tokens every freq microseconds. A caller
--- needs one token from every policy; its slot is the latest of the times at
--- which each policy can give it.
+-- A bucket has one or more policies, each {cap, amount, freq, call}: it
+-- holds at most cap tokens and gains amount tokens every freq microseconds.
+-- A caller costs each policy some tokens: its own costs, one per policy, or
+-- else call tokens of each (1 for a policy counting calls, 0 for one
+-- counting another unit). Its slot is the latest of the times at which each
+-- policy can give it its cost, after the callers ahead of it.
 
 -- Redis TIME as integer microseconds.
 local function now_us()
@@ -31,16 +33,19 @@ local function ceil_ms(us)
   return int(ms)
 end
 
--- read_policies parses "n, cap1, amount1, freq1, ..." from argv at index i
--- and returns the policies and the index after them.
+-- read_policies parses "n, cap1, amount1, freq1, call1, ..." from argv at
+-- index i and returns the policies, the index after them, and whether every
+-- policy counts calls (then a caller without costs takes one token of each,
+-- and the scalar functions below serve).
 local function read_policies(argv, i)
   local n = tonumber(argv[i])
-  local ps = {}
+  local ps, unit = {}, true
   for k = 1, n do
-    local b = i + 1 + (k - 1) * 3
-    ps[k] = {cap = tonumber(argv[b]), amount = tonumber(argv[b + 1]), freq = tonumber(argv[b + 2])}
+    local b = i + 1 + (k - 1) * 4
+    ps[k] = {cap = tonumber(argv[b]), amount = tonumber(argv[b + 1]), freq = tonumber(argv[b + 2]), call = tonumber(argv[b + 3])}
+    if ps[k].call ~= 1 then unit = false end
   end
-  return ps, i + 1 + n * 3
+  return ps, i + 1 + n * 4, unit
 end
 
 -- refill brings one policy's (level, anchor) forward to now. anchor is the
@@ -96,4 +101,36 @@ local function take(st)
   for i = 1, #st do
     st[i].level = st[i].level - 1
   end
+end
+
+-- slot_k is the slot at which every policy i can give its ks[i]-th token
+-- from now on. A policy with ks[i] = 0 still holds the slot back until the
+-- tokens it promised are due, so slots never go backwards: no caller
+-- overtakes one ahead of it, whatever their costs.
+local function slot_k(st, ps, now, ks)
+  local slot = now
+  for i = 1, #ps do
+    local p = ps[i]
+    local s = slot_for(st[i].level, st[i].anchor, now, ks[i], p.amount, p.freq)
+    if s > slot then slot = s end
+  end
+  return slot
+end
+
+-- take_k spends ks[i] tokens of every policy i.
+local function take_k(st, ks)
+  for i = 1, #st do
+    st[i].level = st[i].level - ks[i]
+  end
+end
+
+-- ahead_k is, per policy, the tokens that n queued callers (with the
+-- extra tokens over call each of those with costs, st[i].extra) and then
+-- costs (nil: call each) need: ks for slot_k.
+local function ahead_k(st, ps, n, costs)
+  local ks = {}
+  for i = 1, #ps do
+    ks[i] = n * ps[i].call + (st[i].extra or 0) + (costs and costs[i] or ps[i].call)
+  end
+  return ks
 end

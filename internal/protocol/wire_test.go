@@ -27,9 +27,10 @@ if f == 'state' then
   return redis.call('GET', KEYS[1])
 elseif f == 'entry' then
   -- ARGV[2] an entry: its parts, and the entry built again from them
-  local id, est = entry_parts(ARGV[2])
-  if not est then return {id, '', ''} end
-  return {id, int(est), entry(id, est)}
+  local id, est, costs = entry_parts(ARGV[2])
+  if not est then return {id, '', '', ''} end
+  local cs = costs and table.concat(costs, ',') or ''
+  return {id, int(est), entry(id, est, cs), cs}
 elseif f == 'wake' then
   -- ARGV[2..] entry, slot pairs: publish them as one message
   local list = {}
@@ -49,6 +50,9 @@ func TestStateRoundTrip(t *testing.T) {
 		{Done: 0, Until: 0, Levels: []protocol.Level{{Level: 5, Anchor: µs}}},
 		{Done: 1 << 40, Until: µs + 1000, Levels: []protocol.Level{{Level: -1234567, Anchor: µs}}},
 		{Done: 7, Until: 0, Levels: []protocol.Level{{Level: 1000, Anchor: µs}, {Level: -3, Anchor: µs + 6_696_000}, {Level: 0, Anchor: µs - 1}}},
+		// Callers with costs queued: how many, and each policy's extra.
+		{Done: 7, Until: 0, Levels: []protocol.Level{{Level: 1000, Anchor: µs}, {Level: -3, Anchor: µs + 6_696_000}}, Costed: 2, Extra: []int64{-2, 119}},
+		{Done: 3, Until: µs, Levels: []protocol.Level{{Level: 4, Anchor: µs}}, Costed: 1, Extra: []int64{59}},
 	} {
 		raw := s.String()
 		args := []any{"state", raw, µs + 6_696_000}
@@ -78,16 +82,20 @@ func TestEntryRoundTrip(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
 	for _, c := range []struct {
-		id  string
-		est int64
-	}{{"a", 0}, {"AbC-_9.z1", µs}, {"with|bar", 12}, {"", 3}} {
-		e := protocol.MakeEntry(c.id, c.est)
+		id    string
+		est   int64
+		costs string
+	}{{"a", 0, ""}, {"AbC-_9.z1", µs, ""}, {"with|bar", 12, ""}, {"", 3, ""}, {"AbC-_9.z1", µs, "1,60,60"}, {"a", 0, "0,0"}} {
+		e := protocol.MakeEntry(c.id, c.est, c.costs)
 		v, err := wire.Run(context.Background(), rdb, []string{"k"}, "entry", e).StringSlice()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v[0] != c.id || v[2] != e {
+		if v[0] != c.id || v[2] != e || v[3] != c.costs {
 			t.Errorf("Lua parts of %q = %q, rebuilt %q", e, v, v[2])
+		}
+		if got := protocol.EntryCosts(e); got != c.costs {
+			t.Errorf("EntryCosts(%q) = %q, want %q", e, got, c.costs)
 		}
 		if id := protocol.EntryID(e); id != c.id && c.id != "with|bar" {
 			t.Errorf("EntryID(%q) = %q", e, id)

@@ -12,10 +12,12 @@
 -- ARGV[2] max queue length, 0 = unbounded
 -- ARGV[3] max wait µs, 0 = unbounded
 -- ARGV[4] grace µs added to every key's TTL
--- ARGV[5..] policies: n, then cap, amount, freq µs for each
--- ARGV[after policies] m, then m caller IDs (fresh per Enter)
+-- ARGV[5..] policies: n, then cap, amount, freq µs, call for each
+-- ARGV[after policies] m, then for each of m callers its ID (fresh per
+--         Enter) and its costs, "c1,c2,..." one per policy, or "" to take
+--         each policy's call (entry.lua)
 --
--- A queued caller is stored as its entry (entry.lua), "<id>|<estimated slot µs>": the
+-- A queued caller is stored as its entry (entry.lua), "<id>|<estimated slot µs>[|<costs>]": the
 -- scheduler compares the slot it assigns with the estimate the caller sleeps
 -- on, and wakes the caller when the slot came earlier (callers ahead left).
 -- Reply: {now µs, scheduler running 0/1, first ticket}, then 3 integers
@@ -37,55 +39,67 @@ local lookahead = tonumber(ARGV[1])
 local max_queue = tonumber(ARGV[2])
 local max_wait = tonumber(ARGV[3])
 local grace = tonumber(ARGV[4])
-local ps, i = read_policies(ARGV, 5)
+local ps, i, unit = read_policies(ARGV, 5)
 local m = tonumber(ARGV[i])
-
 local st, done, till, fresh = load(KEYS[2], ps, now)
 local qlen = redis.call('LLEN', KEYS[1])
 local created = qlen == 0
-local took, pushed = false, {}
+local took, costed, pushed, tail = false, false, {}, now
+if qlen == 0 and st.costed ~= 0 then
+  -- The queue is gone (drained, or expired): so are its callers' extras.
+  st.costed, costed = 0, true
+  for k = 1, #ps do st[k].extra = 0 end
+end
 local first = done + qlen + 1
 local out, n = {now, 0, first}, 3
 -- Each caller's reply is written in place (no table per caller, no
--- function call, no # operator): a batch may hold hundreds of callers.
+-- function call, no # operator, unless it has costs of its own or waits
+-- behind one that has): a batch may hold hundreds of callers.
 for c = 1, m do
-  local id = ARGV[i + c]
-  -- Nobody waits: a token due within the lookahead is this caller's at once.
-  local slot = qlen == 0 and slot_all(st, ps, now, 1) or nil
-  if slot and slot - now <= lookahead then
+  local id, cs = ARGV[i + 2 * c - 1], ARGV[i + 2 * c]
+  local costs = parse_costs(cs)
+  local slot
+  if unit and not costs and st.costed == 0 then
+    slot = slot_all(st, ps, now, qlen + 1)
+  else
+    slot = slot_k(st, ps, now, ahead_k(st, ps, qlen, costs))
+  end
+  if qlen == 0 and slot - now <= lookahead then
+    -- Nobody waits: a slot due within the lookahead is this caller's at once.
     if max_wait > 0 and slot - now > max_wait then
       out[n + 1], out[n + 2], out[n + 3], n = 4, slot - now, 0, n + 3
     else
-      take(st)
+      if costs then take_k(st, costs) elseif unit then take(st) else take_k(st, ahead_k(st, ps, 0, nil)) end
       took = true
       done = done + 1
       out[n + 1], out[n + 2], out[n + 3], n = slot == now and 0 or 1, slot - now, 0, n + 3
     end
   elseif max_queue > 0 and qlen >= max_queue then
     out[n + 1], out[n + 2], out[n + 3], n = 3, 0, qlen, n + 3
+  elseif max_wait > 0 and slot - now > max_wait then
+    out[n + 1], out[n + 2], out[n + 3], n = 4, slot - now, qlen + 1, n + 3
   else
-    local est = slot_all(st, ps, now, qlen + 1)
-    if max_wait > 0 and est - now > max_wait then
-      out[n + 1], out[n + 2], out[n + 3], n = 4, est - now, qlen + 1, n + 3
-    else
-      qlen = qlen + 1
-      pushed[#pushed + 1] = entry(id, est)
-      out[n + 1], out[n + 2], out[n + 3], n = 2, est - now, qlen, n + 3
+    qlen = qlen + 1
+    pushed[#pushed + 1] = entry(id, slot, cs)
+    tail = slot
+    if costs then
+      st.costed = st.costed + 1
+      for k = 1, #ps do st[k].extra = st[k].extra + costs[k] - ps[k].call end
+      costed = true
     end
+    out[n + 1], out[n + 2], out[n + 3], n = 2, slot - now, qlen, n + 3
   end
 end
-
 if #pushed > 0 then
   redis.call('RPUSH', KEYS[1], unpack(pushed))
   if created then
-    local tail = slot_all(st, ps, now, qlen)
     redis.call('PEXPIRE', KEYS[1], ceil_ms(tail - now + grace))
   end
   if till > now then out[2] = 1 end
 end
--- Save when tokens were taken, or the state is new (a new state key must
--- not vanish before the queue it describes).
-if took or fresh then
+-- Save when tokens were taken, a caller with costs queued, or the state is
+-- new (a new state key must not vanish before the queue it describes).
+if took or costed or fresh then
   save(KEYS[2], st, ps, now, grace, done, till)
 end
 return out

@@ -4,7 +4,7 @@
 -- KEYS[1] queue, KEYS[2] state, KEYS[3] slot key prefix, KEYS[4] lock (as in enqueue.lua)
 -- ARGV[1] caller's entry, "<id>|<estimate>"
 -- ARGV[2] tolerance µs: a slot older than this is stale and not handed out
--- ARGV[3..] policies: n, then cap, amount, freq µs for each
+-- ARGV[3..] policies: n, then cap, amount, freq µs, call for each
 --
 -- Reply {kind, delay µs, position, lock TTL ms, slot}:
 --   kind 1 slot found: start after delay (may be negative: late);
@@ -34,7 +34,19 @@ local pos = redis.call('LPOS', KEYS[1], id)
 if not pos then
   return {4, 0, 0, 0, 0}
 end
-local ps = read_policies(ARGV, 3)
+local ps, _, unit = read_policies(ARGV, 3)
 local st = load(KEYS[2], ps, now)
-local est = slot_all(st, ps, now, pos + 1)
+local est
+if unit and st.costed == 0 then
+  est = slot_all(st, ps, now, pos + 1)
+else
+  -- Costs differ: add up those of the callers ahead and the caller's own.
+  local ks = {}
+  for k = 1, #ps do ks[k] = 0 end
+  for _, e in ipairs(redis.call('LRANGE', KEYS[1], 0, pos)) do
+    local _, _, costs = entry_parts(e)
+    for k = 1, #ps do ks[k] = ks[k] + (costs and costs[k] or ps[k].call) end
+  end
+  est = slot_k(st, ps, now, ks)
+end
 return {2, est - now, pos + 1, redis.call('PTTL', KEYS[4]), 0}

@@ -17,7 +17,7 @@
 --         estimate less the lead, or whose estimate is 0 (pushed without
 --         one), are published there with their slot, as space-separated
 --         pairs "entry slot-µs" (wake.lua), so that their process polls in time
--- ARGV[8..] policies: n, then cap, amount, freq µs for each
+-- ARGV[8..] policies: n, then cap, amount, freq µs, call for each
 --
 -- Reply {status, next µs, queue length, scheduled}:
 --   status -1 fenced (the lock is not ours: stop); 0 queue empty, lock
@@ -32,22 +32,62 @@ local batch = tonumber(ARGV[4])
 local grace = tonumber(ARGV[5])
 local lead = tonumber(ARGV[6])
 local channel = ARGV[7]
-local ps = read_policies(ARGV, 8)
-
+local ps, _, unit = read_policies(ARGV, 8)
 local st, done = load(KEYS[2], ps, now)
--- How many callers have their slot within the lookahead: pop them at once.
-local slots, n = {}, 0
-while n < batch do
-  local slot = slot_all(st, ps, now, n + 1)
-  if slot - now > lookahead then break end
-  n = n + 1
-  slots[n] = slot
+local ids, slots, blocked = {}, {}, nil
+if unit and st.costed == 0 then
+  -- Every caller queued takes one token of each policy: how many have
+  -- their slot within the lookahead follows from the state alone; pop
+  -- them at once.
+  local n = 0
+  while n < batch do
+    local slot = slot_all(st, ps, now, n + 1)
+    if slot - now > lookahead then break end
+    n = n + 1
+    slots[n] = slot
+  end
+  if n > 0 then ids = redis.call('LPOP', KEYS[1], n) or {} end
+  for k = 1, #ids do take(st) end
+else
+  -- Costs differ: read the head of the queue a few entries at a time,
+  -- adding up each caller's costs, until a slot falls beyond the
+  -- lookahead.
+  local ks, costs_of, from, stop = {}, {}, 0, false
+  for k = 1, #ps do ks[k] = 0 end
+  while not stop and #ids < batch do
+    local chunk = redis.call('LRANGE', KEYS[1], from, from + math.min(batch - #ids, 32) - 1)
+    if #chunk == 0 then break end
+    for _, e in ipairs(chunk) do
+      local _, _, costs = entry_parts(e)
+      local nks = {}
+      for k = 1, #ps do nks[k] = ks[k] + (costs and costs[k] or ps[k].call) end
+      local slot = slot_k(st, ps, now, nks)
+      if slot - now > lookahead or #ids >= batch then
+        blocked, stop = slot, true
+        break
+      end
+      ks = nks
+      ids[#ids + 1] = e
+      slots[#ids] = slot
+      costs_of[#ids] = costs
+    end
+    from = from + #chunk
+  end
+  if #ids > 0 then
+    redis.call('LTRIM', KEYS[1], #ids, -1)
+    take_k(st, ks)
+    for k = 1, #ids do
+      local costs = costs_of[k]
+      if costs then
+        st.costed = st.costed - 1
+        for j = 1, #ps do st[j].extra = st[j].extra - (costs[j] - ps[j].call) end
+      end
+    end
+  end
 end
-local ids = n > 0 and redis.call('LPOP', KEYS[1], n) or {}
 local early = {} -- the wake message (wake.lua)
 for k, id in ipairs(ids) do
   local slot = slots[k]
-  take(st)
   -- A slot key per caller, read and deleted by its poll; one its caller
   -- never collects (it died) expires grace after the slot.
   local bare, est = entry_parts(id)
@@ -63,6 +103,8 @@ wake_publish(channel, early)
 
 local qlen = redis.call('LLEN', KEYS[1])
 if qlen == 0 then
+  st.costed = 0 -- nothing queued: no extras either
+  for k = 1, #ps do st[k].extra = 0 end
   redis.call('DEL', KEYS[4])
   save(KEYS[2], st, ps, now, grace, done + scheduled, 0)
   return {0, 0, 0, scheduled}
@@ -71,8 +113,11 @@ end
 -- until instead of the lock.
 redis.call('PEXPIRE', KEYS[4], lock_ttl)
 save(KEYS[2], st, ps, now, grace, done + scheduled, now + lock_ttl * 1000)
-local tail = slot_all(st, ps, now, qlen)
+local tail = slot_k(st, ps, now, ahead_k(st, ps, qlen - 1, nil))
 redis.call('PEXPIRE', KEYS[1], ceil_ms(tail - now + grace))
-local next = slot_all(st, ps, now, 1) - lookahead - now
+-- The head's slot, now that those ahead of it took their tokens; read
+-- above when costs differ (blocked is relative to the tokens before this
+-- step's takes, the same instant).
+local next = (blocked or slot_all(st, ps, now, 1)) - lookahead - now
 if next < 0 or scheduled >= batch then next = 0 end
 return {1, next, qlen, scheduled}

@@ -1,0 +1,331 @@
+package bucket_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// costGrant is one granted EnterCost: its cost, ticket and slot.
+type costGrant struct {
+	cost   bucket.Cost
+	ticket int64
+	slot   time.Time
+	start  time.Time
+}
+
+// checkCosts fails t when, for some policy, the costs granted in a window
+// of slots exceed what the policy allows there (the guarantee with costs,
+// checked over every pair of grants), when a later ticket got an earlier
+// slot (FIFO across costs), or when a caller started before its slot.
+func checkCosts(t *testing.T, gs []costGrant, policies []bucket.Policy) {
+	t.Helper()
+	slices.SortFunc(gs, func(a, b costGrant) int { return a.slot.Compare(b.slot) })
+	for pi, p := range policies {
+		worst := 0
+		for i := range gs {
+			sum := 0
+			for j := i; j < len(gs); j++ {
+				sum += gs[j].cost[p.Unit]
+				d := gs[j].slot.Sub(gs[i].slot)
+				allowed := p.Capacity + p.RefillAmount*(int(d/p.RefillFrequency)+1)
+				worst = max(worst, sum-allowed)
+			}
+		}
+		if worst > 0 {
+			t.Errorf("policy %d (%q, capacity %d): a window of slots granted %d over its allowance", pi, p.Unit, p.Capacity, worst)
+		}
+	}
+	for i := 1; i < len(gs); i++ {
+		if gs[i].ticket < gs[i-1].ticket && gs[i].slot.After(gs[i-1].slot) {
+			t.Errorf("ticket %d got slot %v after ticket %d's %v: overtaken", gs[i].ticket, gs[i].slot, gs[i-1].ticket, gs[i-1].slot)
+		}
+	}
+	byTicket := slices.Clone(gs)
+	slices.SortFunc(byTicket, func(a, b costGrant) int { return int(a.ticket - b.ticket) })
+	for i := 1; i < len(byTicket); i++ {
+		if byTicket[i].slot.Before(byTicket[i-1].slot) {
+			t.Errorf("ticket %d (cost %v) has slot %v before ticket %d's (cost %v) %v: it overtook",
+				byTicket[i].ticket, byTicket[i].cost, byTicket[i].slot, byTicket[i-1].ticket, byTicket[i-1].cost, byTicket[i-1].slot)
+			break
+		}
+	}
+	for _, g := range gs {
+		if g.start.Before(g.slot.Add(-100 * time.Microsecond)) {
+			t.Errorf("a caller started %v before its slot", g.slot.Sub(g.start))
+			break
+		}
+	}
+}
+
+// contract is the shape of Sentinel Hub's contract (1,000 requests a
+// minute, 1,000 PU a minute, 400,000 PU a month) scaled down to saturate
+// within a few seconds: 100 requests and 100 PU of burst at 1,667/s each,
+// and 1,000 PU of burst at 1,429/s, so that both PU policies bind.
+func contract(name string) bucket.Config {
+	return bucket.Config{
+		Name:     name,
+		Capacity: 100, RefillAmount: 1, RefillFrequency: 600 * time.Microsecond, // requests
+		Policies: []bucket.Policy{
+			{Unit: "pu", Capacity: 100, RefillAmount: 1, RefillFrequency: 600 * time.Microsecond},
+			{Unit: "pu", Capacity: 1000, RefillAmount: 1, RefillFrequency: 700 * time.Microsecond},
+		},
+	}
+}
+
+// TestCostsAcrossBuckets: callers of random costs in several Bucket
+// handles (each with its own client, IDs, batchers and scheduler, as
+// separate processes have) share one three-policy bucket; every policy
+// keeps the guarantee for the sum of costs, and nobody overtakes.
+func TestCostsAcrossBuckets(t *testing.T) {
+	srv := redistest.New(t)
+	cfg := contract(t.Name())
+	var mu sync.Mutex
+	var gs []costGrant
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	for p := range 3 {
+		rdb := srv.Client()
+		defer rdb.Close()
+		b := newBucket(t, rdb, cfg)
+		for c := range 10 {
+			rng := rand.New(rand.NewPCG(uint64(p), uint64(c)))
+			wg.Go(func() {
+				for range 4 {
+					cost := bucket.Cost{"": 1, "pu": 1 + rng.IntN(60)}
+					rep, err := bucket.EnterCostReport(ctx, b, cost)
+					if err != nil {
+						t.Errorf("EnterCost(%v): %v", cost, err)
+						return
+					}
+					mu.Lock()
+					gs = append(gs, costGrant{cost: cost, ticket: rep.Ticket, slot: rep.Slot, start: time.Now()})
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if len(gs) != 3*10*4 {
+		t.Fatalf("%d grants, want %d", len(gs), 3*10*4)
+	}
+	policies := append([]bucket.Policy{{Capacity: cfg.Capacity, RefillAmount: cfg.RefillAmount, RefillFrequency: cfg.RefillFrequency}}, cfg.Policies...)
+	checkCosts(t, gs, policies)
+	// The slots span about as long as the binding policy needs for the
+	// costs granted, past its burst: it was used to the full.
+	first, last := gs[0].slot, gs[0].slot
+	units := map[string]int{}
+	for _, g := range gs {
+		if g.slot.Before(first) {
+			first = g.slot
+		}
+		if g.slot.After(last) {
+			last = g.slot
+		}
+		for u, n := range g.cost {
+			units[u] += n
+		}
+	}
+	var ideal time.Duration
+	for _, p := range policies {
+		ideal = max(ideal, time.Duration(units[p.Unit]-p.Capacity)*p.RefillFrequency/time.Duration(p.RefillAmount))
+	}
+	if span := last.Sub(first); span > ideal+ideal/10 || span < ideal-ideal/10 {
+		t.Errorf("%v granted over %v, the binding policy needs %v: utilization %.2f", units, span, ideal, float64(ideal)/float64(span))
+	} else {
+		t.Logf("%v granted over %v, the binding policy needs %v: utilization %.3f", units, span, ideal, float64(ideal)/float64(span))
+	}
+}
+
+// TestCostAboveCapacityRefused: a cost no wait could grant is refused at
+// once, naming the policy, and touches nothing in Redis.
+func TestCostAboveCapacityRefused(t *testing.T) {
+	srv := redistest.New(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	cfg := contract(t.Name())
+	b := newBucket(t, rdb, cfg)
+	for _, tc := range []struct {
+		cost bucket.Cost
+		want string
+	}{
+		{bucket.Cost{"": 1, "pu": 101}, `101 "pu" above the Capacity 100 of policy 1`},
+		{bucket.Cost{"": 101}, "101 calls above the Capacity 100 of policy 0"},
+	} {
+		start := time.Now()
+		err := b.EnterCost(withTimeout(t, 10*time.Second), tc.cost)
+		switch {
+		case !errors.Is(err, bucket.ErrCostExceedsCapacity) || !errors.Is(err, sluice.ErrCostExceedsCapacity):
+			t.Errorf("EnterCost(%v) = %v, want ErrCostExceedsCapacity", tc.cost, err)
+		case errors.Is(err, sluice.ErrLimited):
+			t.Errorf("EnterCost(%v) = %v matches ErrLimited: callers would retry it", tc.cost, err)
+		case !strings.Contains(err.Error(), tc.want):
+			t.Errorf("EnterCost(%v) = %q, want it to say %q", tc.cost, err, tc.want)
+		case time.Since(start) > time.Second:
+			t.Errorf("EnterCost(%v) took %v to refuse", tc.cost, time.Since(start))
+		}
+	}
+	if err := b.EnterN(context.Background(), 101); !errors.Is(err, bucket.ErrCostExceedsCapacity) {
+		t.Errorf("EnterN(101) = %v, want ErrCostExceedsCapacity", err)
+	}
+	if keys := keysOf(t, rdb, b); len(keys) != 0 {
+		t.Errorf("a refused cost left keys %q", keys)
+	}
+}
+
+// TestZeroAndNegativeCosts: a cost that takes nothing returns at once and
+// leaves the policies as they were; negative costs and units no policy
+// counts are errors.
+func TestZeroAndNegativeCosts(t *testing.T) {
+	srv := redistest.New(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	cfg := bucket.Config{Capacity: 2, RefillAmount: 1, RefillFrequency: time.Hour,
+		Policies: []bucket.Policy{{Unit: "pu", Capacity: 5, RefillAmount: 1, RefillFrequency: time.Hour}}}
+	b := newBucket(t, rdb, cfg)
+	ctx := withTimeout(t, 5*time.Second)
+	for _, c := range []bucket.Cost{{}, {"": 0}, {"pu": 0}, nil} {
+		if err := b.EnterCost(ctx, c); err != nil {
+			t.Errorf("EnterCost(%v) = %v, want nil", c, err)
+		}
+	}
+	if err := b.EnterN(ctx, 0); err != nil {
+		t.Errorf("EnterN(0) = %v", err)
+	}
+	for _, c := range []bucket.Cost{{"": -1}, {"pu": -3}, {"tokens": 1}} {
+		if err := b.EnterCost(ctx, c); err == nil {
+			t.Errorf("EnterCost(%v) succeeded, want an error", c)
+		}
+	}
+	// Zero PU leaves the PU policy whole: 5 PU at once, then 2 calls with
+	// no PU, all granted at once (capacities 2 calls, 5 PU).
+	for _, c := range []bucket.Cost{{"pu": 5}, {"": 1}, {"": 1, "pu": 0}} {
+		rep, err := bucket.EnterCostReport(ctx, b, c)
+		if err != nil || rep.Position != 0 || rep.Wait > time.Second {
+			t.Errorf("EnterCost(%v) = %+v, %v: want granted at once", c, rep, err)
+		}
+	}
+}
+
+// TestCancelRefundsCost: a queued caller that gives up gives its whole cost
+// back: the next caller gets those tokens at the refill, not a refill later.
+func TestCancelRefundsCost(t *testing.T) {
+	srv := redistest.New(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	const every = 600 * time.Millisecond
+	cfg := bucket.Config{Capacity: 5, RefillAmount: 5, RefillFrequency: every}
+	b := newBucket(t, rdb, cfg)
+	ctx := withTimeout(t, 10*time.Second)
+	if err := b.EnterN(ctx, 5); err != nil { // empty the bucket
+		t.Fatal(err)
+	}
+	drained := time.Now()
+	gone, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- b.EnterN(gone, 5) }()
+	waitFor(t, 5*time.Second, "the cost-5 caller to queue", func() bool {
+		l, _ := rdb.LLen(ctx, bucket.Keys(b).Queue).Result()
+		return l == 1
+	})
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled EnterN = %v", err)
+	}
+	waitFor(t, 5*time.Second, "the cancelled caller to leave the queue", func() bool {
+		l, _ := rdb.LLen(ctx, bucket.Keys(b).Queue).Result()
+		return l == 0
+	})
+	rep, err := bucket.EnterCostReport(ctx, b, bucket.Cost{"": 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Had the cancelled caller kept its 5 tokens, this one would start at
+	// the second refill, 2 × every after the drain.
+	if waited := time.Since(drained); waited > every+every/2 {
+		t.Errorf("the next cost-5 caller started %v after the drain (report %+v): the cancelled cost was not given back", waited, rep)
+	}
+	raw, _ := rdb.Get(ctx, bucket.Keys(b).State).Result()
+	if f := strings.Fields(raw); len(f) != 4 {
+		t.Errorf("state %q still counts queued costs", raw)
+	}
+}
+
+// TestHeadCostHoldsBackThoseBehind: FIFO across costs. A cost-10 caller
+// at the head waits for its tokens, and a cost-1 caller behind it does not
+// overtake it, though a token for it comes sooner.
+func TestHeadCostHoldsBackThoseBehind(t *testing.T) {
+	srv := redistest.New(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	cfg := bucket.Config{Capacity: 10, RefillAmount: 1, RefillFrequency: 20 * time.Millisecond}
+	b := newBucket(t, rdb, cfg)
+	ctx := withTimeout(t, 10*time.Second)
+	if err := b.EnterN(ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	big := make(chan bucket.Report, 1)
+	go func() {
+		rep, err := bucket.EnterCostReport(ctx, b, bucket.Cost{"": 10})
+		if err != nil {
+			t.Error(err)
+		}
+		big <- rep
+	}()
+	waitFor(t, 5*time.Second, "the cost-10 caller to queue", func() bool {
+		l, _ := rdb.LLen(ctx, bucket.Keys(b).Queue).Result()
+		return l == 1
+	})
+	small, err := b.EnterReport(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := <-big
+	if small.Slot.Before(head.Slot) || small.Ticket < head.Ticket {
+		t.Errorf("cost-1 caller (ticket %d) slot %v before the cost-10 head's (ticket %d) %v: it overtook",
+			small.Ticket, small.Slot, head.Ticket, head.Slot)
+	}
+	if d := small.Slot.Sub(head.Slot); d < 15*time.Millisecond || d > 25*time.Millisecond {
+		t.Errorf("cost-1 caller's slot %v after the head's, want one refill (20ms)", d)
+	}
+}
+
+// TestNewRejectsBadPolicies: each bad policy is named.
+func TestNewRejectsBadPolicies(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	ok := bucket.Policy{Unit: "pu", Capacity: 5, RefillAmount: 1, RefillFrequency: time.Second}
+	for _, tc := range []struct {
+		cfg  bucket.Config
+		want string
+	}{
+		{bucket.Config{Name: "n"}, "Capacity 0"},
+		{bucket.Config{Name: "n", Policies: []bucket.Policy{ok, {Unit: "x", Capacity: 0, RefillAmount: 1, RefillFrequency: time.Second}}}, "Policies[1] Capacity 0"},
+		{bucket.Config{Name: "n", Policies: []bucket.Policy{{Unit: "a,b", Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}}}, "comma"},
+		{bucket.Config{Name: "n", RefillAmount: 1, Policies: []bucket.Policy{ok}}, "Capacity 0"},
+	} {
+		_, err := bucket.New(rdb, tc.cfg)
+		if !errors.Is(err, bucket.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New(%+v) = %v, want ErrConfig saying %q", tc.cfg, err, tc.want)
+		}
+	}
+	// Policies alone are a bucket: Enter takes nothing from a "pu" policy.
+	b, err := bucket.New(rdb, bucket.Config{Name: t.Name(), Policies: []bucket.Policy{ok}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := b.EnterCost(withTimeout(t, 5*time.Second), bucket.Cost{"pu": 5}); err != nil {
+		t.Fatal(err)
+	}
+}
