@@ -8,6 +8,10 @@ import (
 	"github.com/sluicehq/sluice/internal/groundwork"
 )
 
+// StateFormat is the version of the state's layout this code writes
+// (state.lua's FORMAT).
+const StateFormat = 1
+
 // BucketState is the state key of a bucket (load and save in state.lua):
 // "done until level1 anchor1 level2 anchor2 ...", integers separated by
 // spaces. Done counts the tickets no longer queued; Until is the Redis
@@ -17,6 +21,9 @@ import (
 type BucketState struct {
 	Done, Until int64
 	Levels      []Level
+	// Format is the layout's version, StateFormat when written by this
+	// code, 0 when written before versions.
+	Format int64
 	// Costed counts the queued callers with costs of their own; Extra is,
 	// per policy, the tokens they need beyond the policy's Call each (nil
 	// when Costed is 0).
@@ -41,6 +48,10 @@ func (s BucketState) String() string {
 		b.WriteByte(' ')
 		b.WriteString(strconv.FormatInt(l.Anchor, 10))
 	}
+	if s.Format > 0 || s.Costed > 0 {
+		b.WriteByte(' ')
+		b.WriteString(strconv.FormatInt(s.Format, 10))
+	}
 	if s.Costed > 0 {
 		b.WriteByte(' ')
 		b.WriteString(strconv.FormatInt(s.Costed, 10))
@@ -53,7 +64,8 @@ func (s BucketState) String() string {
 }
 
 // ParseState reads a state string as state.lua's load does, for n
-// policies: then the costed callers and n extras if present.
+// policies: then the format and, if present, the costed callers and n
+// extras. A format above StateFormat is an error naming it.
 func ParseState(raw string, n int) (BucketState, error) {
 	f := strings.Fields(raw)
 	if len(f) < 2+2*n {
@@ -71,15 +83,21 @@ func ParseState(raw string, n int) (BucketState, error) {
 	for i := range s.Levels {
 		s.Levels[i] = Level{Level: v[2+2*i], Anchor: v[3+2*i]}
 	}
-	if len(f) >= 3+3*n {
-		x := make([]int64, 1+n)
+	if len(f) > 2+2*n {
+		x := make([]int64, len(f)-2-2*n)
 		for i := range x {
 			var err error
 			if x[i], err = strconv.ParseInt(f[2+2*n+i], 10, 64); err != nil {
 				return BucketState{}, fmt.Errorf("%w: state %q", groundwork.ErrReply, raw)
 			}
 		}
-		s.Costed, s.Extra = x[0], x[1:]
+		s.Format = x[0]
+		if s.Format > StateFormat {
+			return BucketState{}, fmt.Errorf("%w: the bucket state has format %d, this process knows up to %d: upgrade it", groundwork.ErrReply, s.Format, StateFormat)
+		}
+		if len(x) >= 2+n {
+			s.Costed, s.Extra = x[1], x[2:2+n]
+		}
 	}
 	return s, nil
 }

@@ -7,10 +7,21 @@
 -- so a caller pushed to position p of the queue has ticket done + p;
 -- until is the Redis instant (µs) to which the last step renewed the
 -- scheduler lock, 0 once released; then level and anchor of each policy;
--- then, only while callers with costs of their own are queued, how many
--- and each policy's extra: the tokens the queued callers need beyond call
--- each (written by whoever queues, pops or removes such a caller; absent
--- means none and all 0).
+-- then the format version (FORMAT: a state of a later format is refused,
+-- one without it is of this layout); then, only while callers with costs
+-- of their own are queued, how many and each policy's extra: the tokens
+-- the queued callers need beyond call each (written by whoever queues,
+-- pops or removes such a caller; absent means none and all 0). Readers of
+-- the layout before the version ignore everything after the levels.
+
+local FORMAT = 1
+
+-- check_format refuses a state of a format this code does not know.
+local function check_format(v)
+  if v and v > FORMAT then
+    error('sluice: the bucket state has format ' .. v .. ', this process knows up to ' .. FORMAT .. ': upgrade it', 0)
+  end
+end
 -- A string costs one GET and one SET ... PX, where a hash would need
 -- HMGET, HSET and PEXPIRE: this is on every caller's path. Because a
 -- queued arrival changes none of it, a queued enqueue writes nothing here.
@@ -22,9 +33,10 @@ local function load(state_key, ps, now)
   local st = {}
   if #ps == 1 then -- the common case, without a loop or a table of values
     local p = ps[1]
-    local done, till, l, a, c, x
+    local done, till, l, a, v, c, x
     if raw then
-      done, till, l, a, c, x = string.match(raw, '^(%S+) (%S+) (%S+) (%S+) ?(%S*) ?(%S*)')
+      done, till, l, a, v, c, x = string.match(raw, '^(%S+) (%S+) (%S+) (%S+) ?(%S*) ?(%S*) ?(%S*)')
+      check_format(tonumber(v))
     end
     local level, anchor = refill(tonumber(l), tonumber(a), now, p.cap, p.amount, p.freq)
     st[1] = {level = level, anchor = anchor, extra = tonumber(x) or 0}
@@ -37,12 +49,13 @@ local function load(state_key, ps, now)
       vals[#vals + 1] = tonumber(v)
     end
   end
+  check_format(vals[2 * #ps + 3])
   for i = 1, #ps do
     local p = ps[i]
     local level, anchor = refill(vals[2 * i + 1], vals[2 * i + 2], now, p.cap, p.amount, p.freq)
-    st[i] = {level = level, anchor = anchor, extra = vals[2 * #ps + 3 + i] or 0}
+    st[i] = {level = level, anchor = anchor, extra = vals[2 * #ps + 4 + i] or 0}
   end
-  st.costed = vals[2 * #ps + 3] or 0
+  st.costed = vals[2 * #ps + 4] or 0
   return st, vals[1] or 0, vals[2] or 0, not raw
 end
 
@@ -67,13 +80,14 @@ local function save(state_key, st, ps, now, grace, done, till)
   local value
   local x = (st.costed or 0) > 0
   if #st == 1 and not x then
-    value = string.format('%d %d %d %d', done, till, st[1].level, st[1].anchor)
+    value = string.format('%d %d %d %d %d', done, till, st[1].level, st[1].anchor, FORMAT)
   else
     local parts = {int(done), int(till)}
     for i = 1, #st do
       parts[#parts + 1] = int(st[i].level)
       parts[#parts + 1] = int(st[i].anchor)
     end
+    parts[#parts + 1] = int(FORMAT)
     if x then
       parts[#parts + 1] = int(st.costed)
       for i = 1, #st do
@@ -109,11 +123,12 @@ local function add_done(state_key, n, less)
   for i = 2, 2 + 2 * np do
     parts[i] = int(vals[i])
   end
-  local costed = (vals[3 + 2 * np] or 0) - less.costed
+  parts[3 + 2 * np] = int(FORMAT)
+  local costed = (vals[4 + 2 * np] or 0) - less.costed
   if costed > 0 then
-    parts[3 + 2 * np] = int(costed)
+    parts[4 + 2 * np] = int(costed)
     for i = 1, np do
-      parts[3 + 2 * np + i] = int((vals[3 + 2 * np + i] or 0) - less[i])
+      parts[4 + 2 * np + i] = int((vals[4 + 2 * np + i] or 0) - less[i])
     end
   end
   redis.call('SET', state_key, table.concat(parts, ' '), 'KEEPTTL')

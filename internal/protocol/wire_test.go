@@ -2,6 +2,7 @@ package protocol_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -47,12 +48,12 @@ func TestStateRoundTrip(t *testing.T) {
 	defer rdb.Close()
 	ctx := context.Background()
 	for _, s := range []protocol.BucketState{
-		{Done: 0, Until: 0, Levels: []protocol.Level{{Level: 5, Anchor: µs}}},
-		{Done: 1 << 40, Until: µs + 1000, Levels: []protocol.Level{{Level: -1234567, Anchor: µs}}},
-		{Done: 7, Until: 0, Levels: []protocol.Level{{Level: 1000, Anchor: µs}, {Level: -3, Anchor: µs + 6_696_000}, {Level: 0, Anchor: µs - 1}}},
+		{Done: 0, Until: 0, Levels: []protocol.Level{{Level: 5, Anchor: µs}}, Format: 1},
+		{Done: 1 << 40, Until: µs + 1000, Levels: []protocol.Level{{Level: -1234567, Anchor: µs}}, Format: 1},
+		{Done: 7, Until: 0, Levels: []protocol.Level{{Level: 1000, Anchor: µs}, {Level: -3, Anchor: µs + 6_696_000}, {Level: 0, Anchor: µs - 1}}, Format: 1},
 		// Callers with costs queued: how many, and each policy's extra.
-		{Done: 7, Until: 0, Levels: []protocol.Level{{Level: 1000, Anchor: µs}, {Level: -3, Anchor: µs + 6_696_000}}, Costed: 2, Extra: []int64{-2, 119}},
-		{Done: 3, Until: µs, Levels: []protocol.Level{{Level: 4, Anchor: µs}}, Costed: 1, Extra: []int64{59}},
+		{Done: 7, Until: 0, Levels: []protocol.Level{{Level: 1000, Anchor: µs}, {Level: -3, Anchor: µs + 6_696_000}}, Format: 1, Costed: 2, Extra: []int64{-2, 119}},
+		{Done: 3, Until: µs, Levels: []protocol.Level{{Level: 4, Anchor: µs}}, Format: 1, Costed: 1, Extra: []int64{59}},
 	} {
 		raw := s.String()
 		args := []any{"state", raw, µs + 6_696_000}
@@ -70,6 +71,21 @@ func TestStateRoundTrip(t *testing.T) {
 		if err != nil || got.String() != raw {
 			t.Errorf("ParseState(%q) = %+v, %v", back, got, err)
 		}
+	}
+	// A state written before formats had versions is read as this layout
+	// and written back with the version.
+	legacy := protocol.BucketState{Done: 4, Until: 0, Levels: []protocol.Level{{Level: 5, Anchor: µs}}}
+	back, err := wire.Run(ctx, rdb, []string{t.Name()}, "state", legacy.String(), µs+6_696_000, 5).Text()
+	if want := legacy.String() + " 1"; err != nil || back != want {
+		t.Errorf("legacy state %q came back %q, %v; want %q", legacy.String(), back, err, want)
+	}
+	// A later format is refused, by Lua and by Go, saying so.
+	later := "4 0 5 1763769600123457 2"
+	if _, err := wire.Run(ctx, rdb, []string{t.Name()}, "state", later, µs, 5).Text(); err == nil || !strings.Contains(err.Error(), "format 2") {
+		t.Errorf("Lua read a state of format 2: %v", err)
+	}
+	if _, err := protocol.ParseState(later, 1); err == nil || !strings.Contains(err.Error(), "upgrade") {
+		t.Errorf("ParseState read a state of format 2: %v", err)
 	}
 	for _, bad := range []string{"", "1 2 3", "1 2 x 4", "1 2 3 4.5"} {
 		if _, err := protocol.ParseState(bad, 1); err == nil {
