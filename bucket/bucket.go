@@ -448,6 +448,29 @@ type Report struct {
 	Margin time.Duration
 }
 
+// Estimate is what a caller would meet if it entered now.
+type Estimate struct {
+	Wait  time.Duration // until its slot: 0 if it would start at once
+	Ahead int           // callers queued ahead of it, in every process
+}
+
+// Estimate says, without taking anything, how long a caller of cost c
+// would wait if it entered now, counting the callers already queued in
+// every process and their costs. The wait is exact unless callers ahead
+// give up (then it is shorter) or the caller would be refused (MaxQueue,
+// MaxWait). A cost is checked as EnterCost checks it. One round trip.
+func (b *Bucket) Estimate(ctx context.Context, c Cost) (Estimate, error) {
+	costs, _, err := b.costs(c)
+	if err != nil {
+		return Estimate{}, err
+	}
+	wait, ahead, err := b.q.Estimate(ctx, costs)
+	if err != nil {
+		return Estimate{}, b.redisErr(ctx, err)
+	}
+	return Estimate{Wait: wait, Ahead: ahead}, nil
+}
+
 // EnterReport is Enter that also reports what happened.
 func (b *Bucket) EnterReport(ctx context.Context) (Report, error) {
 	return b.enter(ctx, nil)

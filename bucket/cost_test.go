@@ -345,3 +345,54 @@ func TestStateOfLaterFormatRefused(t *testing.T) {
 		t.Fatalf("Enter on a state of format 2 = %v, want an error naming the format", err)
 	}
 }
+
+// TestEstimateSeesTheQueue: an estimate counts the callers queued ahead
+// and their costs, takes nothing, and matches what then happens.
+func TestEstimateSeesTheQueue(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	const every = 300 * time.Millisecond
+	b := newBucket(t, rdb, bucket.Config{Capacity: 5, RefillAmount: 5, RefillFrequency: every})
+	ctx := withTimeout(t, 10*time.Second)
+	if e, err := b.Estimate(ctx, bucket.Cost{"": 5}); err != nil || e.Wait != 0 || e.Ahead != 0 {
+		t.Fatalf("estimate on a full bucket = %+v, %v; want no wait", e, err)
+	}
+	if err := b.EnterN(ctx, 5); err != nil { // empty it
+		t.Fatal(err)
+	}
+	errc := make(chan error, 2)
+	for range 2 { // two cost-5 callers: the next two refills are theirs
+		go func() { errc <- b.EnterN(ctx, 5) }()
+	}
+	waitFor(t, 5*time.Second, "two callers to queue", func() bool {
+		l, _ := rdb.LLen(ctx, bucket.Keys(b).Queue).Result()
+		return l == 2
+	})
+	est, err := b.Estimate(ctx, bucket.Cost{"": 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	asked := time.Now()
+	if est.Ahead != 2 || est.Wait < 2*every || est.Wait > 3*every {
+		t.Fatalf("estimate behind two cost-5 callers = %+v, want 2 ahead and a wait of about 3 refills less the time since the drain", est)
+	}
+	if l, _ := rdb.LLen(ctx, bucket.Keys(b).Queue).Result(); l != 2 {
+		t.Fatalf("the estimate changed the queue: %d queued", l)
+	}
+	if err := b.EnterN(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	if got := time.Since(asked); got < est.Wait-10*time.Millisecond || got > est.Wait+50*time.Millisecond {
+		t.Errorf("estimated %v, waited %v", est.Wait, got)
+	} else {
+		t.Logf("estimated %v, waited %v", est.Wait, got)
+	}
+	for range 2 {
+		if err := <-errc; err != nil {
+			t.Error(err)
+		}
+	}
+	if _, err := b.Estimate(ctx, bucket.Cost{"": 6}); !errors.Is(err, bucket.ErrCostExceedsCapacity) {
+		t.Errorf("estimate of an impossible cost = %v", err)
+	}
+}

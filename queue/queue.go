@@ -286,6 +286,22 @@ func parsePoll(reply any, err error) (PollReply, error) {
 	return r, nil
 }
 
+// Estimate says, without changing anything, how long from now a caller of
+// costs (nil: each policy's Call) would wait for its slot if it entered
+// now, and how many callers would be ahead of it. The wait is exact unless
+// callers ahead leave the queue.
+func (q *Queue) Estimate(ctx context.Context, costs []int64) (time.Duration, int, error) {
+	args := append(append([]any{}, q.policyArgs...), protocol.Costs(costs))
+	v, err := groundwork.Ints(estimateScript.Run(ctx, q.rdb, q.keys.list()[:2], args...).Result())
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(v) != 3 || v[1] < 0 || v[2] < 0 {
+		return 0, 0, fmt.Errorf("%w: estimate %v", groundwork.ErrReply, v)
+	}
+	return dur(v[1], time.Microsecond), int(v[2]), nil
+}
+
 // Cancel takes callers that gave up out of the bucket, in one round trip,
 // each by its entry or, if it never learned it, by its bare ID. A caller
 // still queued leaves without spending a token; one whose slot was written

@@ -13,10 +13,13 @@ var (
 	pollLua string
 	//go:embed lua/cancel.lua
 	cancelLua string
+	//go:embed lua/estimate.lua
+	estimateLua string
 )
 
 var (
-	enqueueScript = protocol.Script(enqueueLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
-	pollScript    = protocol.Script(pollLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
-	cancelScript  = protocol.Script(cancelLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
+	enqueueScript  = protocol.Script(enqueueLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
+	pollScript     = protocol.Script(pollLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
+	cancelScript   = protocol.Script(cancelLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
+	estimateScript = protocol.Script(estimateLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
 )
