@@ -131,6 +131,35 @@ type Policy struct {
 	RefillFrequency time.Duration
 }
 
+// Rate is a policy counting calls that allows n per period with bursts of
+// up to burst at once: Rate(20, time.Second, 5) is "20 per second, burst
+// 5", a Capacity of 5 and 1 token every 50 ms. Refills are discrete: the
+// bucket gains RefillAmount tokens at once every RefillFrequency, and Rate
+// picks the smallest amount that keeps the rate exact in whole
+// microseconds (1000 a minute: 1 every 60 ms). When that amount would
+// exceed burst, it adds 1 token every ⌈period / n⌉ instead, a rate never
+// above n per period. Set Unit on the result for another unit. Invalid
+// arguments give a policy New refuses with a message naming them.
+func Rate(n int, period time.Duration, burst int) Policy {
+	us := period.Microseconds()
+	if n < 1 || burst < 1 || us < 1 || period%time.Microsecond != 0 {
+		return Policy{Capacity: burst, RefillAmount: n, RefillFrequency: period}
+	}
+	g := gcd(int64(n), us)
+	amount, every := int64(n)/g, us/g
+	if amount > int64(burst) {
+		amount, every = 1, (us+int64(n)-1)/int64(n)
+	}
+	return Policy{Capacity: burst, RefillAmount: int(amount), RefillFrequency: time.Duration(every) * time.Microsecond}
+}
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
 // Cost is what one caller takes, by unit: Cost{"": 1, "pu": 60} is one
 // call and 60 processing units. A unit missing from it costs 0, and leaves
 // its policies untouched.

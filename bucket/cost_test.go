@@ -396,3 +396,30 @@ func TestEstimateSeesTheQueue(t *testing.T) {
 		t.Errorf("estimate of an impossible cost = %v", err)
 	}
 }
+
+func TestRate(t *testing.T) {
+	for _, tc := range []struct {
+		n      int
+		period time.Duration
+		burst  int
+		want   bucket.Policy
+	}{
+		{20, time.Second, 5, bucket.Policy{Capacity: 5, RefillAmount: 1, RefillFrequency: 50 * time.Millisecond}},
+		{1000, time.Minute, 1000, bucket.Policy{Capacity: 1000, RefillAmount: 1, RefillFrequency: 60 * time.Millisecond}},
+		{400000, 31 * 24 * time.Hour, 400000, bucket.Policy{Capacity: 400000, RefillAmount: 1, RefillFrequency: 6696 * time.Millisecond}},
+		{100, 3 * time.Microsecond, 100, bucket.Policy{Capacity: 100, RefillAmount: 100, RefillFrequency: 3 * time.Microsecond}},
+		// 3 a second is not a whole number of µs apart: exact as 3 every
+		// second with a burst of 3; with a burst of 1, a little slower.
+		{3, time.Second, 3, bucket.Policy{Capacity: 3, RefillAmount: 3, RefillFrequency: time.Second}},
+		{3, time.Second, 1, bucket.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 333334 * time.Microsecond}},
+	} {
+		if got := bucket.Rate(tc.n, tc.period, tc.burst); got != tc.want {
+			t.Errorf("Rate(%d, %v, %d) = %+v, want %+v", tc.n, tc.period, tc.burst, got, tc.want)
+		}
+	}
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	if _, err := bucket.New(rdb, bucket.Config{Name: "n", Policies: []bucket.Policy{bucket.Rate(0, time.Second, 5)}}); !errors.Is(err, bucket.ErrConfig) {
+		t.Errorf("a Rate of 0 per second: %v, want ErrConfig", err)
+	}
+}
