@@ -84,3 +84,42 @@ func ExampleConfig_maxWait() {
 	// <nil>
 	// true true
 }
+
+// A quota on two things at once, Sentinel Hub's contract: 1,000 requests
+// a minute, and processing units (PU) both 1,000 a minute and 400,000 per
+// 31 days. Each request costs 1 request and some PU; all three policies
+// are debited together, or none is.
+func ExampleBucket_EnterCost() {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	b, err := bucket.New(rdb, bucket.Config{
+		Name: "sentinel-hub",
+		Policies: []bucket.Policy{
+			bucket.Rate(1000, time.Minute, 1000), // requests: 1 every 60 ms, burst 1,000
+			{Unit: "pu", Capacity: 1000, RefillAmount: 1, RefillFrequency: 60 * time.Millisecond},     // 1,000 PU a minute
+			{Unit: "pu", Capacity: 400000, RefillAmount: 1, RefillFrequency: 6696 * time.Millisecond}, // 400,000 PU per 31 days
+		},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer b.Close()
+
+	ctx := context.Background()
+	est, err := b.Estimate(ctx, bucket.Cost{"": 1, "pu": 60})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("a 60 PU request would wait:", est.Wait, "behind", est.Ahead)
+	if err := b.EnterCost(ctx, bucket.Cost{"": 1, "pu": 60}); err != nil { // one request of 60 PU
+		fmt.Println(err)
+		return
+	}
+	err = b.EnterCost(ctx, bucket.Cost{"": 1, "pu": 1001}) // more PU than a minute allows: never
+	fmt.Println(errors.Is(err, bucket.ErrCostExceedsCapacity), errors.Is(err, sluice.ErrLimited))
+	// Output:
+	// a 60 PU request would wait: 0s behind 0
+	// true false
+}
