@@ -444,14 +444,7 @@ func (b *Bucket) EnterN(ctx context.Context, n int) error {
 // once its slot was assigned (its tokens due within the lookahead) they are
 // spent.
 func (b *Bucket) EnterCost(ctx context.Context, c Cost) error {
-	costs, zero, err := b.costs(c)
-	if err != nil {
-		return err
-	}
-	if zero {
-		return ctx.Err()
-	}
-	_, err = b.enter(ctx, costs)
+	_, err := b.EnterReport(ctx, c)
 	return err
 }
 
@@ -500,9 +493,23 @@ func (b *Bucket) Estimate(ctx context.Context, c Cost) (Estimate, error) {
 	return Estimate{Wait: wait, Ahead: ahead}, nil
 }
 
-// EnterReport is Enter that also reports what happened.
-func (b *Bucket) EnterReport(ctx context.Context) (Report, error) {
-	return b.enter(ctx, nil)
+// EnterReport is Enter that also reports what happened; with a cost, it
+// is EnterCost (at most one cost).
+func (b *Bucket) EnterReport(ctx context.Context, cost ...Cost) (Report, error) {
+	switch len(cost) {
+	case 0:
+		return b.enter(ctx, nil)
+	case 1:
+		costs, zero, err := b.costs(cost[0])
+		if err != nil || zero {
+			if err == nil {
+				err = ctx.Err()
+			}
+			return Report{}, err
+		}
+		return b.enter(ctx, costs)
+	}
+	return Report{}, fmt.Errorf("bucket: EnterReport with %d costs, want at most one", len(cost))
 }
 
 // enter enters a caller of costs (per policy; nil: Enter's).

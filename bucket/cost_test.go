@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -103,7 +104,7 @@ func TestCostsAcrossBuckets(t *testing.T) {
 			wg.Go(func() {
 				for range 4 {
 					cost := bucket.Cost{"": 1, "pu": 1 + rng.IntN(60)}
-					rep, err := bucket.EnterCostReport(ctx, b, cost)
+					rep, err := b.EnterReport(ctx, cost)
 					if err != nil {
 						t.Errorf("EnterCost(%v): %v", cost, err)
 						return
@@ -210,7 +211,7 @@ func TestZeroAndNegativeCosts(t *testing.T) {
 	// Zero PU leaves the PU policy whole: 5 PU at once, then 2 calls with
 	// no PU, all granted at once (capacities 2 calls, 5 PU).
 	for _, c := range []bucket.Cost{{"pu": 5}, {"": 1}, {"": 1, "pu": 0}} {
-		rep, err := bucket.EnterCostReport(ctx, b, c)
+		rep, err := b.EnterReport(ctx, c)
 		if err != nil || rep.Position != 0 || rep.Wait > time.Second {
 			t.Errorf("EnterCost(%v) = %+v, %v: want granted at once", c, rep, err)
 		}
@@ -246,7 +247,7 @@ func TestCancelRefundsCost(t *testing.T) {
 		l, _ := rdb.LLen(ctx, bucket.Keys(b).Queue).Result()
 		return l == 0
 	})
-	rep, err := bucket.EnterCostReport(ctx, b, bucket.Cost{"": 5})
+	rep, err := b.EnterReport(ctx, bucket.Cost{"": 5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +277,7 @@ func TestHeadCostHoldsBackThoseBehind(t *testing.T) {
 	}
 	big := make(chan bucket.Report, 1)
 	go func() {
-		rep, err := bucket.EnterCostReport(ctx, b, bucket.Cost{"": 10})
+		rep, err := b.EnterReport(ctx, bucket.Cost{"": 10})
 		if err != nil {
 			t.Error(err)
 		}
@@ -422,4 +423,35 @@ func TestRate(t *testing.T) {
 	if _, err := bucket.New(rdb, bucket.Config{Name: "n", Policies: []bucket.Policy{bucket.Rate(0, time.Second, 5)}}); !errors.Is(err, bucket.ErrConfig) {
 		t.Errorf("a Rate of 0 per second: %v, want ErrConfig", err)
 	}
+}
+
+// TestCostsAcrossProcesses: worker processes (this test binary re-executed)
+// enter one three-policy bucket with random PU costs; all grants together
+// keep every policy's guarantee, in ticket order.
+func TestCostsAcrossProcesses(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	cfg := contract(t.Name())
+	var procs []*loadgen.Proc
+	for i := range 3 {
+		procs = append(procs, startWorker(t, loadgen.Spec{Proc: i, Addr: srv.Addr(), Bucket: cfg, Callers: 10, Enters: 4,
+			CostUnit: "pu", CostMin: 1, CostMax: 60}))
+	}
+	var gs []costGrant
+	for _, p := range procs {
+		for _, g := range wait(t, p) {
+			if !g.OK() {
+				t.Errorf("proc %d caller %d: %s", g.Proc, g.Caller, g.Err)
+				continue
+			}
+			if g.Cost < 1 || g.Cost > 60 {
+				t.Fatalf("a grant of cost %d", g.Cost)
+			}
+			gs = append(gs, costGrant{cost: bucket.Cost{"": 1, "pu": g.Cost}, ticket: g.Ticket, slot: g.SlotTime(), start: g.Time()})
+		}
+	}
+	if len(gs) != 3*10*4 {
+		t.Fatalf("%d grants, want %d", len(gs), 3*10*4)
+	}
+	checkCosts(t, gs, append([]bucket.Policy{{Capacity: cfg.Capacity, RefillAmount: cfg.RefillAmount, RefillFrequency: cfg.RefillFrequency}}, cfg.Policies...))
 }

@@ -1,7 +1,6 @@
 package bucket
 
 import (
-	"context"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/groundwork"
@@ -37,13 +36,4 @@ func KeysFor(cfg Config) queue.Keys {
 		prefix = groundwork.DefaultKeyPrefix
 	}
 	return queue.New(nil, prefix, cfg.Name, queue.Options{}).Keys()
-}
-
-// EnterCostReport is EnterCost that also reports what happened.
-func EnterCostReport(ctx context.Context, b *Bucket, c Cost) (Report, error) {
-	costs, zero, err := b.costs(c)
-	if err != nil || zero {
-		return Report{}, err
-	}
-	return b.enter(ctx, costs)
 }

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -46,6 +47,8 @@ type Grant struct {
 	// (0 otherwise), so that an outcome can be matched with its
 	// announcement.
 	Seq int `json:"n,omitempty"`
+	// Cost is the caller's cost in Spec.CostUnit (0 without one).
+	Cost int `json:"co,omitempty"`
 	// Begun marks an announcement (Spec.Announce): the caller is about to
 	// call Enter; its outcome follows in a record with the same Caller and
 	// Seq. Proc keeps announcements apart from outcomes (Proc.Pending).
@@ -97,6 +100,12 @@ type Spec struct {
 	// QuietRedis silences go-redis's own log lines in a worker (a dead
 	// server makes its pool log every failed dial).
 	QuietRedis bool `json:"quiet_redis,omitempty"`
+	// CostUnit, when set, makes every Enter an EnterCost of one call and
+	// a cost in this unit drawn uniformly from CostMin to CostMax (seeded
+	// by Proc and caller, so a run can be replayed); the grant records it.
+	CostUnit string `json:"cost_unit,omitempty"`
+	CostMin  int    `json:"cost_min,omitempty"`
+	CostMax  int    `json:"cost_max,omitempty"`
 }
 
 // Run runs spec's callers through b and sends every grant to out. It
@@ -118,6 +127,7 @@ func Run(ctx context.Context, b *bucket.Bucket, spec Spec, out func(Grant)) {
 					return
 				}
 			}
+			rng := rand.New(rand.NewPCG(uint64(spec.Proc), uint64(c)))
 			for n := 0; spec.Enters == 0 || n < spec.Enters; n++ {
 				if ctx.Err() != nil || (spec.Until > 0 && time.Since(begin) > spec.Until) {
 					return
@@ -131,12 +141,18 @@ func Run(ctx context.Context, b *bucket.Bucket, spec Spec, out func(Grant)) {
 					seq = n + 1
 					out(Grant{Proc: spec.Proc, Caller: c, Seq: seq, Start: time.Now().UnixNano(), Begun: true})
 				}
+				var costs []bucket.Cost
+				cost := 0
+				if spec.CostUnit != "" {
+					cost = spec.CostMin + rng.IntN(max(spec.CostMax-spec.CostMin, 0)+1)
+					costs = []bucket.Cost{{"": 1, spec.CostUnit: cost}}
+				}
 				start := time.Now()
-				rep, err := b.EnterReport(ectx)
+				rep, err := b.EnterReport(ectx, costs...)
 				end := time.Now()
 				cancel()
 				g := Grant{Proc: spec.Proc, Caller: c, Ticket: rep.Ticket, Start: start.UnixNano(), End: end.UnixNano(),
-					Position: rep.Position, Polls: rep.Polls, RoundTrips: rep.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries, Margin: int64(rep.Margin), Seq: seq}
+					Position: rep.Position, Polls: rep.Polls, RoundTrips: rep.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries, Margin: int64(rep.Margin), Seq: seq, Cost: cost}
 				if !rep.Slot.IsZero() {
 					g.Slot = rep.Slot.UnixMicro()
 				}
