@@ -71,26 +71,34 @@ func (out *Scripts) run(ctx context.Context, e *env) error {
 	name := e.name
 	rdb := client(e.opt, 1)
 	defer rdb.Close()
-	newQueue := func(suffix string, p queue.Policy) *queue.Queue {
+	newQueue := func(suffix string, ps ...queue.Policy) *queue.Queue {
 		var c redis.Scripter = rdb
-		if suffix == "-full" {
+		if strings.HasSuffix(suffix, "-full") {
 			// Only the script: on a *redis.Client, callers arriving behind
 			// waiting ones would take the push lane.
 			c = scriptsOnly{rdb}
 		}
 		return queue.New(c, "sluice", name+suffix, queue.Options{
-			Policies: []queue.Policy{p}, Lookahead: 20 * time.Millisecond, LockTTL: time.Minute, Grace: 10 * time.Second, MaxLateness: time.Hour})
+			Policies: ps, Lookahead: 20 * time.Millisecond, LockTTL: time.Minute, Grace: 10 * time.Second, MaxLateness: time.Hour})
 	}
 	free := newQueue("-free", queue.Policy{Capacity: 1 << 40, Amount: 1 << 30, Every: time.Millisecond})
 	full := newQueue("-full", queue.Policy{Capacity: 1, Amount: 1, Every: time.Hour})
+	// Three policies, a request and two of processing units, and a cost
+	// of 1 request and 60 PU: Sentinel Hub's shape (bucket.Config.Policies).
+	pu := func(capacity int64) queue.Policy {
+		return queue.Policy{Capacity: capacity, Amount: 1 << 30, Every: time.Millisecond, Other: true}
+	}
+	free3 := newQueue("-free3", queue.Policy{Capacity: 1 << 40, Amount: 1 << 30, Every: time.Millisecond}, pu(1<<40), pu(1<<40))
+	full3 := newQueue("-full3", queue.Policy{Capacity: 1, Amount: 1, Every: time.Hour}, pu(1000), pu(400000))
+	cost := [][]int64{{1, 60, 60}}
 	// A step finds perStep callers due: 10 tokens a millisecond, and a
 	// tight loop's debt is bounded by the lookahead.
 	busy := newQueue("-busy", queue.Policy{Capacity: 1, Amount: 1, Every: 100 * time.Microsecond})
 	sched := scheduler.New(rdb, busy)
 	defer sched.Close()
 	const perStep = 10
-	enqueue := func(ctx context.Context, q *queue.Queue, id string) (queue.Arrival, error) {
-		rs, err := q.Enqueue(ctx, []string{id}, nil)
+	enqueue := func(ctx context.Context, q *queue.Queue, id string, costs ...[]int64) (queue.Arrival, error) {
+		rs, err := q.Enqueue(ctx, []string{id}, costs)
 		if err != nil {
 			return queue.Arrival{}, err
 		}
@@ -112,6 +120,24 @@ func (out *Scripts) run(ctx context.Context, e *env) error {
 			},
 			call: func(ctx context.Context, i int) error {
 				r, err := enqueue(ctx, full, "q"+strconv.Itoa(i))
+				if err == nil && r.Entry == "" {
+					err = fmt.Errorf("enqueue %d: %+v, want queued", i, r)
+				}
+				return err
+			}},
+		{name: "enqueue, 3 policies, cost, granted", runs: "TIME GET LLEN SET", rows: []string{"evalsha"},
+			setup: func(ctx context.Context) error { _, err := enqueue(ctx, free3, "warm", cost...); return err },
+			call: func(ctx context.Context, i int) error {
+				_, err := enqueue(ctx, free3, "g"+strconv.Itoa(i), cost...)
+				return err
+			}},
+		{name: "enqueue, 3 policies, cost, queued", runs: "TIME GET LLEN RPUSH SET", rows: []string{"evalsha"},
+			setup: func(ctx context.Context) error {
+				_, err := enqueue(ctx, full3, "first", cost...)
+				return err
+			},
+			call: func(ctx context.Context, i int) error {
+				r, err := enqueue(ctx, full3, "q"+strconv.Itoa(i), cost...)
 				if err == nil && r.Entry == "" {
 					err = fmt.Errorf("enqueue %d: %+v, want queued", i, r)
 				}

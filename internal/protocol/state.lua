@@ -82,19 +82,20 @@ local function save(state_key, st, ps, now, grace, done, till)
   if #st == 1 and not x then
     value = string.format('%d %d %d %d %d', done, till, st[1].level, st[1].anchor, FORMAT)
   else
-    local parts = {int(done), int(till)}
+    -- One string.format for every number: far cheaper than one each.
+    local parts = {done, till}
     for i = 1, #st do
-      parts[#parts + 1] = int(st[i].level)
-      parts[#parts + 1] = int(st[i].anchor)
+      parts[#parts + 1] = st[i].level
+      parts[#parts + 1] = st[i].anchor
     end
-    parts[#parts + 1] = int(FORMAT)
+    parts[#parts + 1] = FORMAT
     if x then
-      parts[#parts + 1] = int(st.costed)
+      parts[#parts + 1] = st.costed
       for i = 1, #st do
-        parts[#parts + 1] = int(st[i].extra)
+        parts[#parts + 1] = st[i].extra
       end
     end
-    value = table.concat(parts, ' ')
+    value = string.format(string.sub(string.rep('%d ', #parts), 1, -2), unpack(parts))
   end
   redis.call('SET', state_key, value, 'PX', ceil_ms(full_in(st, ps, now) + grace))
 end

@@ -61,6 +61,8 @@ for c = 1, m do
   local slot
   if unit and not costs and st.costed == 0 then
     slot = slot_all(st, ps, now, qlen + 1)
+  elseif qlen == 0 and costs then -- nobody ahead: the costs alone
+    slot = slot_k(st, ps, now, costs)
   else
     slot = slot_k(st, ps, now, ahead_k(st, ps, qlen, costs))
   end
