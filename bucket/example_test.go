@@ -95,7 +95,7 @@ func ExampleBucket_EnterCost() {
 	b, err := bucket.New(rdb, bucket.Config{
 		Name: "sentinel-hub",
 		Policies: []bucket.Policy{
-			bucket.Rate(1000, time.Minute, 1000), // requests: 1 every 60 ms, burst 1,000
+			bucket.Rate(1000, time.Minute, 1000),                                                      // requests: 1 every 60 ms, burst 1,000
 			{Unit: "pu", Capacity: 1000, RefillAmount: 1, RefillFrequency: 60 * time.Millisecond},     // 1,000 PU a minute
 			{Unit: "pu", Capacity: 400000, RefillAmount: 1, RefillFrequency: 6696 * time.Millisecond}, // 400,000 PU per 31 days
 		},
