@@ -170,28 +170,52 @@ func (s *Semaphore) exchange(ctx context.Context, b batch) (time.Duration, bool)
 		r, err = parseReply(v, &b)
 	}
 	if err != nil {
-		switch {
-		case ctx.Err() != nil:
-			err = ctx.Err()
-		case tctx.Err() != nil:
-			// Our own time limit, not the caller's: do not let it match
-			// context.DeadlineExceeded.
-			err = fmt.Errorf("semaphore: Redis did not answer within %v: %v", s.callTimeout, err)
-		default:
-			err = fmt.Errorf("semaphore: %w", err)
-		}
-		s.failed(b, err)
+		s.failed(b, s.cause(err, tctx.Err() != nil))
 		return 0, false
 	}
 	return s.apply(b, r, sent)
 }
 
-// failed handles a batch Redis did not answer. Its effects are unknown, so
-// releases and leaves are retried while they can still matter, and
-// arrivals fail (and leave, in case they were recorded).
-func (s *Semaphore) failed(b batch, err error) {
+// cause is what made an exchange fail, as callers should read it: Redis's
+// or the network's error ("connection refused"). When the exchange ran
+// out of its own time limit, go-redis reports only that limit's
+// context.DeadlineExceeded, which is not the caller's deadline and must
+// not match it: the cause then says so, and names why if a dial to the
+// server shows it (connection refused), or else the last error Redis gave
+// before, if any.
+func (s *Semaphore) cause(err error, timedOut bool) error {
+	if !timedOut {
+		return err
+	}
+	s.mu.Lock()
+	last := s.lastErr
+	s.mu.Unlock()
+	if perr := groundwork.Probe(context.Background(), s.rdb, probeTimeout); perr != nil {
+		return fmt.Errorf("%w within %v: %w", errNoAnswer, s.callTimeout, perr)
+	}
+	if last != nil && !errors.Is(last, errNoAnswer) {
+		return fmt.Errorf("%w within %v (the last error before: %w)", errNoAnswer, s.callTimeout, last)
+	}
+	return fmt.Errorf("%w within %v (%v)", errNoAnswer, s.callTimeout, err)
+}
+
+// probeTimeout bounds the dial that looks for the cause of an exchange
+// that ran out of time.
+const probeTimeout = 50 * time.Millisecond
+
+// errNoAnswer is an exchange that ran out of its own time limit.
+var errNoAnswer = errors.New("no answer from Redis")
+
+// failed handles a batch Redis did not answer, because of cause. Its
+// effects are unknown, so releases and leaves are retried while they can
+// still matter, and arrivals fail (and leave, in case they were
+// recorded) with an error naming cause. cause is kept for the waiters
+// whose ctx ends while Redis stays unreachable (see Acquire).
+func (s *Semaphore) failed(b batch, cause error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.lastErr = cause
+	err := &groundwork.CallError{Prefix: "semaphore", Err: cause}
 	now := time.Now()
 	for _, r := range b.releases {
 		if r.done != nil {
@@ -220,6 +244,7 @@ func (s *Semaphore) failed(b batch, err error) {
 func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.lastErr = nil
 	for i, op := range b.releases {
 		if op.done == nil {
 			continue

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -421,4 +423,45 @@ func TestRestartLosesLeases(t *testing.T) {
 	case <-time.After(2 * lease):
 		t.Fatal("holder never learned the restart took its lease")
 	}
+}
+
+// TestUnreachableRedisNamed: with Redis down, Acquire's error names the
+// refused connection. An arrival that cannot be recorded fails at once,
+// not as the caller's deadline; a waiter already queued whose ctx ends
+// while Redis is down gets an error that matches its deadline and names
+// the refused connection too.
+func TestUnreachableRedisNamed(t *testing.T) {
+	e := newEnv(t)
+	e.srv.RequireReal(t)
+	const lease = 300 * time.Millisecond
+	s := e.sem(t, Config{Name: t.Name(), Capacity: 1, LeaseTTL: lease, QueueTTL: lease})
+	acquire(t, s, time.Second) // held: the next caller queues
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := s.Acquire(ctx)
+		errc <- err
+	}()
+	waitFor(t, 2*time.Second, "the waiter to queue", func() bool { return queueLen(t, e.rdb, s) == 1 })
+	if err := e.srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	err := <-errc
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, syscall.ECONNREFUSED) || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("queued waiter whose deadline ended with Redis down: %v, want the deadline and connection refused", err)
+	}
+	t.Logf("queued waiter: %v", err)
+
+	// A fresh arrival, with time to spare, fails on the refused connection.
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = s.Acquire(ctx)
+	if !errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("arrival with Redis down: %v, want connection refused, not a deadline", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the arrival waited for its deadline")
+	}
+	t.Logf("arrival: %v", err)
 }

@@ -73,6 +73,7 @@ type Semaphore struct {
 	pendLeave    []leaveOp          // to send at the next exchange
 	retryRelease []releaseOp        // failed; sent again at the next beat
 	retryLeave   []leaveOp          // failed; sent again at the next beat
+	lastErr      error              // why the last exchange failed; nil once one succeeds
 }
 
 // waiter is one Acquire in progress. Its fields are guarded by
@@ -146,11 +147,13 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 // lost anyway, Permit.Lost is closed.
 //
 // Acquire returns an error matching ctx.Err() when ctx ends first, and then
-// gives its place in the queue up. It returns ErrQueueFull when
-// Config.MaxQueue callers already wait, ErrClosed after Close, and an error
-// wrapping Redis's when its arrival cannot be recorded. Once queued, a
-// waiter rides out Redis errors (its place is refreshed, or taken again
-// with its original ticket) until ctx ends.
+// gives its place in the queue up; while Redis is unreachable that error
+// also matches, and names, Redis's last error ("connection refused"). It
+// returns ErrQueueFull when Config.MaxQueue callers already wait,
+// ErrClosed after Close, and an error wrapping Redis's when its arrival
+// cannot be recorded. Once queued, a waiter rides out Redis errors (its
+// place is refreshed, or taken again with its original ticket) until ctx
+// ends.
 func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -178,8 +181,13 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
 		return w.permit, w.err
 	}
 	s.abandonLocked(w)
+	last := s.lastErr
 	s.mu.Unlock()
 	s.kick()
+	if last != nil {
+		// Redis is unreachable: say why, as well as that ctx ended.
+		return nil, &groundwork.CallError{Prefix: "semaphore", Ctx: ctx.Err(), Err: last}
+	}
 	return nil, ctx.Err()
 }
 

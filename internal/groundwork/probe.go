@@ -1,0 +1,49 @@
+package groundwork
+
+import (
+	"context"
+	"net"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Probe dials rdb's server once, within timeout, and returns the dial's
+// error: "connection refused" when nothing listens. It names the cause of
+// a call that ran out of time without one: go-redis retries a refused
+// dial (DialerRetries, MaxRetries) and, when the ctx ends during a
+// backoff, returns only the ctx's error. It returns nil when the dial
+// succeeds (the server is there but did not answer in time) or when rdb's
+// address cannot be read (a wrapper). A custom Dialer is not used: the
+// probe dials Options().Network and Addr, as go-redis's default does.
+func Probe(ctx context.Context, rdb redis.UniversalClient, timeout time.Duration) error {
+	var network, addr string
+	switch c := rdb.(type) {
+	case *redis.Client:
+		o := c.Options()
+		network, addr = o.Network, o.Addr
+	case *redis.ClusterClient:
+		o := c.Options()
+		if len(o.Addrs) == 0 {
+			return nil
+		}
+		network, addr = "tcp", o.Addrs[0]
+	default:
+		return nil
+	}
+	if network == "" {
+		network = "tcp"
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // no verdict in time: say nothing rather than guess
+		}
+		return err
+	}
+	conn.Close()
+	return nil
+}
