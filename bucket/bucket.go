@@ -97,10 +97,11 @@ type Config struct {
 	// LockTTL. 0 means 1 s; otherwise at least 10 ms.
 	LockTTL time.Duration
 	// MaxQueue refuses Enter with ErrQueueFull when this many callers
-	// already wait. 0 means unbounded.
+	// already wait, whatever their costs. 0 means unbounded.
 	MaxQueue int
 	// MaxWait refuses Enter with ErrWaitTooLong when the estimated wait is
-	// longer. 0 means unbounded.
+	// longer; the estimate counts the costs of the callers ahead and the
+	// caller's own. 0 means unbounded.
 	MaxWait time.Duration
 	// Lookahead is how far ahead slots are handed out: a caller whose token
 	// is due within it gets it without queueing, and the scheduler assigns

@@ -455,3 +455,43 @@ func TestCostsAcrossProcesses(t *testing.T) {
 	}
 	checkCosts(t, gs, append([]bucket.Policy{{Capacity: cfg.Capacity, RefillAmount: cfg.RefillAmount, RefillFrequency: cfg.RefillFrequency}}, cfg.Policies...))
 }
+
+// TestMaxWaitCountsCostsAhead: MaxWait judges a caller's wait from the
+// costs of the callers ahead of it and its own, not from their number;
+// MaxQueue counts callers, whatever their cost.
+func TestMaxWaitCountsCostsAhead(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	const every = 100 * time.Millisecond
+	b := newBucket(t, rdb, bucket.Config{Capacity: 10, RefillAmount: 1, RefillFrequency: every, MaxWait: 10 * every, MaxQueue: 2})
+	ctx := withTimeout(t, 10*time.Second)
+	if err := b.EnterN(ctx, 10); err != nil { // empty it
+		t.Fatal(err)
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- b.EnterN(ctx, 8) }() // 8 refills ahead of the next caller
+	waitFor(t, 5*time.Second, "the cost-8 caller to queue", func() bool {
+		l, _ := rdb.LLen(ctx, bucket.Keys(b).Queue).Result()
+		return l == 1
+	})
+	// Behind 8 refills, a cost of 4 waits about 12 refills: above MaxWait
+	// (a count of callers would see one ahead and let it in).
+	if err := b.EnterN(ctx, 4); !errors.Is(err, bucket.ErrWaitTooLong) || !errors.Is(err, sluice.ErrLimited) {
+		t.Fatalf("cost 4 behind a cost 8 with MaxWait of 10 refills: %v, want ErrWaitTooLong", err)
+	}
+	// A cost of 1 waits about 9 refills: within MaxWait.
+	go func() { errc <- b.EnterN(ctx, 1) }()
+	waitFor(t, 5*time.Second, "the cost-1 caller to queue", func() bool {
+		l, _ := rdb.LLen(ctx, bucket.Keys(b).Queue).Result()
+		return l == 2
+	})
+	// Two callers wait: MaxQueue refuses a third whatever its cost.
+	if err := b.EnterN(ctx, 1); !errors.Is(err, bucket.ErrQueueFull) {
+		t.Fatalf("a third caller with MaxQueue 2: %v, want ErrQueueFull", err)
+	}
+	for range 2 {
+		if err := <-errc; err != nil {
+			t.Error(err)
+		}
+	}
+}
