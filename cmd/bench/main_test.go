@@ -172,8 +172,8 @@ func TestScriptsScenario(t *testing.T) {
 		t.Fatalf("run: %v\n%s", err, stderr.String())
 	}
 	rep := decode(t, stdout.Bytes())
-	if rep.Scripts == nil || len(rep.Scripts.Rows) != 5 {
-		t.Fatalf("want 5 rows: %s", stdout.String())
+	if rep.Scripts == nil || len(rep.Scripts.Rows) != 7 {
+		t.Fatalf("want 7 rows: %s", stdout.String())
 	}
 	byName := map[string]ScriptCost{}
 	for _, r := range rep.Scripts.Rows {
@@ -181,6 +181,11 @@ func TestScriptsScenario(t *testing.T) {
 			t.Errorf("%s: %.2f µs tight, %.2f µs paced; want both > 0", r.Name, r.Tight, r.Paced)
 		}
 		byName[r.Name] = r
+	}
+	for _, name := range []string{"enqueue, 3 policies, cost, granted", "enqueue, 3 policies, cost, queued"} {
+		if _, ok := byName[name]; !ok {
+			t.Errorf("no row %q", name)
+		}
 	}
 	poll, enq := byName["poll, slot found"], byName["enqueue, queued"]
 	if poll.Tight >= enq.Tight {
