@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler"
 )
@@ -33,6 +36,29 @@ type Scripts struct {
 	Paced int           `json:"paced_calls"`
 	Pace  time.Duration `json:"pace_ns"`
 	Rows  []ScriptCost  `json:"rows"`
+	// Enters are whole Enters, saturated: one policy with cost 1, then
+	// three policies with a cost, at the same grant rate.
+	Enters []EnterCost `json:"enters"`
+}
+
+// EnterCost is what Redis spent per granted Enter of one kind, every
+// command of every step included (RedisCPU.CommandsUsec per grant).
+type EnterCost struct {
+	Name         string  `json:"name"`
+	Grants       int     `json:"grants"`
+	PerGrantUsec float64 `json:"per_grant_usec"`
+}
+
+// enterCostGoal bounds a three-policy Enter with a cost against a
+// one-policy one, in Redis time per grant.
+const enterCostGoal = 1.3
+
+// Ratio is the second Enter's cost in units of the first's.
+func (sc *Scripts) Ratio() float64 {
+	if len(sc.Enters) < 2 || sc.Enters[0].PerGrantUsec <= 0 {
+		return 0
+	}
+	return sc.Enters[1].PerGrantUsec / sc.Enters[0].PerGrantUsec
 }
 
 // ScriptCost is one kind of call: its commandstats time per call, tight
@@ -195,7 +221,75 @@ func (out *Scripts) run(ctx context.Context, e *env) error {
 		}
 		out.Rows = append(out.Rows, row)
 	}
+	// Whole Enters, saturated at 2,000 grants/s: the calls counting
+	// policy binds; the PU policies have room to spare (as in most
+	// requests against a contract like Sentinel Hub's).
+	every := 500 * time.Microsecond
+	for _, k := range []struct {
+		name string
+		cfg  bucket.Config
+		cost bucket.Cost
+	}{
+		{"Enter, saturated, 1 policy, cost 1", bucket.Config{Capacity: 1, RefillAmount: 1, RefillFrequency: every}, nil},
+		{"Enter, saturated, 3 policies, cost 1 + 60 PU", bucket.Config{Capacity: 1, RefillAmount: 1, RefillFrequency: every, Policies: []bucket.Policy{
+			{Unit: "pu", Capacity: 60000, RefillAmount: 120, RefillFrequency: every},
+			{Unit: "pu", Capacity: 1 << 30, RefillAmount: 1 << 20, RefillFrequency: every},
+		}}, bucket.Cost{"": 1, "pu": 60}},
+	} {
+		k.cfg.Name = name + "-enter-" + strconv.Itoa(len(out.Enters))
+		c, err := saturatedEnters(ctx, e, k.cfg, k.cost)
+		if err != nil {
+			return fmt.Errorf("%s: %w", k.name, err)
+		}
+		c.Name = k.name
+		out.Enters = append(out.Enters, c)
+	}
 	return nil
+}
+
+// saturatedEnters runs callers looping Enter (with cost, if any) on a
+// bucket of cfg for a while, and returns Redis's time per grant.
+func saturatedEnters(ctx context.Context, e *env, cfg bucket.Config, cost bucket.Cost) (EnterCost, error) {
+	const callers, length = 32, 1500 * time.Millisecond
+	rdb := client(e.opt, callers)
+	defer rdb.Close()
+	b, err := bucket.New(rdb, cfg)
+	if err != nil {
+		return EnterCost{}, err
+	}
+	defer b.Close()
+	before, err := readCPU(ctx, rdb)
+	if err != nil {
+		return EnterCost{}, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, length)
+	defer cancel()
+	var grants atomic.Int64
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			for rctx.Err() == nil {
+				var err error
+				if cost != nil {
+					err = b.EnterCost(rctx, cost)
+				} else {
+					err = b.Enter(rctx)
+				}
+				if err == nil {
+					grants.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.Close() // its last steps and cancels count too
+	after, err := readCPU(ctx, rdb)
+	if err != nil {
+		return EnterCost{}, err
+	}
+	n := int(grants.Load())
+	r := redisCPU(before, after, n, e.url != "")
+	return EnterCost{Grants: n, PerGrantUsec: float64(r.CommandsUsec) / float64(max(n, 1))}, nil
 }
 
 func (sc *Scripts) table(t *table, _ Limit) {
@@ -207,6 +301,12 @@ func (sc *Scripts) table(t *table, _ Limit) {
 			note = fmt.Sprintf("%.1f× / %.1f× the one-line script; %s", c.Tight/floor.Tight, c.Paced/floor.Paced, c.Runs)
 		}
 		t.row(c.Name, usec(c.Tight), usec(c.Paced), note)
+	}
+	for _, c := range sc.Enters {
+		t.row(c.Name, usec(c.PerGrantUsec), "", fmt.Sprintf("per grant, every command included (%s grants)", commas(c.Grants)))
+	}
+	if r := sc.Ratio(); r > 0 {
+		t.row("3 policies with a cost against 1", fmt.Sprintf("%.2f×", r), "", goal(r <= enterCostGoal, fmt.Sprintf("≤ %.1f×", enterCostGoal)))
 	}
 }
 
