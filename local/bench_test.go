@@ -35,7 +35,7 @@ func BenchmarkRateEnter(b *testing.B) {
 		}
 	})
 	b.Run("impl=raw", func(b *testing.B) {
-		lim := rate.NewLimiter(benchRate, 1+benchBurst)
+		lim := rate.NewLimiter(benchRate, benchBurst)
 		b.ReportAllocs()
 		for b.Loop() {
 			if err := lim.Wait(ctx); err != nil {
@@ -60,7 +60,7 @@ func BenchmarkRateEnterParallel(b *testing.B) {
 		})
 	})
 	b.Run("impl=raw", func(b *testing.B) {
-		lim := rate.NewLimiter(benchRate, 1+benchBurst)
+		lim := rate.NewLimiter(benchRate, benchBurst)
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {

@@ -35,6 +35,7 @@ type ConcurrencyConfig struct {
 // is safe for concurrent use.
 type Concurrency struct {
 	sem            *semaphore.Weighted
+	limit          int
 	acquireTimeout time.Duration
 	runTimeout     time.Duration
 }
@@ -52,6 +53,7 @@ func NewConcurrency(cfg ConcurrencyConfig) (*Concurrency, error) {
 	}
 	return &Concurrency{
 		sem:            semaphore.NewWeighted(int64(cfg.Limit)),
+		limit:          cfg.Limit,
 		acquireTimeout: cfg.AcquireTimeout,
 		runTimeout:     cfg.RunTimeout,
 	}, nil
@@ -61,25 +63,50 @@ func NewConcurrency(cfg ConcurrencyConfig) (*Concurrency, error) {
 // ErrTimeout if AcquireTimeout passes first, and ctx.Err() if ctx ends first;
 // in both cases nothing is held and Release must not be called.
 func (c *Concurrency) Acquire(ctx context.Context) error {
+	return c.acquire(ctx, 1)
+}
+
+// AcquireN is Acquire for a caller that takes n slots at once, as
+// semaphore.Weighted's Acquire; release them with ReleaseN(n). Callers wait
+// in arrival order whatever their cost: a large n at the front waits until
+// n slots are free and the callers behind it wait too, never overtaking it.
+// A caller that gives up holds nothing.
+//
+// n = 0 returns at once: nil, or ctx.Err() if ctx has already ended. An n
+// above Limit could never be granted (semaphore.Weighted would block until
+// ctx ends) and is refused at once with an error matching
+// ErrCostExceedsCapacity (not sluice.ErrLimited); a negative n is an error.
+func (c *Concurrency) AcquireN(ctx context.Context, n int) error {
+	if err := checkCost(n, "Limit", c.limit); err != nil {
+		return err
+	}
+	if n == 0 {
+		// semaphore.Weighted would queue a zero cost behind the waiters.
+		return ctx.Err()
+	}
+	return c.acquire(ctx, int64(n))
+}
+
+func (c *Concurrency) acquire(ctx context.Context, n int64) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	// TryAcquire respects the queue, so this fast path keeps FIFO order and
 	// spares the uncontended caller the timeout context.
-	if c.sem.TryAcquire(1) {
+	if c.sem.TryAcquire(n) {
 		return nil
 	}
-	return c.acquireSlow(ctx)
+	return c.acquireSlow(ctx, n)
 }
 
-func (c *Concurrency) acquireSlow(ctx context.Context) error {
+func (c *Concurrency) acquireSlow(ctx context.Context, n int64) error {
 	actx := ctx
 	if c.acquireTimeout > 0 {
 		var cancel context.CancelFunc
 		actx, cancel = context.WithTimeoutCause(ctx, c.acquireTimeout, ErrTimeout)
 		defer cancel()
 	}
-	err := c.sem.Acquire(actx, 1)
+	err := c.sem.Acquire(actx, n)
 	if err == nil {
 		return nil
 	}
@@ -98,6 +125,16 @@ func (c *Concurrency) acquireSlow(ctx context.Context) error {
 // panics if more slots are released than were acquired.
 func (c *Concurrency) Release() {
 	c.sem.Release(1)
+}
+
+// ReleaseN gives back n slots taken by AcquireN (or by n calls of Acquire).
+// It panics if n is negative or if more slots are released than were
+// acquired: both are bugs in the caller.
+func (c *Concurrency) ReleaseN(n int) {
+	if n < 0 {
+		panic("local: ReleaseN of a negative count")
+	}
+	c.sem.Release(int64(n))
 }
 
 // Do takes a slot, runs fn, and releases the slot when fn returns or panics.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -283,4 +284,276 @@ func TestConcurrencyAcquireRelease(t *testing.T) {
 		}()
 		c.Release()
 	})
+}
+
+// TestConcurrencyAcquireNCosts checks the costs that never wait: zero (at
+// once, even behind a waiter, where semaphore.Weighted would queue it),
+// negative and above the limit (refused at once, where semaphore.Weighted
+// would block until ctx ends), and that none of them takes a slot.
+func TestConcurrencyAcquireNCosts(t *testing.T) {
+	live := context.Background()
+	dead, cancel := context.WithCancel(live)
+	cancel()
+	tests := []struct {
+		name    string
+		ctx     context.Context
+		n       int
+		wantErr error  // nil: want nil
+		bad     bool   // want an error matching none of the sentinels
+		words   string // the error names these
+	}{
+		{name: "zero", ctx: live, n: 0},
+		{name: "zero with an ended context", ctx: dead, n: 0, wantErr: context.Canceled},
+		{name: "negative", ctx: live, n: -2, bad: true, words: "negative cost -2"},
+		{name: "just above the limit", ctx: live, n: 4, wantErr: ErrCostExceedsCapacity, words: "cost 4 above the Limit 3"},
+		{name: "far above the limit", ctx: live, n: 1 << 40, wantErr: ErrCostExceedsCapacity, words: "above the Limit 3"},
+		{name: "above the limit with an ended context", ctx: dead, n: 4, wantErr: ErrCostExceedsCapacity},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				c, _ := NewConcurrency(ConcurrencyConfig{Limit: 3})
+				wait := holdFor(t, c, 2, time.Second)
+				var wg sync.WaitGroup
+				wg.Go(func() { // a waiter for all three slots
+					if err := c.AcquireN(live, 3); err != nil {
+						t.Error(err)
+						return
+					}
+					c.ReleaseN(3)
+				})
+				synctest.Wait()
+
+				t0 := time.Now()
+				err := c.AcquireN(tt.ctx, tt.n)
+				if time.Since(t0) != 0 {
+					t.Errorf("AcquireN(%d) took %v, want an answer at once", tt.n, time.Since(t0))
+				}
+				switch {
+				case tt.bad:
+					if err == nil || errors.Is(err, sluice.ErrLimited) || errors.Is(err, sluice.ErrCostExceedsCapacity) || errors.Is(err, sluice.ErrConfig) {
+						t.Errorf("AcquireN(%d) = %v, want an error of its own", tt.n, err)
+					}
+				case !matches(err, tt.wantErr):
+					t.Errorf("AcquireN(%d) = %v, want %v", tt.n, err, tt.wantErr)
+				}
+				if errors.Is(tt.wantErr, ErrCostExceedsCapacity) &&
+					(!errors.Is(err, sluice.ErrCostExceedsCapacity) || errors.Is(err, sluice.ErrLimited)) {
+					t.Errorf("AcquireN(%d) = %v: want it to match sluice.ErrCostExceedsCapacity and not sluice.ErrLimited", tt.n, err)
+				}
+				if err != nil && !strings.Contains(err.Error(), tt.words) {
+					t.Errorf("AcquireN(%d) = %q, want it to say %q", tt.n, err, tt.words)
+				}
+				if err == nil {
+					c.ReleaseN(tt.n)
+				}
+				wait()
+				wg.Wait()
+				if n := free(c, 3); n != 3 {
+					t.Errorf("%d of 3 slots free afterwards", n)
+				}
+			})
+		})
+	}
+}
+
+// call is an AcquireN running in its own goroutine.
+type call struct {
+	done chan struct{}
+	err  error
+}
+
+// acquireAsync starts AcquireN(ctx, n) in a goroutine of wg and returns once
+// it has got its slots or is blocked waiting. Must run in a synctest bubble.
+func acquireAsync(ctx context.Context, wg *sync.WaitGroup, c *Concurrency, n int) *call {
+	k := &call{done: make(chan struct{})}
+	wg.Go(func() {
+		k.err = c.AcquireN(ctx, n)
+		close(k.done)
+	})
+	synctest.Wait()
+	return k
+}
+
+// returned reports whether the call has returned. Call it after
+// synctest.Wait.
+func (k *call) returned() bool {
+	select {
+	case <-k.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// TestConcurrencyFIFOAcrossCosts queues a large cost and then a small one
+// behind it: the small one waits though it would fit, until the large one
+// has had its slots.
+func TestConcurrencyFIFOAcrossCosts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, _ := NewConcurrency(ConcurrencyConfig{Limit: 3})
+		ctx := context.Background()
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		if err := c.AcquireN(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		big := acquireAsync(ctx, &wg, c, 3)
+		small := acquireAsync(ctx, &wg, c, 1)
+		if big.returned() || small.returned() {
+			t.Fatalf("with 2 of 3 slots free: cost 3 returned %v, cost 1 behind it returned %v; want both waiting", big.returned(), small.returned())
+		}
+		c.ReleaseN(1)
+		synctest.Wait()
+		if !big.returned() || big.err != nil || small.returned() {
+			t.Fatalf("all 3 slots free: cost 3 returned %v (%v), cost 1 returned %v; want only cost 3", big.returned(), big.err, small.returned())
+		}
+		c.ReleaseN(3)
+		synctest.Wait()
+		if !small.returned() || small.err != nil {
+			t.Fatalf("cost 1 after cost 3 released: returned %v (%v)", small.returned(), small.err)
+		}
+		c.Release()
+		if n := free(c, 3); n != 3 {
+			t.Fatalf("%d of 3 slots free at the end", n)
+		}
+	})
+}
+
+// TestConcurrencyCancellationRefundsCost cancels a waiting large cost: the
+// small one behind it gets its slot in the same instant, as if the large one
+// had never been there.
+func TestConcurrencyCancellationRefundsCost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, _ := NewConcurrency(ConcurrencyConfig{Limit: 3})
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		if err := c.AcquireN(context.Background(), 2); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		big := acquireAsync(ctx, &wg, c, 3)
+		small := acquireAsync(context.Background(), &wg, c, 1)
+		if big.returned() || small.returned() {
+			t.Fatal("want both waiting behind the 2 slots held")
+		}
+		t0 := time.Now()
+		cancel()
+		synctest.Wait()
+		if !big.returned() || !errors.Is(big.err, context.Canceled) {
+			t.Fatalf("cancelled cost 3: returned %v with %v, want context.Canceled", big.returned(), big.err)
+		}
+		if !small.returned() || small.err != nil || time.Since(t0) != 0 {
+			t.Fatalf("cost 1 behind it: returned %v with %v after %v, want nil at once", small.returned(), small.err, time.Since(t0))
+		}
+		if n := free(c, 3); n != 0 {
+			t.Fatalf("%d slots free with 2+1 held, want 0", n)
+		}
+		c.ReleaseN(2)
+		c.Release()
+		if n := free(c, 3); n != 3 {
+			t.Fatalf("%d of 3 slots free at the end", n)
+		}
+	})
+}
+
+// TestConcurrencyAcquireNTimeout lets a large cost time out: it returns
+// ErrTimeout after AcquireTimeout, holding nothing, and the small cost
+// queued behind it half a second later goes in at that instant.
+func TestConcurrencyAcquireNTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, _ := NewConcurrency(ConcurrencyConfig{Limit: 2, AcquireTimeout: time.Second})
+		wait := holdFor(t, c, 1, 5*time.Second)
+		defer wait()
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		ctx := context.Background()
+		t0 := time.Now()
+		big := acquireAsync(ctx, &wg, c, 2)
+		time.Sleep(time.Second / 2) // so that cost 1's own timeout comes later
+		small := acquireAsync(ctx, &wg, c, 1)
+		<-big.done
+		synctest.Wait()
+		if !errors.Is(big.err, ErrTimeout) || time.Since(t0) != time.Second {
+			t.Fatalf("cost 2 with 1 of 2 slots held: %v after %v, want ErrTimeout after 1s", big.err, time.Since(t0))
+		}
+		if !small.returned() || small.err != nil {
+			t.Fatalf("cost 1 behind it: returned %v with %v, want nil when cost 2 gave up", small.returned(), small.err)
+		}
+		c.Release()
+	})
+}
+
+// TestConcurrencyReleaseNPanics: releasing a negative count, or more than
+// was acquired, is a bug in the caller and panics, as semaphore.Weighted
+// does; ReleaseN(0) does nothing.
+func TestConcurrencyReleaseNPanics(t *testing.T) {
+	tests := []struct {
+		name      string
+		held      int
+		release   int
+		wantPanic bool
+	}{
+		{"negative", 1, -1, true},
+		{"more than held", 2, 3, true},
+		{"all held", 2, 2, false},
+		{"zero", 0, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, _ := NewConcurrency(ConcurrencyConfig{Limit: 3})
+			if err := c.AcquireN(context.Background(), tt.held); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if got := recover() != nil; got != tt.wantPanic {
+					t.Errorf("ReleaseN(%d) with %d held: panicked %v, want %v", tt.release, tt.held, got, tt.wantPanic)
+				}
+			}()
+			c.ReleaseN(tt.release)
+		})
+	}
+}
+
+// TestConcurrencyCostBound runs many calls of random costs and lengths and
+// checks the costs running at once never exceeded Limit.
+func TestConcurrencyCostBound(t *testing.T) {
+	for _, limit := range []int{1, 4, 10} {
+		synctest.Test(t, func(t *testing.T) {
+			c, _ := NewConcurrency(ConcurrencyConfig{Limit: limit})
+			var running, most atomic.Int64
+			var ran atomic.Int64
+			var wg sync.WaitGroup
+			rng := rand.New(rand.NewPCG(uint64(limit), 1))
+			for range 100 {
+				n := 1 + rng.IntN(limit)
+				work := time.Duration(rng.Int64N(int64(time.Second)))
+				arrive := time.Duration(rng.Int64N(int64(5 * time.Second)))
+				wg.Go(func() {
+					time.Sleep(arrive)
+					if err := c.AcquireN(context.Background(), n); err != nil {
+						t.Errorf("AcquireN(%d): %v", n, err)
+						return
+					}
+					r := running.Add(int64(n))
+					for m := most.Load(); r > m && !most.CompareAndSwap(m, r); m = most.Load() {
+					}
+					time.Sleep(work)
+					running.Add(-int64(n))
+					ran.Add(1)
+					c.ReleaseN(n)
+				})
+			}
+			wg.Wait()
+			if m := most.Load(); m > int64(limit) || m == 0 {
+				t.Errorf("limit %d: costs of %d ran at once", limit, m)
+			}
+			if ran.Load() != 100 {
+				t.Errorf("limit %d: %d of 100 calls ran", limit, ran.Load())
+			}
+			if n := free(c, limit); n != limit {
+				t.Errorf("%d of %d slots free afterwards", n, limit)
+			}
+		})
+	}
 }

@@ -5,10 +5,11 @@
 // Noop without touching its call sites.
 //
 //   - Rate lets at most Rate calls start per Period, first come first served,
-//     with optional Burst, MaxQueue and MaxWait.
+//     with optional Burst, MaxQueue and MaxWait. EnterN takes a cost of
+//     several calls at once.
 //   - Concurrency lets at most Limit calls run at once, first come first
 //     served, with an optional acquire timeout and an optional bound on a
-//     whole Do (wait plus work).
+//     whole Do (wait plus work). AcquireN takes several slots at once.
 //   - Spacer starts calls at least Space apart, optionally on multiples of
 //     Space.
 //   - Noop never waits and never refuses; it turns limiting off.
@@ -42,7 +43,9 @@
 //
 // Refusals are the sentinels ErrQueueFull, ErrWaitTooLong and ErrTimeout, each
 // wrapping sluice.ErrLimited; test them with errors.Is. A refused call has
-// consumed nothing. When the caller's context ends first, the limiters return
+// consumed nothing. A cost that could never be granted (above Burst or
+// Limit) is refused at once with ErrCostExceedsCapacity, which does not wrap
+// sluice.ErrLimited: waiting would not help. When the caller's context ends first, the limiters return
 // an error that matches ctx.Err() with errors.Is, and whatever the caller had
 // reserved is given back. Constructors return errors wrapping
 // ErrConfig and never panic.

@@ -24,6 +24,27 @@ var (
 	ErrTimeout = fmt.Errorf("local: timed out waiting for a slot: %w", sluice.ErrLimited)
 )
 
+// ErrCostExceedsCapacity is returned at once, never queued, by Rate.EnterN
+// and Concurrency.AcquireN for a cost no wait could ever grant: one above
+// the Rate's Burst or the Concurrency's Limit. The returned error wraps it
+// and names the cost and that bound. It matches
+// sluice.ErrCostExceedsCapacity, as bucket.ErrCostExceedsCapacity does, and
+// not sluice.ErrLimited: retrying later cannot succeed.
+var ErrCostExceedsCapacity = fmt.Errorf("local: %w", sluice.ErrCostExceedsCapacity)
+
+// checkCost returns an error for a cost n that is negative, or above
+// capacity, the limiter's field called name.
+func checkCost(n int, name string, capacity int) error {
+	if n < 0 {
+		return negativeCost(n)
+	}
+	if n > capacity {
+		return fmt.Errorf("%w: cost %d above the %s %d, so it could never be granted",
+			ErrCostExceedsCapacity, n, name, capacity)
+	}
+	return nil
+}
+
 // ErrConfig is wrapped by every error a constructor returns; it matches
 // sluice.ErrConfig, as bucket.ErrConfig and semaphore.ErrConfig do. It does
 // not match sluice.ErrLimited: a bad configuration is a bug to fix, not a
@@ -32,4 +53,10 @@ var ErrConfig = groundwork.ConfigError("local")
 
 func invalid(format string, args ...any) error {
 	return groundwork.Invalid(ErrConfig, format, args...)
+}
+
+// negativeCost is the error for a negative cost: a bug in the caller, so
+// neither a refusal nor a cost too large.
+func negativeCost(n int) error {
+	return fmt.Errorf("local: negative cost %d", n)
 }

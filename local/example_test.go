@@ -37,9 +37,9 @@ func ExampleRate() {
 }
 
 // Burst lets a quiet client send a few requests at once, then holds it to the
-// rate.
+// rate. Burst 3 lets 3 through at once, as x/time/rate's burst 3 does.
 func ExampleRate_burst() {
-	lim, err := local.NewRate(local.RateConfig{Rate: 1, Period: time.Hour, Burst: 2, MaxWait: time.Minute})
+	lim, err := local.NewRate(local.RateConfig{Rate: 1, Period: time.Hour, Burst: 3, MaxWait: time.Minute})
 	if err != nil {
 		panic(err)
 	}
@@ -52,6 +52,39 @@ func ExampleRate_burst() {
 	// 1 <nil>
 	// 2 <nil>
 	// 3 local: wait too long: sluice: limited
+}
+
+// EnterN for requests that cost different amounts: an API allows 600 units
+// a minute, at most 100 at once, and each request costs its size in units.
+// The callers wait their turn in arrival order whatever their cost: here the
+// first two spend the burst, the third waits half a second for its 5 units,
+// and the fourth would wait 3 s, longer than MaxWait. A cost above the Burst
+// can never be granted, so it is refused at once: split it.
+func ExampleRate_EnterN() {
+	lim, err := local.NewRate(local.RateConfig{Rate: 600, Period: time.Minute, Burst: 100, MaxWait: time.Second})
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for _, size := range []int{60, 40, 5, 30, 250} {
+		err := lim.EnterN(ctx, size)
+		switch {
+		case errors.Is(err, sluice.ErrCostExceedsCapacity):
+			fmt.Println(size, "never:", err)
+		case errors.Is(err, sluice.ErrLimited):
+			fmt.Println(size, "not now:", err)
+		case err != nil:
+			fmt.Println(size, err)
+		default:
+			fmt.Println(size, "sent") // the request goes here
+		}
+	}
+	// Output:
+	// 60 sent
+	// 40 sent
+	// 5 sent
+	// 30 not now: local: wait too long: sluice: limited
+	// 250 never: local: sluice: cost exceeds capacity: cost 250 above the Burst 100, so it could never be granted
 }
 
 // A Concurrency keeping at most two downloads in flight, with each Do bounded

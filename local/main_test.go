@@ -21,10 +21,26 @@ type enterer interface {
 	Enter(ctx context.Context) error
 }
 
-// arrival is one scripted caller: it calls Enter at offset at, and gives up
-// at offset cancelAt unless that is zero.
+// costEnterer is an enterer that takes costs: Rate and Noop.
+type costEnterer interface {
+	enterer
+	EnterN(ctx context.Context, n int) error
+}
+
+// arrival is one scripted caller: it calls Enter at offset at, or EnterN
+// when cost is not zero, and gives up at offset cancelAt unless that is
+// zero.
 type arrival struct {
 	at, cancelAt time.Duration
+	cost         int
+}
+
+// enter calls Enter, or EnterN when a has a cost.
+func (a arrival) enter(ctx context.Context, lim enterer) error {
+	if a.cost != 0 {
+		return lim.(costEnterer).EnterN(ctx, a.cost)
+	}
+	return lim.Enter(ctx)
 }
 
 // outcome is when a scripted call returned, and what.
@@ -49,7 +65,7 @@ func play(t *testing.T, lim enterer, script []arrival) []outcome {
 		}
 		wg.Go(func() {
 			defer cancel()
-			err := lim.Enter(ctx)
+			err := a.enter(ctx, lim)
 			out[i] = outcome{time.Since(t0), err}
 		})
 		synctest.Wait()

@@ -32,6 +32,28 @@ func (Noop) Acquire(ctx context.Context) error {
 // Release does nothing.
 func (Noop) Release() {}
 
+// EnterN returns ctx.Err() for any n >= 0, and an error for a negative n,
+// as Rate.EnterN does. No cost is too large: a Noop has no burst.
+func (Noop) EnterN(ctx context.Context, n int) error {
+	if n < 0 {
+		return negativeCost(n)
+	}
+	return ctx.Err()
+}
+
+// AcquireN returns ctx.Err() for any n >= 0, and an error for a negative n,
+// as Concurrency.AcquireN does. No cost is too large: a Noop has no limit.
+func (Noop) AcquireN(ctx context.Context, n int) error {
+	if n < 0 {
+		return negativeCost(n)
+	}
+	return ctx.Err()
+}
+
+// ReleaseN does nothing. Unlike Concurrency.ReleaseN it does not panic,
+// since a Noop keeps no count to check against.
+func (Noop) ReleaseN(int) {}
+
 // Do runs fn with ctx and returns its error, or returns ctx.Err() without
 // running fn if ctx has already ended.
 func (Noop) Do(ctx context.Context, fn func(ctx context.Context) error) error {

@@ -3,16 +3,35 @@ package local
 import (
 	"context"
 	"errors"
+	"math"
 	"testing"
+
+	"github.com/sluicehq/sluice"
 )
 
-// The method set Concurrency offers beyond sluice.Limiter; Noop must have it
-// too to stand in for a Concurrency.
-var _ interface {
-	Acquire(ctx context.Context) error
-	Release()
-	Do(ctx context.Context, fn func(ctx context.Context) error) error
-} = Noop{}
+// The method sets Concurrency and Rate offer beyond sluice.Limiter; Noop
+// must have them too to stand in for either.
+type (
+	concurrencyMethods interface {
+		Acquire(ctx context.Context) error
+		AcquireN(ctx context.Context, n int) error
+		Release()
+		ReleaseN(n int)
+		Do(ctx context.Context, fn func(ctx context.Context) error) error
+	}
+	rateMethods interface {
+		Enter(ctx context.Context) error
+		EnterN(ctx context.Context, n int) error
+		Do(ctx context.Context, fn func(ctx context.Context) error) error
+	}
+)
+
+var (
+	_ concurrencyMethods = (*Concurrency)(nil)
+	_ concurrencyMethods = Noop{}
+	_ rateMethods        = (*Rate)(nil)
+	_ rateMethods        = Noop{}
+)
 
 func TestNoop(t *testing.T) {
 	live := context.Background()
@@ -44,6 +63,23 @@ func TestNoop(t *testing.T) {
 				t.Errorf("Acquire = %v, want %v", err, want)
 			}
 			n.Release()
+			// No cost is too large for a Noop, and zero is fine too.
+			for _, cost := range []int{0, 1, 1000, math.MaxInt} {
+				if err := n.EnterN(tt.ctx, cost); err != want {
+					t.Errorf("EnterN(%d) = %v, want %v", cost, err, want)
+				}
+				if err := n.AcquireN(tt.ctx, cost); err != want {
+					t.Errorf("AcquireN(%d) = %v, want %v", cost, err, want)
+				}
+				n.ReleaseN(cost)
+			}
+			// A negative cost is an error, as it is for Rate and Concurrency.
+			for name, f := range map[string]func(context.Context, int) error{"EnterN": n.EnterN, "AcquireN": n.AcquireN} {
+				err := f(tt.ctx, -1)
+				if err == nil || errors.Is(err, sluice.ErrLimited) || errors.Is(err, sluice.ErrCostExceedsCapacity) {
+					t.Errorf("%s(-1) = %v, want an error of its own", name, err)
+				}
+			}
 		})
 	}
 	// Never refuses, however often it is called.

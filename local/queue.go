@@ -11,12 +11,14 @@ import (
 // in the future at any time (the front waiter's), so unbook always undoes the
 // most recent booking and can restore the state exactly.
 type schedule interface {
-	// book commits the next start, at or after now, and returns its time.
-	book(now time.Time) time.Time
-	// unbook gives back the most recent booking, which has not started yet.
+	// book commits the next start, of cost n >= 1, at or after now, and
+	// returns its time.
+	book(now time.Time, n int) time.Time
+	// unbook gives back the most recent booking, which has not started
+	// yet, whole.
 	unbook(now time.Time)
-	// estimate returns the time the k-th next booking (k >= 1) would get if
-	// k bookings were made now, booking nothing.
+	// estimate returns the time a booking would get if bookings of total
+	// cost k >= 1 were made now, itself the last of them, booking nothing.
 	estimate(now time.Time, k int) time.Time
 }
 
@@ -31,15 +33,18 @@ const (
 type waiter struct {
 	prev, next *waiter
 	state      int
+	cost       int           // tokens it takes, >= 1
 	at         time.Time     // the booking, when state is front
 	ready      chan struct{} // receives once when a queued waiter moves up
 }
 
 // queue is a FIFO of callers in front of a schedule. Only the front waiter
 // holds a booking and sleeps on a timer; the others wait for their
-// predecessor to hand the front over. A waiter that gives up just leaves the
-// list, and if it was the front its booking is undone before the next one
-// books, so cancellation never leaves a hole in the schedule.
+// predecessor to hand the front over, whatever their costs: a large cost at
+// the front holds back the cheap ones behind it, so no caller overtakes
+// another. A waiter that gives up just leaves the list, and if it was the
+// front its booking (its whole cost) is undone before the next one books, so
+// cancellation never leaves a hole in the schedule.
 //
 // The zero value is not usable: sched must be set.
 type queue struct {
@@ -50,11 +55,12 @@ type queue struct {
 	mu          sync.Mutex
 	first, last *waiter
 	n           int // waiters in the list
+	pending     int // the summed cost of the waiters behind the front (not booked yet)
 }
 
-// enter returns when the caller may start, when it is refused, or when ctx
-// ends.
-func (q *queue) enter(ctx context.Context) error {
+// enter returns when the caller, of cost n >= 1, may start, when it is
+// refused, or when ctx ends.
+func (q *queue) enter(ctx context.Context, n int) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -64,22 +70,24 @@ func (q *queue) enter(ctx context.Context) error {
 		q.mu.Unlock()
 		return ErrQueueFull
 	}
-	if q.maxWait > 0 && q.sched.estimate(now, max(q.n, 1)).Sub(now) > q.maxWait {
+	// The front's booking is already in the schedule; the others' costs
+	// and the caller's own are not.
+	if q.maxWait > 0 && q.sched.estimate(now, q.pending+n).Sub(now) > q.maxWait {
 		q.mu.Unlock()
 		return ErrWaitTooLong
 	}
 	if q.n == 0 {
-		at := q.sched.book(now)
+		at := q.sched.book(now, n)
 		if !at.After(now) {
 			q.mu.Unlock()
 			return nil
 		}
-		w := &waiter{state: front, at: at}
+		w := &waiter{state: front, cost: n, at: at}
 		q.push(w)
 		q.mu.Unlock()
 		return q.sleep(ctx, w)
 	}
-	w := &waiter{state: queued, ready: make(chan struct{}, 1)}
+	w := &waiter{state: queued, cost: n, ready: make(chan struct{}, 1)}
 	q.push(w)
 	q.mu.Unlock()
 
@@ -132,6 +140,7 @@ func (q *queue) abandon(ctx context.Context, w *waiter) error {
 		q.promote(now)
 	default:
 		q.remove(w)
+		q.pending -= w.cost
 	}
 	return ctx.Err()
 }
@@ -141,7 +150,8 @@ func (q *queue) abandon(ctx context.Context, w *waiter) error {
 // and the queue must have no front waiter.
 func (q *queue) promote(now time.Time) {
 	for w := q.first; w != nil; w = q.first {
-		at := q.sched.book(now)
+		q.pending -= w.cost
+		at := q.sched.book(now, w.cost)
 		if at.After(now) {
 			w.state, w.at = front, at
 			w.ready <- struct{}{}
@@ -162,6 +172,9 @@ func (q *queue) push(w *waiter) {
 	}
 	q.last = w
 	q.n++
+	if w.state == queued {
+		q.pending += w.cost
+	}
 }
 
 func (q *queue) remove(w *waiter) {

@@ -21,20 +21,25 @@ type RateConfig struct {
 	// Period is the window Rate applies to. Zero means one second.
 	Period time.Duration
 
-	// Burst is the number of starts allowed above the rate: after an idle
-	// spell, 1+Burst callers may start at once, and the callers that follow
-	// pay the extra back by waiting. Only idle time earns the burst back.
-	// Zero means none: any window of length Period then holds at most Rate
-	// starts; with a burst, at most Rate+Burst.
+	// Burst is the most calls that may start at one instant, as
+	// golang.org/x/time/rate's burst (rate.NewLimiter(r, 100) lets 100
+	// through at once) and package bucket's Capacity. Zero means 1.
+	//
+	// After an idle spell Burst callers start at once and the ones after
+	// them wait for the rate; only idle time earns the burst back. Burst is
+	// also the largest cost EnterN accepts. In any window of length T the
+	// starts (with EnterN, their summed costs) stay below
+	// max(Burst, 1) + T×Rate/Period: with Burst 0 or 1, at most Rate in any
+	// window of one Period; with a larger Burst, at most Burst+Rate−1.
 	Burst int
 
 	// MaxQueue refuses a caller with ErrQueueFull when that many callers
-	// already wait. Zero means no bound.
+	// already wait, whatever their costs. Zero means no bound.
 	MaxQueue int
 
 	// MaxWait refuses a caller with ErrWaitTooLong when it would wait longer
-	// than this (counting the current sleeper's remaining time and everyone
-	// queued behind it). Zero means no bound.
+	// than this (counting the current sleeper's remaining time, the costs of
+	// everyone queued behind it and the caller's own). Zero means no bound.
 	MaxWait time.Duration
 }
 
@@ -51,7 +56,8 @@ const roundingGuard = 2 * time.Nanosecond
 // The zero value is not usable; create one with NewRate. A Rate is safe for
 // concurrent use.
 type Rate struct {
-	q queue
+	q     queue
+	burst int // the most one EnterN may take, >= 1
 }
 
 // NewRate returns a Rate configured by cfg, or an error wrapping
@@ -62,8 +68,8 @@ func NewRate(cfg RateConfig) (*Rate, error) {
 		return nil, invalid("Rate is %d, must be at least 1", cfg.Rate)
 	case cfg.Period < 0:
 		return nil, invalid("Period is %v, must not be negative", cfg.Period)
-	case cfg.Burst < 0 || cfg.Burst == math.MaxInt:
-		return nil, invalid("Burst is %d, must be in [0, MaxInt)", cfg.Burst)
+	case cfg.Burst < 0:
+		return nil, invalid("Burst is %d, must not be negative", cfg.Burst)
 	case cfg.MaxQueue < 0:
 		return nil, invalid("MaxQueue is %d, must not be negative", cfg.MaxQueue)
 	case cfg.MaxWait < 0:
@@ -75,10 +81,12 @@ func NewRate(cfg RateConfig) (*Rate, error) {
 	}
 	interval := float64(period)/float64(cfg.Rate) + float64(roundingGuard)
 	limit := rate.Limit(float64(time.Second) / interval)
-	// The bucket holds one token plus the burst: with no burst, a token is
-	// spent as soon as it arrives, so starts are exactly one interval apart.
-	s := &rateSchedule{lim: rate.NewLimiter(limit, 1+cfg.Burst), limit: float64(limit)}
-	return &Rate{q: queue{sched: s, maxQueue: cfg.MaxQueue, maxWait: cfg.MaxWait}}, nil
+	// The bucket holds Burst tokens. With a bucket of one (Burst 0 or 1) a
+	// token is spent as soon as it arrives, so starts are exactly one
+	// interval apart.
+	burst := max(cfg.Burst, 1)
+	s := &rateSchedule{lim: rate.NewLimiter(limit, burst), limit: float64(limit)}
+	return &Rate{q: queue{sched: s, maxQueue: cfg.MaxQueue, maxWait: cfg.MaxWait}, burst: burst}, nil
 }
 
 // Enter returns nil when the caller may start one call. It returns
@@ -87,19 +95,42 @@ func NewRate(cfg RateConfig) (*Rate, error) {
 // through instead). Neither a refused nor a cancelled caller consumes
 // anything.
 func (r *Rate) Enter(ctx context.Context) error {
-	return r.q.enter(ctx)
+	return r.q.enter(ctx, 1)
+}
+
+// EnterN is Enter for a caller that costs n calls, as x/time/rate's WaitN
+// and package bucket's EnterN: it takes n tokens at once when its turn comes.
+// Callers wait in arrival order whatever their cost: a large cost at the
+// front waits for its tokens and the callers behind it wait too, never
+// overtaking it. MaxQueue counts callers, whatever their cost; MaxWait counts
+// the costs of the callers ahead. A caller that gives up before its turn
+// gives its whole cost back.
+//
+// n = 0 returns at once: nil, or ctx.Err() if ctx has already ended. An n
+// above Burst could never be granted and is refused at once with an error
+// matching ErrCostExceedsCapacity (not sluice.ErrLimited); a negative n is
+// an error.
+func (r *Rate) EnterN(ctx context.Context, n int) error {
+	if err := checkCost(n, "Burst", r.burst); err != nil {
+		return err
+	}
+	if n == 0 {
+		return ctx.Err()
+	}
+	return r.q.enter(ctx, n)
 }
 
 // Do waits with Enter, then runs fn with ctx and returns fn's error. It
 // returns Enter's error without running fn if Enter fails.
 func (r *Rate) Do(ctx context.Context, fn func(ctx context.Context) error) error {
-	if err := r.q.enter(ctx); err != nil {
+	if err := r.q.enter(ctx, 1); err != nil {
 		return err
 	}
 	return fn(ctx)
 }
 
-// Waiting returns the number of callers waiting in Enter right now.
+// Waiting returns the number of callers waiting in Enter or EnterN right
+// now.
 func (r *Rate) Waiting() int {
 	return r.q.waiting()
 }
@@ -111,8 +142,8 @@ type rateSchedule struct {
 	last  rate.Reservation // the most recent booking, for unbook
 }
 
-func (s *rateSchedule) book(now time.Time) time.Time {
-	r := s.lim.ReserveN(now, 1)
+func (s *rateSchedule) book(now time.Time, n int) time.Time {
+	r := s.lim.ReserveN(now, n) // ok: the queue never books more than the burst
 	s.last = *r
 	return now.Add(r.DelayFrom(now))
 }

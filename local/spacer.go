@@ -44,13 +44,13 @@ func NewSpacer(cfg SpacerConfig) (*Spacer, error) {
 // first (a caller whose turn came at the same moment is let through
 // instead); a cancelled caller gives back its slot.
 func (s *Spacer) Enter(ctx context.Context) error {
-	return s.q.enter(ctx)
+	return s.q.enter(ctx, 1)
 }
 
 // Do waits with Enter, then runs fn with ctx and returns fn's error. It
 // returns Enter's error without running fn if Enter fails.
 func (s *Spacer) Do(ctx context.Context, fn func(ctx context.Context) error) error {
-	if err := s.q.enter(ctx); err != nil {
+	if err := s.q.enter(ctx, 1); err != nil {
 		return err
 	}
 	return fn(ctx)
@@ -61,7 +61,8 @@ func (s *Spacer) Waiting() int {
 	return s.q.waiting()
 }
 
-// spaceSchedule books starts Space apart, optionally aligned.
+// spaceSchedule books starts Space apart, optionally aligned. Every start
+// costs 1: Spacer has no EnterN.
 type spaceSchedule struct {
 	space time.Duration
 	align bool
@@ -86,7 +87,7 @@ func (s *spaceSchedule) next(now time.Time) time.Time {
 	return at
 }
 
-func (s *spaceSchedule) book(now time.Time) time.Time {
+func (s *spaceSchedule) book(now time.Time, _ int) time.Time {
 	at := s.next(now)
 	s.prev, s.last = s.last, at
 	return at

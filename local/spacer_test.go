@@ -114,7 +114,7 @@ func TestSpacerInvariant(t *testing.T) {
 					t.Fatal(err)
 				}
 				run := 50 * cfg.Space
-				starts := drive(t, sp, uint64(i), 6, run, cfg.Space)
+				starts := drive(t, sp, uint64(i), 6, run, cfg.Space, 1)
 				if len(starts) < 40 {
 					t.Fatalf("%d starts in %v: the spacer fell behind", len(starts), run)
 				}
