@@ -28,8 +28,9 @@ type Config struct {
 	// keys.
 	Name string
 
-	// Capacity is the most permits held at any instant, across all
-	// processes. It must be at least 1.
+	// Capacity is the most weight held at any instant, across all
+	// processes: the number of permits when each weighs 1 (Acquire). It
+	// must be at least 1.
 	Capacity int
 
 	// LeaseTTL is how long a permit stays valid without renewal. A

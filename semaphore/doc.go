@@ -3,6 +3,12 @@
 // and waiters are served first come, first served by their arrival at
 // Redis.
 //
+// Permits may be weighted: AcquireN takes one worth n of Capacity, and the
+// weights held never sum above it. Waiters keep their arrival order
+// whatever their weights: a heavy waiter at the head holds back lighter
+// ones behind it until its weight is free, so it is never starved. A
+// weight above Capacity is refused at once with ErrCostExceedsCapacity.
+//
 // Every permit is a lease on the Redis clock, renewed in the background
 // while held; a holder whose process dies frees its permit within one
 // LeaseTTL, and a holder that loses its lease (it was frozen, or Redis

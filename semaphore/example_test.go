@@ -2,23 +2,24 @@ package semaphore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/semaphore"
 )
 
+// redisAddr is where the examples' Redis listens: a throwaway redis-server
+// started for this test binary (use your own server's address).
+func redisAddr() string { return semaphore.ExampleRedisAddr }
+
 func Example() {
-	srv, err := redistest.Start() // a throwaway redis-server for the example
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer srv.Close()
-	rdb := srv.Client()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
 	defer rdb.Close()
 
 	// Every process that opens "crawler" on this Redis shares 2 places.
@@ -68,4 +69,54 @@ func Example() {
 	// Output:
 	// holding a permit
 	// jobs at once, at most: 2
+}
+
+func ExampleSemaphore_AcquireN() {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	defer rdb.Close()
+
+	// 10 GB of memory shared by every process that renders; a job takes a
+	// permit worth the gigabytes it needs.
+	sem, err := semaphore.New(rdb, semaphore.Config{Name: "render-memory", Capacity: 10})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer sem.Close()
+	ctx := context.Background()
+
+	big, err := sem.AcquireN(ctx, 8)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("holding 8 of 10")
+
+	// 4 more do not fit: the caller waits (here until its deadline), and
+	// every caller that arrives behind it waits too, even one asking for 2.
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, err = sem.AcquireN(short, 4)
+	cancel()
+	fmt.Println("4 more while 8 are held:", err)
+
+	// Nobody waits any more, and 2 fit.
+	small, err := sem.AcquireN(ctx, 2)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("holding 8 + 2 of 10")
+	big.Release(ctx) // gives back all 8
+	small.Release(ctx)
+
+	// More than the capacity could never be granted: refused at once.
+	_, err = sem.AcquireN(ctx, 12)
+	fmt.Println(errors.Is(err, semaphore.ErrCostExceedsCapacity), errors.Is(err, sluice.ErrLimited))
+	fmt.Println(err)
+	// Output:
+	// holding 8 of 10
+	// 4 more while 8 are held: context deadline exceeded
+	// holding 8 + 2 of 10
+	// true false
+	// semaphore: sluice: cost exceeds capacity: weight 12 above Capacity 10 of semaphore "render-memory", so it could never be granted
 }

@@ -6,10 +6,11 @@ import "github.com/sluicehq/sluice/internal/groundwork"
 // so they all share one hash tag (one Redis Cluster slot) and an ACL pattern
 // such as ~sluice:* covers them.
 const (
-	suffixLeases = "leases" // ZSET holder or waiter id -> lease expiry (µs, Redis TIME)
-	suffixQueue  = "queue"  // ZSET waiter id -> ticket (arrival order)
-	suffixSeq    = "seq"    // STRING last ticket handed out
-	suffixWake   = "wake"   // pub/sub channel prefix; one channel per process
+	suffixLeases  = "leases"  // ZSET holder or waiter id -> lease expiry (µs, Redis TIME)
+	suffixQueue   = "queue"   // ZSET waiter id -> ticket (arrival order)
+	suffixSeq     = "seq"     // STRING last ticket handed out
+	suffixWeights = "weights" // HASH holder id -> weight, for weights above 1 only
+	suffixWake    = "wake"    // pub/sub channel prefix; one channel per process
 )
 
 // keyBase is "<prefix>:{<escaped name>}:", the common start of every key and

@@ -13,9 +13,9 @@ const (
 	lost
 )
 
-// Permit is one place in a Semaphore, held until Release. Its lease is
-// renewed in the background by its Semaphore. Its methods are safe for
-// concurrent use.
+// Permit is one place in a Semaphore, of the weight it was acquired with,
+// held until Release. Its lease is renewed in the background by its
+// Semaphore. Its methods are safe for concurrent use.
 type Permit struct {
 	s    *Semaphore
 	id   string
@@ -27,7 +27,7 @@ type Permit struct {
 	timer    *time.Timer // fires at deadline unless a renewal moved it
 }
 
-// Release gives the place back. Releasing twice returns nil and does
+// Release gives the place back, its whole weight at once. Releasing twice returns nil and does
 // nothing; releasing a permit whose lease was lost returns ErrLeaseLost and
 // does not touch anyone else's place. On other errors (Redis unreachable)
 // the place is freed when its lease runs out, within Config.LeaseTTL. An

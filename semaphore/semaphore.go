@@ -31,6 +31,12 @@ var (
 	// sluice.ErrConfig.
 	ErrConfig = groundwork.ConfigError("semaphore")
 
+	// ErrCostExceedsCapacity is returned at once by AcquireN for a weight
+	// above Config.Capacity, which no wait could ever grant: such a caller
+	// is never queued. The error names the weight and the capacity. It
+	// matches sluice.ErrCostExceedsCapacity, not sluice.ErrLimited.
+	ErrCostExceedsCapacity = fmt.Errorf("semaphore: %w", sluice.ErrCostExceedsCapacity)
+
 	// ErrLeaseLost reports that a permit's lease ended before it was
 	// released: it could not be renewed in time (the process stalled or
 	// Redis was unreachable), Redis lost it (a restart without
@@ -39,10 +45,11 @@ var (
 	ErrLeaseLost = errors.New("semaphore: lease lost")
 )
 
-// Semaphore is a distributed counting semaphore: at most Config.Capacity
-// permits are held at any instant across every process using the same
-// Redis and Config.Name. Waiters are served first come, first served by
-// their arrival at Redis.
+// Semaphore is a distributed weighted semaphore: the weights of the
+// permits held at any instant, across every process using the same Redis
+// and Config.Name, sum to at most Config.Capacity (Acquire takes a permit
+// of weight 1, AcquireN one of weight n). Waiters are served first come,
+// first served by their arrival at Redis, whatever their weights.
 //
 // Each Semaphore owns two goroutines: a dispatcher that batches every
 // Redis exchange of this process (acquires, releases, renewals) into one
@@ -52,9 +59,10 @@ var (
 type Semaphore struct {
 	rdb         redis.UniversalClient
 	cfg         Config
-	keys        []string
-	chanPrefix  string // + process id = a process's wake channel
-	proc        string // this Semaphore's id, the prefix of its permit ids
+	keys        []string // leases, queue, seq
+	scriptKeys  []string // keys, then weights: the KEYS of sync.lua
+	chanPrefix  string   // + process id = a process's wake channel
+	proc        string   // this Semaphore's id, the prefix of its permit ids
 	callTimeout time.Duration
 	ps          *redis.PubSub
 	nextID      atomic.Uint64
@@ -124,6 +132,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 		rdb:         rdb,
 		cfg:         cfg,
 		keys:        []string{base + suffixLeases, base + suffixQueue, base + suffixSeq},
+		scriptKeys:  []string{base + suffixLeases, base + suffixQueue, base + suffixSeq, base + suffixWeights},
 		chanPrefix:  base + suffixWake + ":",
 		proc:        hex.EncodeToString(raw[:]),
 		callTimeout: max(2*cfg.beat(), 100*time.Millisecond),
@@ -142,9 +151,10 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 	return s, nil
 }
 
-// Acquire waits for a permit and returns it. The caller must Release it.
-// While held, the permit's lease is renewed in the background; if it is
-// lost anyway, Permit.Lost is closed.
+// Acquire waits for a permit of weight 1 and returns it; it is
+// AcquireN(ctx, 1). The caller must Release it. While held, the permit's
+// lease is renewed in the background; if it is lost anyway, Permit.Lost is
+// closed.
 //
 // Acquire returns an error matching ctx.Err() when ctx ends first, and then
 // gives its place in the queue up; while Redis is unreachable that error
@@ -155,10 +165,39 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 // place is refreshed, or taken again with its original ticket) until ctx
 // ends.
 func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
+	return s.AcquireN(ctx, 1)
+}
+
+// AcquireN waits for a permit of weight n, worth n of Config.Capacity, and
+// returns it, as Acquire does for weight 1; Release gives the whole weight
+// back. The weights held never sum above Capacity.
+//
+// Waiters are served in arrival order whatever their weights: a waiter at
+// the head of the queue waits until its n are free, and those behind it
+// wait too, even a lighter one that would fit (no overtaking, so a heavy
+// waiter is never starved). Giving up (ctx ends) frees its place and those
+// behind move up. MaxQueue counts waiters, not weights.
+//
+// A weight above Capacity could never be granted: AcquireN refuses it at
+// once, without talking to Redis, with an error wrapping
+// ErrCostExceedsCapacity. A weight below 1 is an error.
+func (s *Semaphore) AcquireN(ctx context.Context, n int) (*Permit, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("semaphore: weight %d, want at least 1", n)
+	}
+	if n > s.cfg.Capacity {
+		return nil, s.tooHeavy(n)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	w := &waiter{id: s.proc + ":" + strconv.FormatUint(s.nextID.Add(1), 10), ch: make(chan struct{})}
+	// The weight travels in the id (see sync.lua), so any process can
+	// grant it; weight 1 keeps the plain id.
+	id := s.proc + ":" + strconv.FormatUint(s.nextID.Add(1), 10)
+	if n > 1 {
+		id += ":" + strconv.Itoa(n)
+	}
+	w := &waiter{id: id, ch: make(chan struct{})}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -189,6 +228,12 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
 		return nil, &groundwork.CallError{Prefix: "semaphore", Ctx: ctx.Err(), Err: last}
 	}
 	return nil, ctx.Err()
+}
+
+// tooHeavy is the refusal of a weight n above the capacity.
+func (s *Semaphore) tooHeavy(n int) error {
+	return fmt.Errorf("%w: weight %d above Capacity %d of semaphore %q, so it could never be granted",
+		ErrCostExceedsCapacity, n, s.cfg.Capacity, s.cfg.Name)
 }
 
 // Do acquires a permit, runs fn, and releases the permit after fn returns,

@@ -8,6 +8,9 @@
 -- KEYS[2] queue   ZSET   member waiter id, score ticket (arrival order);
 --                        holders are the members of leases not in queue
 -- KEYS[3] seq     STRING last ticket handed out
+-- KEYS[4] weights HASH   member holder id, value its weight: the holders
+--                        of weight above 1 only (absent for a workload of
+--                        weight 1)
 --
 -- ARGV[1]  capacity
 -- ARGV[2]  lease TTL of a permit (µs)
@@ -25,7 +28,11 @@
 -- ARGV[13...] the ids, in that order; a refreshed waiter takes two slots:
 --          id, ticket
 --
--- Ids are "<process id>:<n>" with no ':' in the process id.
+-- Ids are "<process id>:<n>" for weight 1 and "<process id>:<n>:<weight>"
+-- above, with no ':' in the process id: a waiter's weight travels in its id,
+-- so any process can grant it and a requeued waiter keeps it. The weight
+-- held is (holders) + the sum over KEYS[4] of (weight - 1), so a workload of
+-- weight 1 reads one empty hash and writes nothing more.
 --
 -- Reply: {released, left, renewed, refreshed, acquired, granted, wait}
 --   released[i]  1 freed, 0 was not held (already released or expired)
@@ -38,11 +45,11 @@
 --                | -1, 0 (queue full)
 --   granted      pairs: waiter id, lease µs remaining, for the calling
 --                process's waiters granted by this exchange
---   wait         µs until the first lease expires, when the semaphore is
---                full, someone waits and ARGV[7] is 1; else -1
+--   wait         µs until the first lease expires, when someone waits (the
+--                head's weight is not free) and ARGV[7] is 1; else -1
 --
 -- Each redis.call costs a few µs, so the script makes as few as it can: a
--- release alone makes about eight.
+-- release alone makes about nine.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -57,29 +64,47 @@ local chanPrefix, self, wantWait = ARGV[5], ARGV[6], ARGV[7] == '1'
 local nRelease, nLeave, nRenew = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local nRefresh, nAcquire = tonumber(ARGV[11]), tonumber(ARGV[12])
 
-local leases, queue, seq = KEYS[1], KEYS[2], KEYS[3]
+local leases, queue, seq, weights = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local leaseEnd, waitEnd = us(now + leaseTTL), us(now + queueTTL)
 local extended = false -- some lease was written: key TTLs must follow
 
--- ZREM in chunks: unpack of a long list would overflow the Lua C stack.
-local function zrem(key, ids)
+-- ZREM (or HDEL) in chunks: unpack of a long list would overflow the Lua C
+-- stack.
+local function zrem(key, ids, cmd)
   for i = 1, #ids, 1000 do
-    redis.call('ZREM', key, unpack(ids, i, math.min(i + 999, #ids)))
+    redis.call(cmd or 'ZREM', key, unpack(ids, i, math.min(i + 999, #ids)))
   end
 end
 
--- Expired leases go first, so nothing below can see or revive them.
+-- The weight an id stands for (see the header).
+local function weight(id)
+  local w = string.match(id, '^[^:]*:[^:]*:(%d+)$')
+  if w then return tonumber(w) end
+  return 1
+end
+
+-- Expired leases go first, so nothing below can see or revive them; a dead
+-- holder's weight goes with its lease.
 local dead = redis.call('ZRANGEBYSCORE', leases, '-inf', us(now))
 if #dead > 0 then
   zrem(leases, dead)
   zrem(queue, dead)
+  local heavyDead = {}
+  for _, id in ipairs(dead) do
+    if weight(id) > 1 then heavyDead[#heavyDead + 1] = id end
+  end
+  zrem(weights, heavyDead, 'HDEL')
 end
 
 local i = 13
 local released, left, renewed, refreshed, acquired = {}, {}, {}, {}, {}
 
 for n = 1, nRelease do
-  released[n] = redis.call('ZREM', leases, ARGV[i])
+  local id = ARGV[i]
+  released[n] = redis.call('ZREM', leases, id)
+  if released[n] == 1 and weight(id) > 1 then
+    redis.call('HDEL', weights, id)
+  end
   i = i + 1
 end
 
@@ -90,6 +115,7 @@ for n = 1, nLeave do
     redis.call('ZREM', leases, id)
     left[n] = 1
   elseif redis.call('ZREM', leases, id) == 1 then
+    if weight(id) > 1 then redis.call('HDEL', weights, id) end
     left[n] = 2
   else
     left[n] = 0
@@ -133,29 +159,49 @@ for n = 1, nRefresh do
   end
 end
 
--- Hand free places to the head of the queue. A grant keeps the waiter's own
--- lease expiry, so a waiter whose process died blocks a place for at most
--- one waiter lease; a live one turns it into a full lease at its next
--- refresh or renewal.
+-- The weight free: capacity less every holder's weight.
 local queued = redis.call('ZCARD', queue)
+local heavy = redis.call('HVALS', weights)
 local room = capacity - (redis.call('ZCARD', leases) - queued)
+for _, w in ipairs(heavy) do
+  room = room - (tonumber(w) - 1)
+end
+-- Holders of weight above 1 granted by this call, for KEYS[4]: id, weight.
+local newHeavy = {}
+local function hold(id, w)
+  room = room - w
+  if w > 1 then
+    newHeavy[#newHeavy + 1] = id
+    newHeavy[#newHeavy + 1] = w
+  end
+end
+
+-- Hand free places to the head of the queue, in order while the head's
+-- weight is free: a head that does not fit holds back everyone behind it.
+-- A grant keeps the waiter's own lease expiry, so a waiter whose process
+-- died blocks its place for at most one waiter lease; a live one turns it
+-- into a full lease at its next refresh or renewal.
 local granted = {}
 if room > 0 and queued > 0 then
+  -- Each weighs at least 1: the first room waiters are enough to look at.
   local heads = redis.call('ZRANGE', queue, 0, room - 1)
-  local wakes = {}
+  local served, wakes = {}, {}
   for _, id in ipairs(heads) do
+    local w = weight(id)
+    if w > room then break end
+    hold(id, w)
+    served[#served + 1] = id
     local proc = string.match(id, '^([^:]*):')
     if proc == self then
       granted[#granted + 1] = id
       granted[#granted + 1] = tonumber(redis.call('ZSCORE', leases, id)) - now
     elseif proc then
-      local w = wakes[proc]
-      if w then w[#w + 1] = id else wakes[proc] = {id} end
+      local ids = wakes[proc]
+      if ids then ids[#ids + 1] = id else wakes[proc] = {id} end
     end
   end
-  zrem(queue, heads)
-  queued = queued - #heads
-  room = room - #heads
+  zrem(queue, served)
+  queued = queued - #served
   if queued == 0 then
     redis.call('DEL', seq)
   end
@@ -164,18 +210,20 @@ if room > 0 and queued > 0 then
   end
 end
 
--- Arrivals: served at once only if nobody is ahead of them. Written with
--- one ZADD per key rather than one per arrival: bursts come in batches.
+-- Arrivals: served at once only if nobody is ahead of them and their weight
+-- is free. Written with one ZADD per key rather than one per arrival: bursts
+-- come in batches.
 local now_leases, new_queue, new_waits = {}, {}, {}
 local firstTicket
 for n = 1, nAcquire do
   local id = ARGV[i]
+  local w = weight(id)
   i = i + 1
   extended = true
-  if queued == 0 and room > 0 then
+  if queued == 0 and room >= w then
     now_leases[#now_leases + 1] = leaseEnd
     now_leases[#now_leases + 1] = id
-    room = room - 1
+    hold(id, w)
     acquired[2 * n - 1] = 1
     acquired[2 * n] = leaseTTL
   elseif maxQueue > 0 and queued >= maxQueue then
@@ -204,14 +252,19 @@ end
 zadd(leases, now_leases)
 zadd(queue, new_queue)
 zadd(leases, new_waits)
+for j = 1, #newHeavy, 1000 do
+  redis.call('HSET', weights, unpack(newHeavy, j, math.min(j + 999, #newHeavy)))
+end
 
 -- Every key outlives the last lease in it by a second. Only a call that
--- wrote a lease can raise that last expiry (and only such a call creates
--- keys), so the others leave TTLs alone. The TTL comes from the data, not
--- from this caller's TTLs, so a process with shorter TTLs cannot expire the
--- keys under another's live lease. Empty sets vanish by themselves; an
--- idle semaphore leaves nothing behind.
-if extended then
+-- wrote a lease can raise that last expiry, and only such a call creates
+-- keys, but for weights, which a grant creates: the others leave TTLs
+-- alone. The TTL comes from the data, not from this caller's TTLs, so a
+-- process with shorter TTLs cannot expire the keys under another's live
+-- lease. weights follows leases whenever it exists, so a holder's weight
+-- lasts as long as its lease. Empty sets and hashes vanish by themselves;
+-- an idle semaphore leaves nothing behind.
+if extended or #newHeavy > 0 then
   local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')
   if last[2] then
     local ms = math.ceil((tonumber(last[2]) - now) / 1000) + 1000
@@ -219,6 +272,9 @@ if extended then
     if queued > 0 then
       redis.call('PEXPIRE', queue, ms)
       redis.call('PEXPIRE', seq, ms)
+    end
+    if #heavy > 0 or #newHeavy > 0 then
+      redis.call('PEXPIRE', weights, ms)
     end
   end
 end
@@ -228,7 +284,7 @@ if queued == 0 and (nLeave > 0 or #dead > 0) then
 end
 
 local wait = -1
-if wantWait and queued > 0 and room <= 0 then
+if wantWait and queued > 0 then
   local first = redis.call('ZRANGE', leases, 0, 0, 'WITHSCORES')
   if first[2] then wait = tonumber(first[2]) - now end
 end

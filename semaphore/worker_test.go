@@ -35,6 +35,7 @@ type workerConfig struct {
 	Goroutines int
 	Hold       time.Duration // longest hold (saturate mode), uniform in [0, Hold]
 	Duration   time.Duration // how long to run (saturate mode)
+	Weight     int           // the permit's weight (hold mode); 0 means 1
 }
 
 // event is one line of a worker's output. Times are Unix nanoseconds of
@@ -74,7 +75,7 @@ func runWorker(mode string) int {
 	case "saturate":
 		saturate(s, cfg, emit)
 	case "hold":
-		hold(s, emit)
+		hold(s, max(1, cfg.Weight), emit)
 	case "wait":
 		var wg sync.WaitGroup
 		for g := range cfg.Goroutines {
@@ -132,10 +133,10 @@ func saturate(s *Semaphore, cfg workerConfig, emit func(event)) {
 	wg.Wait()
 }
 
-// hold acquires one permit and keeps it until the lease is lost or stdin
-// closes.
-func hold(s *Semaphore, emit func(event)) {
-	p, err := s.Acquire(context.Background())
+// hold acquires one permit of weight n and keeps it until the lease is
+// lost or stdin closes.
+func hold(s *Semaphore, n int, emit func(event)) {
+	p, err := s.AcquireN(context.Background(), n)
 	if err != nil {
 		emit(event{Ev: "error", Err: err.Error()})
 		return
