@@ -1,6 +1,9 @@
-// Package guarantee checks grant timestamps against the token bucket's
-// promise: in any window of length T, at most
-// Capacity + Amount × (⌊T / Every⌋ + 1) grants.
+// Package guarantee checks grants against the token bucket's promise,
+// per policy: in any window of length T, the costs granted sum to at most
+// Capacity + Amount × (⌊T / Every⌋ + 1). Check and CheckSlack take
+// timestamps that each count 1; CheckCosts takes grants with their cost in
+// the policy's unit. Brute and BruteCosts are the same by definition, in
+// O(n²), for tests.
 //
 // Every Redis-backed test and cmd/bench run it over all their grants.
 package guarantee
@@ -19,28 +22,43 @@ type Limit struct {
 	Every    time.Duration
 }
 
-// Allowed is the most grants the limit permits in a window of length d.
+// Allowed is the most units (grants, when each counts 1) the limit
+// permits in a window of length d.
 func (l Limit) Allowed(d time.Duration) int {
 	return l.Capacity + l.Amount*(int(d/l.Every)+1)
 }
 
+// Grant is one grant of a cost: Cost units of a policy's unit taken at
+// At. A cost of 0 takes nothing from the policy and counts nothing.
+type Grant struct {
+	At   time.Time
+	Cost int
+}
+
 // Result is the worst window found.
 type Result struct {
-	Grants int
-	// Excess is the largest (grants in window - Allowed(window)); ≤ 0
-	// means the promise holds. With no grants it is 0.
+	// Grants is how many grants were judged (those of cost 0 included);
+	// Units is the sum of their costs (Grants when each counts 1).
+	Grants, Units int
+	// Excess is the largest (units in window - Allowed(window)); ≤ 0
+	// means the promise holds. With no units granted it is 0.
 	Excess int
 	// From and To bound the worst window (first and last grant in it);
-	// Count is the grants in it.
+	// Count is the grants of non-zero cost in it, InWindow their units.
 	From, To time.Time
 	Count    int
+	InWindow int
 }
 
 // OK reports whether the promise held.
 func (r Result) OK() bool { return r.Excess <= 0 }
 
 func (r Result) String() string {
-	return fmt.Sprintf("%d grants, worst window %d grants in %v (excess %d)", r.Grants, r.Count, r.To.Sub(r.From), r.Excess)
+	if r.Units == r.Grants && r.InWindow == r.Count {
+		return fmt.Sprintf("%d grants, worst window %d grants in %v (excess %d)", r.Grants, r.Count, r.To.Sub(r.From), r.Excess)
+	}
+	return fmt.Sprintf("%d grants of %d units, worst window %d units (%d grants) in %v (excess %d)",
+		r.Grants, r.Units, r.InWindow, r.Count, r.To.Sub(r.From), r.Excess)
 }
 
 // Check returns the worst window of grants against l, in O(n log n).
@@ -48,32 +66,69 @@ func Check(grants []time.Time, l Limit) Result { return CheckSlack(grants, l, 0)
 
 // CheckSlack is Check with every window judged as if slack longer: the
 // promise for start times that may each lag their slot by up to slack.
-//
-// With times sorted and measured from the first, write t = q·Every + r
-// (and t+slack = q'·Every + r' for the end of a window). Then
-// ⌊(t_j + slack − t_i)/Every⌋ = q'_j − q_i − [r'_j < r_i], so the excess of
-// the window from grant i to grant j is
-//
-//	(j − A·q'_j) − (i − A·q_i) + 1 − C − A + A·[r'_j < r_i],
-//
-// and for each j it is enough to know the largest A·q_i − i over i ≤ j,
-// overall and among those with r_i > r'_j: a running maximum and a
-// Fenwick tree over the ranks of r.
 func CheckSlack(grants []time.Time, l Limit, slack time.Duration) Result {
-	n := len(grants)
-	res := Result{Grants: n}
+	return CheckCosts(ones(grants), l, slack)
+}
+
+// ones is grants at ts of cost 1 each.
+func ones(ts []time.Time) []Grant {
+	gs := make([]Grant, len(ts))
+	for i, t := range ts {
+		gs[i] = Grant{At: t, Cost: 1}
+	}
+	return gs
+}
+
+// sorted returns the grants of non-zero cost in time order, and the
+// count and units of all; it panics on a negative cost, which no bucket
+// grants.
+func sorted(grants []Grant) (gs []Grant, res Result) {
+	res.Grants = len(grants)
+	for _, g := range grants {
+		switch {
+		case g.Cost < 0:
+			panic(fmt.Sprintf("guarantee: negative cost %d at %v", g.Cost, g.At))
+		case g.Cost > 0:
+			gs = append(gs, g)
+			res.Units += g.Cost
+		}
+	}
+	slices.SortStableFunc(gs, func(a, b Grant) int { return a.At.Compare(b.At) })
+	return gs, res
+}
+
+// CheckCosts returns the worst window of grants against l, each grant
+// counting its cost, with every window judged as if slack longer (0 for
+// the promise itself), in O(n log n). A cost must not be negative.
+//
+// With the grants of non-zero cost sorted and measured from the first,
+// write t = q·Every + r (and t+slack = q'·Every + r' for the end of a
+// window), and let P_i be the sum of the costs before grant i. Then
+// ⌊(t_j + slack − t_i)/Every⌋ = q'_j − q_i − [r'_j < r_i], so the excess
+// of the window from grant i to grant j is
+//
+//	(P_{j+1} − A·q'_j) − (P_i − A·q_i) − C − A + A·[r'_j < r_i],
+//
+// and for each j it is enough to know the largest A·q_i − P_i over i ≤ j,
+// overall and among those with r_i > r'_j: a running maximum and a
+// Fenwick tree over the ranks of r. (Grants of equal time may split a
+// window only where the whole group of them gives a larger sum, so the
+// best window holds whole groups.)
+func CheckCosts(grants []Grant, l Limit, slack time.Duration) Result {
+	gs, res := sorted(grants)
+	n := len(gs)
 	if n == 0 {
 		return res
 	}
-	ts := slices.Clone(grants)
-	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
 	f := int64(l.Every)
 	a := int64(l.Amount)
 	q := make([]int64, n)
 	r := make([]int64, n)
-	for i, t := range ts {
-		d := int64(t.Sub(ts[0]))
+	prefix := make([]int64, n+1) // prefix[i]: the costs of grants before i
+	for i, g := range gs {
+		d := int64(g.At.Sub(gs[0].At))
 		q[i], r[i] = d/f, d%f
+		prefix[i+1] = prefix[i] + int64(g.Cost)
 	}
 	// Ranks of r, largest first, so "r_i > x" is a prefix of ranks.
 	rs := slices.Clone(r)
@@ -111,42 +166,69 @@ func CheckSlack(grants []time.Time, l Limit, slack time.Duration) Result {
 		return m
 	}
 	overall := none
-	res.Excess = -1 << 62
+	worst := int64(-1 << 62)
 	for j := 0; j < n; j++ {
-		v := a*q[j] - int64(j)
+		v := a*q[j] - prefix[j]
 		if v > overall.v {
 			overall = best{v, j}
 		}
 		update(rank(r[j]), best{v, j})
-		end := int64(ts[j].Sub(ts[0])) + int64(slack)
+		end := int64(gs[j].At.Sub(gs[0].At)) + int64(slack)
 		qe, re := end/f, end%f
-		base := int64(j) - a*qe + 1 - int64(l.Capacity) - a
+		base := prefix[j+1] - a*qe - int64(l.Capacity) - a
 		cand, bonus := overall, int64(0)
 		if s := query(above(re)); s.i >= 0 && s.v+a > cand.v {
 			cand, bonus = s, a
 		}
-		if e := base + cand.v + bonus; e > int64(res.Excess) {
-			res.Excess = int(e)
-			res.From, res.To, res.Count = ts[cand.i], ts[j], j-cand.i+1
+		if e := base + cand.v + bonus; e > worst {
+			worst = e
+			res.From, res.To = gs[cand.i].At, gs[j].At
+			res.Count, res.InWindow = j-cand.i+1, int(prefix[j+1]-prefix[cand.i])
 		}
 	}
+	res.Excess = int(worst)
 	return res
 }
 
 // Brute is CheckSlack by trying every window, in O(n²): the reference the
 // fast version is tested against.
 func Brute(grants []time.Time, l Limit, slack time.Duration) Result {
-	ts := slices.Clone(grants)
-	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
-	res := Result{Grants: len(ts)}
-	if len(ts) == 0 {
+	return BruteCosts(ones(grants), l, slack)
+}
+
+// BruteCosts is CheckCosts by its definition, in O(n²): for every pair of
+// instants at which grants were made, the costs of all grants from the
+// one to the other (cost 0 included, counting nothing) against what l
+// allows in that window, slack longer.
+func BruteCosts(grants []Grant, l Limit, slack time.Duration) Result {
+	res := Result{Grants: len(grants)}
+	gs := slices.Clone(grants)
+	slices.SortStableFunc(gs, func(a, b Grant) int { return a.At.Compare(b.At) })
+	for _, g := range gs {
+		if g.Cost < 0 {
+			panic(fmt.Sprintf("guarantee: negative cost %d at %v", g.Cost, g.At))
+		}
+		res.Units += g.Cost
+	}
+	if res.Units == 0 {
 		return res
 	}
 	res.Excess = -1 << 62
-	for i := range ts {
-		for j := i; j < len(ts); j++ {
-			if e := (j - i + 1) - l.Allowed(ts[j].Sub(ts[i])+slack); e > res.Excess {
-				res.Excess, res.From, res.To, res.Count = e, ts[i], ts[j], j-i+1
+	for i := range gs {
+		if i > 0 && gs[i-1].At.Equal(gs[i].At) {
+			continue // the window begins with all grants at this instant
+		}
+		units, count := 0, 0
+		for j := i; j < len(gs); j++ {
+			units += gs[j].Cost
+			if gs[j].Cost > 0 {
+				count++
+			}
+			if j+1 < len(gs) && gs[j+1].At.Equal(gs[j].At) {
+				continue // and ends with all grants at that one
+			}
+			if e := units - l.Allowed(gs[j].At.Sub(gs[i].At)+slack); e > res.Excess {
+				res.Excess, res.From, res.To, res.Count, res.InWindow = e, gs[i].At, gs[j].At, count, units
 			}
 		}
 	}

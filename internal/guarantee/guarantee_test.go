@@ -69,6 +69,128 @@ func TestCheckMatchesBrute(t *testing.T) {
 	}
 }
 
+// costs pairs at(ms...) with costs.
+func costs(ms []float64, cs ...int) []Grant {
+	ts := at(ms...)
+	gs := make([]Grant, len(ts))
+	for i := range ts {
+		gs[i] = Grant{At: ts[i], Cost: cs[i]}
+	}
+	return gs
+}
+
+func TestCheckCostsTable(t *testing.T) {
+	l := Limit{Capacity: 10, Amount: 2, Every: 10 * time.Millisecond}
+	for _, tc := range []struct {
+		name   string
+		grants []Grant
+		excess int
+	}{
+		{"none", nil, 0},
+		{"only zero costs", costs([]float64{0, 0, 5}, 0, 0, 0), 0},
+		{"one", costs([]float64{0}, 5), 5 - 12},
+		{"capacity plus one refill at once", costs([]float64{0, 0}, 7, 5), 0},
+		{"one unit too many at once", costs([]float64{0, 0}, 7, 6), 1},
+		{"zero costs change nothing", costs([]float64{0, 0, 0, 3, 9.9}, 0, 7, 5, 0, 0), 0},
+		{"a zero cost stretches no window", costs([]float64{-30, 0, 0}, 0, 7, 6), 1},
+		{"steady at the rate", costs([]float64{0, 10, 20, 30}, 12, 2, 2, 2), 0},
+		{"refill one µs early", costs([]float64{0, 9.999}, 12, 2), 2},
+		{"a large cost after a period", costs([]float64{0, 10}, 11, 3), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := CheckCosts(tc.grants, l, 0)
+			if got.Excess != tc.excess {
+				t.Errorf("CheckCosts: excess %d, want %d (%v)", got.Excess, tc.excess, got)
+			}
+			if b := BruteCosts(tc.grants, l, 0); b.Excess != got.Excess {
+				t.Errorf("BruteCosts excess %d, CheckCosts %d", b.Excess, got.Excess)
+			}
+		})
+	}
+}
+
+// TestCheckCostsMatchesBrute compares the fast checker with the definition
+// on random grants with costs, zero costs and grants at equal instants
+// among them, dense enough that both holding and failing sets occur; and
+// the unweighted checker with the weighted one at cost 1.
+func TestCheckCostsMatchesBrute(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	fails := 0
+	const trials = 3000
+	for trial := 0; trial < trials; trial++ {
+		l := Limit{Capacity: 1 + rng.IntN(40), Amount: 1 + rng.IntN(10), Every: time.Duration(1+rng.IntN(20)) * time.Millisecond}
+		n := rng.IntN(60)
+		gs := make([]Grant, n)
+		for i := range gs {
+			ms := float64(rng.IntN(200_000)) / 1000
+			if i > 0 && rng.IntN(4) == 0 {
+				ms = float64(gs[rng.IntN(i)].At.Sub(at(0)[0])) / float64(time.Millisecond) // an instant already granted at
+			}
+			c := 1 + rng.IntN(12)
+			if rng.IntN(5) == 0 {
+				c = 0
+			}
+			gs[i] = Grant{At: at(ms)[0], Cost: c}
+		}
+		slack := time.Duration(rng.IntN(3)) * time.Duration(rng.IntN(30)) * time.Millisecond / 2
+		fast, slow := CheckCosts(gs, l, slack), BruteCosts(gs, l, slack)
+		if fast.Excess != slow.Excess || fast.Units != slow.Units || fast.Grants != n {
+			t.Fatalf("trial %d %+v slack %v: CheckCosts %v, BruteCosts %v", trial, l, slack, fast, slow)
+		}
+		if fast.Units > 0 && fast.InWindow-l.Allowed(fast.To.Sub(fast.From)+slack) != fast.Excess {
+			t.Fatalf("trial %d: the window reported (%v) does not have the excess reported", trial, fast)
+		}
+		if slow.Excess > 0 {
+			fails++
+		}
+		ts := make([]time.Time, n)
+		for i, g := range gs {
+			ts[i] = g.At
+		}
+		if one, w := CheckSlack(ts, l, slack), CheckCosts(ones(ts), l, slack); one.Excess != w.Excess {
+			t.Fatalf("trial %d: CheckSlack %v, CheckCosts at cost 1 %v", trial, one, w)
+		}
+	}
+	if fails < trials/10 || fails > trials*9/10 {
+		t.Fatalf("%d of %d random sets failed: too one-sided for the comparison to prove much", fails, trials)
+	}
+}
+
+// TestCheckCostsFails: a set that breaks the promise by one unit in one
+// window far inside a long run is found, with its window.
+func TestCheckCostsFails(t *testing.T) {
+	l := Limit{Capacity: 100, Amount: 1, Every: time.Millisecond}
+	var gs []Grant
+	for k := range 5000 {
+		gs = append(gs, Grant{At: at(float64(k))[0], Cost: 1})
+	}
+	gs[0].Cost = 101 // capacity and the first refill, then one a refill: exactly at the limit
+	if r := CheckCosts(gs, l, 0); r.Excess != 0 {
+		t.Fatalf("at the limit: %v, want excess 0", r)
+	}
+	gs[3000].Cost, gs[3001].Cost = 0, 2 // a unit granted a refill late: still within
+	if r := CheckCosts(gs, l, 0); r.Excess != 0 {
+		t.Fatalf("a unit granted late: %v, want excess 0", r)
+	}
+	gs[3000].Cost = 1 // one more unit than the refills paid for
+	r := CheckCosts(gs, l, 0)
+	if r.Excess != 1 || r.OK() || !r.To.Equal(gs[3001].At) {
+		t.Fatalf("one unit over: %v, want excess 1 in a window ending at %v", r, gs[3001].At)
+	}
+	if b := BruteCosts(gs, l, 0); b.Excess != r.Excess {
+		t.Fatalf("BruteCosts %v, CheckCosts %v", b, r)
+	}
+}
+
+func TestNegativeCostPanics(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Error("CheckCosts took a negative cost")
+		}
+	}()
+	CheckCosts(costs([]float64{0}, -1), Limit{Capacity: 1, Amount: 1, Every: time.Second}, 0)
+}
+
 func BenchmarkCheck(b *testing.B) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	g := make([]time.Time, 100_000)
@@ -80,5 +202,19 @@ func BenchmarkCheck(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		Check(g, l)
+	}
+}
+
+func BenchmarkCheckCosts(b *testing.B) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	g := make([]Grant, 100_000)
+	base := time.Now()
+	for i := range g {
+		g[i] = Grant{At: base.Add(time.Duration(rng.IntN(200_000_000_000))), Cost: rng.IntN(61)}
+	}
+	l := Limit{Capacity: 1000, Amount: 1, Every: 60 * time.Microsecond}
+	b.ReportAllocs()
+	for b.Loop() {
+		CheckCosts(g, l, 0)
 	}
 }
