@@ -35,7 +35,6 @@ func (b *batch) empty() bool {
 // dispatch runs the exchanges with Redis one at a time: whatever callers
 // ask for while one is in flight goes out together in the next.
 func (s *Semaphore) dispatch() {
-	defer s.dispatchWG.Done()
 	beat := time.NewTicker(s.cfg.beat())
 	defer beat.Stop()
 	// poke fires when the first held lease would expire while this

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/background"
 	"github.com/sluicehq/sluice/internal/groundwork"
 )
 
@@ -67,9 +68,8 @@ type Semaphore struct {
 	ps          *redis.PubSub
 	nextID      atomic.Uint64
 	kickCh      chan struct{}
-	stopListen  context.CancelFunc
-	dispatchWG  sync.WaitGroup
-	listenWG    sync.WaitGroup
+	bg          *background.Group // the dispatcher and the listener
+	psErr       error             // closing ps, at Close
 
 	mu           sync.Mutex
 	closed       bool
@@ -142,12 +142,14 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 	}
 	// No channel yet: Subscribe with channels would dial Redis here.
 	s.ps = rdb.Subscribe(context.Background())
-	ctx, cancel := context.WithCancel(context.Background())
-	s.stopListen = cancel
-	s.listenWG.Add(1)
-	go s.listen(ctx)
-	s.dispatchWG.Add(1)
-	go s.dispatch()
+	s.bg = background.NewGroup()
+	// Receive waits on the socket as well as the ctx: closing ps ends it.
+	s.bg.OnClose(func() { s.psErr = s.ps.Close() })
+	s.bg.Go(s.listen)
+	// The dispatcher ignores the group's ctx: at Close it still sends what
+	// is pending (leaves, releases), each exchange bounded by callTimeout,
+	// and returns once nothing is left.
+	s.bg.Go(func(context.Context) { s.dispatch() })
 	return s, nil
 }
 
@@ -298,10 +300,8 @@ func (s *Semaphore) Close() error {
 	}
 	s.mu.Unlock()
 	s.kick()
-	s.dispatchWG.Wait()
-	s.stopListen()
-	err := s.ps.Close()
-	s.listenWG.Wait()
+	s.bg.Close()
+	err := s.psErr
 
 	// Whatever the dispatcher could not send is answered here.
 	s.mu.Lock()
@@ -412,7 +412,6 @@ func (s *Semaphore) releaseLocked(p *Permit, done chan error) releaseOp {
 
 // listen receives grant notifications for this process's waiters.
 func (s *Semaphore) listen(ctx context.Context) {
-	defer s.listenWG.Done()
 	// An error here is retried: the channel is recorded and subscribed
 	// again on every reconnection.
 	_ = s.ps.Subscribe(ctx, s.chanPrefix+s.proc)
