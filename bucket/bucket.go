@@ -170,6 +170,7 @@ type Cost map[string]int
 // any number of goroutines.
 type Bucket struct {
 	cfg      Config
+	rdb      redis.UniversalClient
 	policies []Policy // the pinned policy (if any), then cfg.Policies
 	q        *queue.Queue
 	sched    *scheduler.Scheduler
@@ -232,6 +233,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 	bg := background.NewGroup()
 	b := &Bucket{
 		cfg:      cfg,
+		rdb:      rdb,
 		policies: policies,
 		q:        q,
 		sched:    scheduler.New(rdb, q),
@@ -683,5 +685,5 @@ func (b *Bucket) redisErr(ctx context.Context, err error) error {
 		return ErrClosed
 	default:
 	}
-	return groundwork.RedisError(ctx, "bucket", err)
+	return groundwork.RedisError(ctx, "bucket", b.rdb, err)
 }

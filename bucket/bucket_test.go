@@ -101,6 +101,24 @@ func TestUnreachableRedisNamed(t *testing.T) {
 	if !errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, context.DeadlineExceeded) || !contains(err.Error(), "connection refused") {
 		t.Fatalf("Enter with Redis down: %v, want connection refused, not a deadline", err)
 	}
+
+	// A client with go-redis's default retries, as users write it: its
+	// dial retries and backoffs outlast a 200 ms deadline, and go-redis
+	// then returns only the deadline. The error still names the cause.
+	plain := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	defer plain.Close()
+	b2, err := bucket.New(plain, valid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b2.Close()
+	ctx, cancel = context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	err = b2.Enter(ctx)
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, syscall.ECONNREFUSED) || !contains(err.Error(), "connection refused") {
+		t.Fatalf("Enter with Redis down and a 200ms deadline: %v, want the deadline and connection refused", err)
+	}
+	t.Logf("200ms deadline, default retries: %v", err)
 }
 
 // TestNewRejectsClientIgnoringDeadlines: a client without

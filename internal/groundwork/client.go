@@ -45,6 +45,10 @@ func CheckClient(errConfig error, rdb redis.UniversalClient) error {
 	return nil
 }
 
+// probeTimeout bounds the dial with which RedisError looks for the cause
+// of a call its ctx cut short.
+const probeTimeout = 50 * time.Millisecond
+
 // CallError is a call to Redis that failed. It matches both its causes
 // with errors.Is: the ctx error, when the caller's ctx ended (or its
 // deadline passed as the socket timed out), and Redis's or the network's
@@ -71,12 +75,16 @@ func (e *CallError) Unwrap() []error {
 	return []error{e.Ctx, e.Err}
 }
 
-// RedisError wraps err, the failure of a call made on ctx, as a CallError
-// of package prefix. go-redis sets the socket deadline to the ctx's, so the
-// socket can time out a moment before ctx.Err() is set: a timeout at the
-// deadline counts as the deadline. An err that already is a CallError, or
-// is the ctx's own error, is returned as it is.
-func RedisError(ctx context.Context, prefix string, err error) error {
+// RedisError wraps err, the failure of a call to rdb made on ctx, as a
+// CallError of package prefix. go-redis sets the socket deadline to the
+// ctx's, so the socket can time out a moment before ctx.Err() is set: a
+// timeout at the deadline counts as the deadline. An err that already is a
+// CallError is returned as it is. An err that is the ctx's own error is
+// returned as it is too, unless a dial to rdb's server is refused (Probe):
+// go-redis returns only the ctx's error when the ctx ends while it backs
+// off between retries of a refused dial, and the caller must still learn
+// that Redis is down.
+func RedisError(ctx context.Context, prefix string, rdb redis.UniversalClient, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -86,7 +94,10 @@ func RedisError(ctx context.Context, prefix string, err error) error {
 	}
 	ctxErr := ctx.Err()
 	if ctxErr != nil && errors.Is(err, ctxErr) {
-		return err // the ctx ended before anything was sent
+		if perr := Probe(context.WithoutCancel(ctx), rdb, probeTimeout); perr != nil {
+			return &CallError{Prefix: prefix, Ctx: ctxErr, Err: perr}
+		}
+		return err // the ctx ended before anything was sent, or Redis is slow
 	}
 	if ctxErr == nil {
 		var ne net.Error

@@ -3,6 +3,7 @@ package groundwork
 import (
 	"context"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -34,6 +35,30 @@ func Probe(ctx context.Context, rdb redis.UniversalClient, timeout time.Duration
 	if network == "" {
 		network = "tcp"
 	}
+	key := network + " " + addr
+	if v, ok := probes.Load(key); ok {
+		if p := v.(probe); time.Since(p.at) < probeFresh {
+			return p.err
+		}
+	}
+	err := dial(ctx, network, addr, timeout)
+	probes.Store(key, probe{at: time.Now(), err: err})
+	return err
+}
+
+// A probe's verdict serves every caller for probeFresh, so that a storm of
+// failed calls (thousands of callers whose deadlines end together) dials
+// the server a few times a second at most.
+const probeFresh = 250 * time.Millisecond
+
+type probe struct {
+	at  time.Time
+	err error
+}
+
+var probes sync.Map // "network addr" → probe
+
+func dial(ctx context.Context, network, addr string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var d net.Dialer
