@@ -82,7 +82,12 @@ func writePlot(path string, grants []loadgen.Grant, l guarantee.Limit, s Saturat
 		return err
 	}
 
-	const w, h = 30 * vg.Centimeter, 22 * vg.Centimeter
+	return saveTiles(path, [][]*plot.Plot{{cum, rate}, {exc, hist}}, 30*vg.Centimeter, 22*vg.Centimeter)
+}
+
+// saveTiles draws plots, rows of panels, on a w × h figure to path: .svg,
+// or .png.
+func saveTiles(path string, plots [][]*plot.Plot, w, h vg.Length) error {
 	var c interface {
 		vg.CanvasSizer
 		io.WriterTo
@@ -98,9 +103,8 @@ func writePlot(path string, grants []loadgen.Grant, l guarantee.Limit, s Saturat
 	dc := draw.New(c)
 	dc.SetColor(color.White)
 	dc.Fill(dc.Rectangle.Path())
-	tiles := draw.Tiles{Rows: 2, Cols: 2, PadX: vg.Centimeter, PadY: vg.Centimeter,
+	tiles := draw.Tiles{Rows: len(plots), Cols: len(plots[0]), PadX: vg.Centimeter, PadY: vg.Centimeter,
 		PadTop: vg.Centimeter / 2, PadBottom: vg.Centimeter / 2, PadLeft: vg.Centimeter / 2, PadRight: vg.Centimeter / 2}
-	plots := [][]*plot.Plot{{cum, rate}, {exc, hist}}
 	canvases := plot.Align(plots, tiles, dc)
 	for i := range plots {
 		for j := range plots[i] {
@@ -140,19 +144,35 @@ func addLine(p *plot.Plot, xys plotter.XYs, col color.Color, dashed bool, legend
 }
 
 func cumulativePlot(slots, starts []time.Time, l guarantee.Limit, sec func(time.Time) float64) (*plot.Plot, error) {
-	p := plot.New()
-	p.Title.Text = "Cumulative grants under the allowed envelope"
-	p.X.Label.Text = "s since the first slot"
-	p.Y.Label.Text = "grants"
-	p.Legend.Top, p.Legend.Left = true, true
-	cumXY := func(ts []time.Time) plotter.XYs {
-		xys := make(plotter.XYs, len(ts))
+	one := func(ts []time.Time) []guarantee.Grant {
+		gs := make([]guarantee.Grant, len(ts))
 		for i, t := range ts {
-			xys[i] = plotter.XY{X: sec(t), Y: float64(i + 1)}
+			gs[i] = guarantee.Grant{At: t, Cost: 1}
+		}
+		return gs
+	}
+	return envelopePlot("Cumulative grants under the allowed envelope", "grants", one(slots), one(starts), l, sec)
+}
+
+// envelopePlot draws the units of sorted slots and starts, cumulated,
+// against the most l allows from the first slot:
+// Capacity + Amount × (⌊t / Every⌋ + 1).
+func envelopePlot(title, units string, slots, starts []guarantee.Grant, l guarantee.Limit, sec func(time.Time) float64) (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = "s since the first slot"
+	p.Y.Label.Text = units
+	p.Legend.Top, p.Legend.Left = true, true
+	cumXY := func(gs []guarantee.Grant) plotter.XYs {
+		xys := make(plotter.XYs, len(gs))
+		sum := 0
+		for i, g := range gs {
+			sum += g.Cost
+			xys[i] = plotter.XY{X: sec(g.At), Y: float64(sum)}
 		}
 		return xys
 	}
-	end := max(sec(slots[len(slots)-1]), sec(starts[len(starts)-1]))
+	end := max(sec(slots[len(slots)-1].At), sec(starts[len(starts)-1].At))
 	var env plotter.XYs
 	for k := 0; ; k++ {
 		x := float64(k) * l.Every.Seconds()
@@ -168,13 +188,49 @@ func cumulativePlot(slots, starts []time.Time, l guarantee.Limit, sec func(time.
 	if err := addLine(p, env, color.RGBA{R: 240, G: 150, B: 150, A: 255}, false, "allowed since the first slot: capacity + refills", vg.Points(5)); err != nil {
 		return nil, err
 	}
-	if err := addLine(p, cumXY(slots), colSlot, false, "grants by slot (Redis clock)"); err != nil {
+	if err := addLine(p, cumXY(slots), colSlot, false, units+" by slot (Redis clock)"); err != nil {
 		return nil, err
 	}
-	if err := addLine(p, cumXY(starts), colStart, false, "grants by start (Enter returned)"); err != nil {
+	if err := addLine(p, cumXY(starts), colStart, false, units+" by start (Enter returned)"); err != nil {
 		return nil, err
 	}
 	return p, nil
+}
+
+// writeQuotaPlot draws the quota run to path (.svg or .png): a panel per
+// policy, its units granted by slot and by start against its envelope.
+func writeQuotaPlot(path string, grants []loadgen.Grant, ps []QuotaPolicy) error {
+	var row []*plot.Plot
+	for _, pol := range ps {
+		var slots, starts []guarantee.Grant
+		for _, g := range grants {
+			if g.OK() {
+				slots = append(slots, guarantee.Grant{At: g.SlotTime(), Cost: pol.cost(g)})
+				starts = append(starts, guarantee.Grant{At: g.Time(), Cost: pol.cost(g)})
+			}
+		}
+		if len(slots) < 2 {
+			return fmt.Errorf("plot: %d grants, too few to draw", len(slots))
+		}
+		byAt := func(a, b guarantee.Grant) int { return a.At.Compare(b.At) }
+		slices.SortFunc(slots, byAt)
+		slices.SortFunc(starts, byAt)
+		t0 := slots[0].At
+		units := "PU"
+		if pol.Unit == "" {
+			units = "requests"
+		}
+		p, err := envelopePlot(fmt.Sprintf("%s: capacity %s, %d every %v", pol.Name, commas(pol.Capacity), pol.RefillAmount, pol.RefillFrequency),
+			units, slots, starts, pol.limit(), func(t time.Time) float64 { return t.Sub(t0).Seconds() })
+		if err != nil {
+			return err
+		}
+		// From 0, with room above the envelope for the legend (the month's
+		// envelope is flat and high).
+		p.Y.Min, p.Y.Max = 0, 1.3*p.Y.Max
+		row = append(row, p)
+	}
+	return saveTiles(path, [][]*plot.Plot{row}, 42*vg.Centimeter, 14*vg.Centimeter)
 }
 
 func ratePlot(slots, starts []time.Time, l guarantee.Limit, sec func(time.Time) float64) (*plot.Plot, error) {
