@@ -127,7 +127,7 @@ const (
 )
 
 func (*Quota) about() about {
-	return about{name: "quota", takes: "~12 s",
+	return about{name: "quota", takes: "~12 s", all: true,
 		what: "a contract of three policies (requests, PU a minute, PU a month) and random costs, callers in several processes; every policy judged"}
 }
 

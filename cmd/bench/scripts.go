@@ -86,7 +86,7 @@ type costCase struct {
 }
 
 func (*Scripts) about() about {
-	return about{name: "scripts", takes: "~5 s", all: true,
+	return about{name: "scripts", takes: "~10 s", all: true,
 		what: "what each of the bucket's calls costs Redis (INFO commandstats), next to the least a script costs"}
 }
 
