@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
@@ -26,24 +27,19 @@ type costGrant struct {
 
 // checkCosts fails t when, for some policy, the costs granted in a window
 // of slots exceed what the policy allows there (the guarantee with costs,
-// checked over every pair of grants), when a later ticket got an earlier
+// guarantee.CheckCosts), when a later ticket got an earlier
 // slot (FIFO across costs), or when a caller started before its slot.
 func checkCosts(t *testing.T, gs []costGrant, policies []bucket.Policy) {
 	t.Helper()
 	slices.SortFunc(gs, func(a, b costGrant) int { return a.slot.Compare(b.slot) })
 	for pi, p := range policies {
-		worst := 0
-		for i := range gs {
-			sum := 0
-			for j := i; j < len(gs); j++ {
-				sum += gs[j].cost[p.Unit]
-				d := gs[j].slot.Sub(gs[i].slot)
-				allowed := p.Capacity + p.RefillAmount*(int(d/p.RefillFrequency)+1)
-				worst = max(worst, sum-allowed)
-			}
+		grants := make([]guarantee.Grant, len(gs))
+		for i, g := range gs {
+			grants[i] = guarantee.Grant{At: g.slot, Cost: g.cost[p.Unit]}
 		}
-		if worst > 0 {
-			t.Errorf("policy %d (%q, capacity %d): a window of slots granted %d over its allowance", pi, p.Unit, p.Capacity, worst)
+		r := guarantee.CheckCosts(grants, guarantee.Limit{Capacity: p.Capacity, Amount: p.RefillAmount, Every: p.RefillFrequency}, 0)
+		if !r.OK() {
+			t.Errorf("policy %d (%q, capacity %d): %v", pi, p.Unit, p.Capacity, r)
 		}
 	}
 	for i := 1; i < len(gs); i++ {
