@@ -70,7 +70,7 @@ func TestQuotaFlags(t *testing.T) {
 		{[]string{"--scenario", "quota", "--quota-callers", "0"}, "--quota-callers 0"},
 		{[]string{"--scenario", "quota", "--quota-procs", "5", "--quota-callers", "4"}, "--quota-procs 5"},
 		{[]string{"--scenario", "quota", "--quota-duration", "0s"}, "--quota-duration 0s"},
-		{[]string{"--quota-plot", "x.svg"}, "--quota-plot is a flag of the quota scenario"},
+		{[]string{"--scenario", "overhead", "--quota-plot", "x.svg"}, "--quota-plot is a flag of the quota scenario"},
 	} {
 		var stdout, stderr bytes.Buffer
 		err := run(context.Background(), tc.args, &stdout, &stderr)
