@@ -214,7 +214,7 @@ func usage(w io.Writer, list []scenario, chaos bool, sets []*flag.FlagSet) error
 			}
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", a.name, a.takes, in, a.what)
 		}
-		fmt.Fprintf(tw, "  all = %s: about 65 s\n", strings.Join(all, ","))
+		fmt.Fprintf(tw, "  all = %s: about 75 s\n", strings.Join(all, ","))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

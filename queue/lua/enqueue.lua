@@ -41,7 +41,7 @@ local max_wait = tonumber(ARGV[3])
 local grace = tonumber(ARGV[4])
 local ps, i, unit = read_policies(ARGV, 5)
 local m = tonumber(ARGV[i])
-local st, done, till, fresh = load(KEYS[2], ps, now)
+local st, done, till, fresh, head = load(KEYS[2], ps, now)
 local qlen = redis.call('LLEN', KEYS[1])
 local created = qlen == 0
 local took, costed, pushed, tail = false, false, {}, now
@@ -101,7 +101,11 @@ if #pushed > 0 then
 end
 -- Save when tokens were taken, a caller with costs queued, or the state is
 -- new (a new state key must not vanish before the queue it describes).
-if took or costed or fresh then
+-- When only callers with costs queued, the levels are as stored: write
+-- the extras after them.
+if took or fresh or (costed and not head) then
   save(KEYS[2], st, ps, now, grace, done, till)
+elseif costed then
+  save_extras(KEYS[2], head, st)
 end
 return out
