@@ -27,44 +27,28 @@ end
 -- queued arrival changes none of it, a queued enqueue writes nothing here.
 
 -- load reads and refills every policy's state, and returns it with done,
--- until, whether the state key was missing, and the head of the string as
--- stored, through the format version (nil when missing or of the layout
--- before the version): see save_extras.
+-- until, whether the state key was missing, and the string as stored when
+-- it has a format version (nil when missing or of the layout before the
+-- version): see save_extras.
 local function load(state_key, ps, now)
   local raw = redis.call('GET', state_key)
   local st = {}
   if #ps == 1 then -- the common case, without a loop or a table of values
     local p = ps[1]
-    local done, till, l, a, v, e, c, x
-    local head
+    local done, till, l, a, v, c, x
     if raw then
-      done, till, l, a, v, e, c, x = string.match(raw, '^(%S+) (%S+) (%S+) (%S+) ?(%S*)() ?(%S*) ?(%S*)')
+      done, till, l, a, v, c, x = string.match(raw, '^(%S+) (%S+) (%S+) (%S+) ?(%S*) ?(%S*) ?(%S*)')
       check_format(tonumber(v))
-      if v ~= '' then head = string.sub(raw, 1, e - 1) end
     end
     local level, anchor = refill(tonumber(l), tonumber(a), now, p.cap, p.amount, p.freq)
     st[1] = {level = level, anchor = anchor, extra = tonumber(x) or 0}
     st.costed = tonumber(c) or 0
-    return st, tonumber(done) or 0, tonumber(till) or 0, not raw, head
+    return st, tonumber(done) or 0, tonumber(till) or 0, not raw, v ~= '' and raw or nil
   end
-  local vals, head = {}, nil
+  local vals = {}
   if raw then
-    -- One match for done, until, the levels and the version, and one for
-    -- the extras if any: a gmatch loop over them all costs Redis more.
-    local n = 2 * #ps + 3
-    local caps = {string.match(raw, '^' .. string.rep('(%S+) ', n - 1) .. '(%S+)()')}
-    if caps[1] then
-      local e = caps[n + 1]
-      for k = 1, n do vals[k] = tonumber(caps[k]) end
-      head = string.sub(raw, 1, e - 1)
-      if e <= #raw then
-        local xs = {string.match(raw, '^ (%S+)' .. string.rep(' (%S+)', #ps), e)}
-        for k = 1, #xs do vals[n + k] = tonumber(xs[k]) end
-      end
-    else -- the layout before the version
-      for v in string.gmatch(raw, '%S+') do
-        vals[#vals + 1] = tonumber(v)
-      end
+    for v in string.gmatch(raw, '%S+') do
+      vals[#vals + 1] = tonumber(v)
     end
   end
   check_format(vals[2 * #ps + 3])
@@ -74,7 +58,7 @@ local function load(state_key, ps, now)
     st[i] = {level = level, anchor = anchor, extra = vals[2 * #ps + 4 + i] or 0}
   end
   st.costed = vals[2 * #ps + 4] or 0
-  return st, vals[1] or 0, vals[2] or 0, not raw, head
+  return st, vals[1] or 0, vals[2] or 0, not raw, vals[2 * #ps + 3] and raw or nil
 end
 
 -- full_in is how long, from now, until every policy is full again: the state
@@ -119,18 +103,19 @@ local function save(state_key, st, ps, now, grace, done, till)
 end
 
 -- save_extras writes a state whose levels, done and until did not change
--- since load (a caller with costs queued): head as stored, then the
--- callers with costs and each policy's extra, keeping the TTL. Levels as
--- stored, before load refilled them, are as good as refilled ones: refill
--- brings them to the same values at any later instant.
-local function save_extras(state_key, head, st)
-  local value = head
+-- since load (a caller with costs queued): raw, the string load read, up to
+-- its format version, then the callers with costs and each policy's
+-- extra, keeping the TTL. Levels as stored, before load refilled them, are
+-- as good as refilled ones: refill brings them to the same values at any
+-- later instant.
+local function save_extras(state_key, raw, st)
+  local value = string.match(raw, '^' .. string.rep('%S+ ', 2 * #st + 2) .. '%S+')
   if (st.costed or 0) > 0 then
     local parts = {st.costed}
     for i = 1, #st do
       parts[i + 1] = st[i].extra
     end
-    value = head .. string.format(string.rep(' %d', #parts), unpack(parts))
+    value = value .. string.format(string.rep(' %d', #parts), unpack(parts))
   end
   redis.call('SET', state_key, value, 'KEEPTTL')
 end

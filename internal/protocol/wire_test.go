@@ -23,12 +23,12 @@ if f == 'state' then
   for i = 4, #ARGV do ps[#ps + 1] = {cap = tonumber(ARGV[i]), amount = 1, freq = 1e12} end
   redis.call('SET', KEYS[1], ARGV[2])
   local now = tonumber(ARGV[3])
-  local st, done, till, _, head = load(KEYS[1], ps, now)
+  local st, done, till, _, raw = load(KEYS[1], ps, now)
   save(KEYS[1], st, ps, now, 1000000, done, till)
   local saved = redis.call('GET', KEYS[1])
   -- save_extras writes the same string when nothing changed
-  if head then
-    save_extras(KEYS[1], head, st)
+  if raw then
+    save_extras(KEYS[1], raw, st)
     if redis.call('GET', KEYS[1]) ~= saved then
       return redis.error_reply('save_extras wrote ' .. redis.call('GET', KEYS[1]) .. ' where save wrote ' .. saved)
     end

@@ -41,7 +41,7 @@ local max_wait = tonumber(ARGV[3])
 local grace = tonumber(ARGV[4])
 local ps, i, unit = read_policies(ARGV, 5)
 local m = tonumber(ARGV[i])
-local st, done, till, fresh, head = load(KEYS[2], ps, now)
+local st, done, till, fresh, raw = load(KEYS[2], ps, now)
 local qlen = redis.call('LLEN', KEYS[1])
 local created = qlen == 0
 local took, costed, pushed, tail = false, false, {}, now
@@ -103,9 +103,9 @@ end
 -- new (a new state key must not vanish before the queue it describes).
 -- When only callers with costs queued, the levels are as stored: write
 -- the extras after them.
-if took or fresh or (costed and not head) then
+if took or fresh or (costed and not raw) then
   save(KEYS[2], st, ps, now, grace, done, till)
 elseif costed then
-  save_extras(KEYS[2], head, st)
+  save_extras(KEYS[2], raw, st)
 end
 return out
