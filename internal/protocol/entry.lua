@@ -27,11 +27,16 @@ end
 -- table, or nil) of an entry, or the argument itself and nil when it is a
 -- bare id.
 local function entry_parts(e)
-  local id, est, costs = string.match(e, '^([^|]*)|(%d+)|([%d,]+)$')
+  -- One match serves both kinds (a queue holds mostly entries without
+  -- costs, and the step reads every entry it pops).
+  local id, est, costs = string.match(e, '^([^|]*)|(%d+)|?([%d,]*)$')
   if id then
-    return id, tonumber(est), parse_costs(costs)
+    if costs ~= '' then
+      return id, tonumber(est), parse_costs(costs)
+    end
+    return id, tonumber(est)
   end
-  id, est = string.match(e, '^(.*)|(%d+)$')
+  id, est = string.match(e, '^(.*)|(%d+)$') -- an ID with a '|' in it
   if not id then
     return e, nil
   end
