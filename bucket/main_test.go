@@ -2,21 +2,18 @@ package bucket_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/loadgen"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testmain"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -29,21 +26,7 @@ func redisAddr() string { return exampleAddr }
 
 func TestMain(m *testing.M) {
 	loadgen.MaybeWorker() // worker processes of the multi-process tests
-	srv, err := redistest.Start()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	exampleAddr = srv.Addr()
-	code := m.Run()
-	srv.Close()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(testmain.Run(m, &exampleAddr))
 }
 
 // newBucket makes a bucket with a name unique to the test and closes it at
@@ -153,6 +136,3 @@ func escapeGlob(s string) string {
 	r := strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`)
 	return r.Replace(s)
 }
-
-var _ = fmt.Sprint
-var _ = os.Getenv

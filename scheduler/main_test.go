@@ -1,13 +1,10 @@
 package scheduler_test
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
-	"go.uber.org/goleak"
-
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testmain"
 )
 
 var exampleAddr string
@@ -17,19 +14,5 @@ var exampleAddr string
 func redisAddr() string { return exampleAddr }
 
 func TestMain(m *testing.M) {
-	srv, err := redistest.Start()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	exampleAddr = srv.Addr()
-	code := m.Run()
-	srv.Close()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(testmain.Run(m, &exampleAddr))
 }

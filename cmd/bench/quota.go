@@ -139,17 +139,7 @@ func (q *Quota) flags(fs *flag.FlagSet) {
 	q.CostMin, q.CostMax = 1, 60
 }
 
-func (q *Quota) check() error {
-	switch {
-	case q.Callers < 1:
-		return fmt.Errorf("--quota-callers %d: want ≥ 1", q.Callers)
-	case q.Procs < 1 || q.Procs > q.Callers:
-		return fmt.Errorf("--quota-procs %d: want between 1 and --quota-callers (%d)", q.Procs, q.Callers)
-	case q.Duration <= 0:
-		return fmt.Errorf("--quota-duration %v: want > 0", q.Duration)
-	}
-	return nil
-}
+func (q *Quota) check() error { return checkLoad("quota-", q.Callers, q.Procs, q.Duration) }
 
 // run has the callers enter with random costs on one bucket of the
 // contract's policies for q.Duration, then judges every grant per policy.

@@ -61,14 +61,19 @@ func (s *Saturate) flags(fs *flag.FlagSet) {
 	fs.StringVar(&s.plot, "plot", "", "draw the grant timeline against the allowed envelope and the wait histogram to `FILE` (.svg or .png)")
 }
 
-func (s *Saturate) check() error {
+func (s *Saturate) check() error { return checkLoad("", s.Callers, s.Procs, s.Duration) }
+
+// checkLoad checks the flags of a scenario whose callers, spread over
+// worker processes, enter for a while: --<prefix>callers, --<prefix>procs
+// and --<prefix>duration.
+func checkLoad(prefix string, callers, procs int, d time.Duration) error {
 	switch {
-	case s.Callers < 1:
-		return fmt.Errorf("--callers %d: want ≥ 1", s.Callers)
-	case s.Procs < 1 || s.Procs > s.Callers:
-		return fmt.Errorf("--procs %d: want between 1 and --callers (%d)", s.Procs, s.Callers)
-	case s.Duration <= 0:
-		return fmt.Errorf("--duration %v: want > 0", s.Duration)
+	case callers < 1:
+		return fmt.Errorf("--%scallers %d: want ≥ 1", prefix, callers)
+	case procs < 1 || procs > callers:
+		return fmt.Errorf("--%sprocs %d: want between 1 and --%scallers (%d)", prefix, procs, prefix, callers)
+	case d <= 0:
+		return fmt.Errorf("--%sduration %v: want > 0", prefix, d)
 	}
 	return nil
 }
