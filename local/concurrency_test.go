@@ -3,8 +3,8 @@ package local
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -329,21 +329,7 @@ func TestConcurrencyAcquireNCosts(t *testing.T) {
 				if time.Since(t0) != 0 {
 					t.Errorf("AcquireN(%d) took %v, want an answer at once", tt.n, time.Since(t0))
 				}
-				switch {
-				case tt.bad:
-					if err == nil || errors.Is(err, sluice.ErrLimited) || errors.Is(err, sluice.ErrCostExceedsCapacity) || errors.Is(err, sluice.ErrConfig) {
-						t.Errorf("AcquireN(%d) = %v, want an error of its own", tt.n, err)
-					}
-				case !matches(err, tt.wantErr):
-					t.Errorf("AcquireN(%d) = %v, want %v", tt.n, err, tt.wantErr)
-				}
-				if errors.Is(tt.wantErr, ErrCostExceedsCapacity) &&
-					(!errors.Is(err, sluice.ErrCostExceedsCapacity) || errors.Is(err, sluice.ErrLimited)) {
-					t.Errorf("AcquireN(%d) = %v: want it to match sluice.ErrCostExceedsCapacity and not sluice.ErrLimited", tt.n, err)
-				}
-				if err != nil && !strings.Contains(err.Error(), tt.words) {
-					t.Errorf("AcquireN(%d) = %q, want it to say %q", tt.n, err, tt.words)
-				}
+				checkCostAnswer(t, fmt.Sprintf("AcquireN(%d)", tt.n), err, tt.bad, tt.wantErr, tt.words)
 				if err == nil {
 					c.ReleaseN(tt.n)
 				}

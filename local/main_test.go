@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/sluicehq/sluice"
 )
 
 func TestMain(m *testing.M) {
@@ -109,4 +112,29 @@ func maxInWindow(starts []time.Time, w time.Duration) int {
 		most = max(most, j-i)
 	}
 	return most
+}
+
+// checkCostAnswer judges the answer err of call (an EnterN or AcquireN
+// that must answer at once): bad wants an error of its own (a negative
+// cost), not a refusal or a config error; otherwise err must match
+// wantErr; a cost that can never be granted must match
+// sluice.ErrCostExceedsCapacity and not sluice.ErrLimited; and the error
+// must say words.
+func checkCostAnswer(t *testing.T, call string, err error, bad bool, wantErr error, words string) {
+	t.Helper()
+	switch {
+	case bad:
+		if err == nil || errors.Is(err, sluice.ErrLimited) || errors.Is(err, sluice.ErrCostExceedsCapacity) || errors.Is(err, sluice.ErrConfig) {
+			t.Errorf("%s = %v, want an error of its own", call, err)
+		}
+	case !matches(err, wantErr):
+		t.Errorf("%s = %v, want %v", call, err, wantErr)
+	}
+	if errors.Is(wantErr, ErrCostExceedsCapacity) &&
+		(!errors.Is(err, sluice.ErrCostExceedsCapacity) || errors.Is(err, sluice.ErrLimited)) {
+		t.Errorf("%s = %v: want it to match sluice.ErrCostExceedsCapacity and not sluice.ErrLimited", call, err)
+	}
+	if err != nil && !strings.Contains(err.Error(), words) {
+		t.Errorf("%s = %q, want it to say %q", call, err, words)
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -651,21 +650,7 @@ func TestRateEnterNCosts(t *testing.T) {
 				if time.Since(t0) != 0 {
 					t.Errorf("EnterN(%d) took %v, want an answer at once", tt.n, time.Since(t0))
 				}
-				switch {
-				case tt.bad:
-					if err == nil || errors.Is(err, sluice.ErrLimited) || errors.Is(err, sluice.ErrCostExceedsCapacity) || errors.Is(err, sluice.ErrConfig) {
-						t.Errorf("EnterN(%d) = %v, want an error of its own", tt.n, err)
-					}
-				case !matches(err, tt.wantErr):
-					t.Errorf("EnterN(%d) = %v, want %v", tt.n, err, tt.wantErr)
-				}
-				if errors.Is(tt.wantErr, ErrCostExceedsCapacity) &&
-					(!errors.Is(err, sluice.ErrCostExceedsCapacity) || errors.Is(err, sluice.ErrLimited)) {
-					t.Errorf("EnterN(%d) = %v: want it to match sluice.ErrCostExceedsCapacity and not sluice.ErrLimited", tt.n, err)
-				}
-				if err != nil && !strings.Contains(err.Error(), tt.words) {
-					t.Errorf("EnterN(%d) = %q, want it to say %q", tt.n, err, tt.words)
-				}
+				checkCostAnswer(t, fmt.Sprintf("EnterN(%d)", tt.n), err, tt.bad, tt.wantErr, tt.words)
 				if n := r.Waiting(); n != 1 {
 					t.Errorf("Waiting() = %d after EnterN(%d), want the 1 queued before", n, tt.n)
 				}
