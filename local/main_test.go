@@ -114,6 +114,16 @@ func maxInWindow(starts []time.Time, w time.Duration) int {
 	return most
 }
 
+// costCase is a cost that EnterN or AcquireN must answer at once.
+type costCase struct {
+	name    string
+	ctx     context.Context
+	n       int
+	wantErr error  // nil: want nil
+	bad     bool   // want an error matching none of the sentinels
+	words   string // the error names these
+}
+
 // checkCostAnswer judges the answer err of call (an EnterN or AcquireN
 // that must answer at once): bad wants an error of its own (a negative
 // cost), not a refusal or a config error; otherwise err must match

@@ -616,14 +616,7 @@ func TestRateEnterNCosts(t *testing.T) {
 	live := context.Background()
 	dead, cancel := context.WithCancel(live)
 	cancel()
-	tests := []struct {
-		name    string
-		ctx     context.Context
-		n       int
-		wantErr error  // nil: want nil
-		bad     bool   // want an error matching none of the sentinels
-		words   string // the error names these
-	}{
+	tests := []costCase{
 		{name: "zero", ctx: live, n: 0},
 		{name: "zero with an ended context", ctx: dead, n: 0, wantErr: context.Canceled},
 		{name: "negative", ctx: live, n: -1, bad: true, words: "negative cost -1"},
