@@ -312,15 +312,15 @@ func checkPolicy(p Policy, where string) error {
 	const maxCount = 1 << 40 // Lua numbers are doubles: keep every sum exact
 	switch {
 	case p.Capacity < 1:
-		return bad("Capacity %d, want ≥ 1", p.Capacity)
+		return bad("Capacity %d, want ≥ 1 (with Rate(n, period, burst): the burst)", p.Capacity)
 	case p.RefillAmount < 1:
-		return bad("RefillAmount %d, want ≥ 1", p.RefillAmount)
+		return bad("RefillAmount %d, want ≥ 1 (with Rate(n, period, burst): n)", p.RefillAmount)
+	case p.RefillFrequency < time.Microsecond:
+		return bad("RefillFrequency %v, want ≥ 1µs (with Rate(n, period, burst): the period)", p.RefillFrequency)
+	case p.RefillFrequency%time.Microsecond != 0:
+		return bad("RefillFrequency %v is not a whole number of microseconds (with Rate(n, period, burst): the period)", p.RefillFrequency)
 	case p.RefillAmount > p.Capacity:
 		return bad("RefillAmount %d above Capacity %d: tokens beyond Capacity are never usable", p.RefillAmount, p.Capacity)
-	case p.RefillFrequency < time.Microsecond:
-		return bad("RefillFrequency %v, want ≥ 1µs", p.RefillFrequency)
-	case p.RefillFrequency%time.Microsecond != 0:
-		return bad("RefillFrequency %v is not a whole number of microseconds", p.RefillFrequency)
 	case p.Capacity > maxCount:
 		return bad("Capacity %d above %d", p.Capacity, maxCount)
 	case p.RefillFrequency > 100*365*24*time.Hour:

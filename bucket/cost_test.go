@@ -416,8 +416,19 @@ func TestRate(t *testing.T) {
 	}
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	if _, err := bucket.New(rdb, bucket.Config{Name: "n", Policies: []bucket.Policy{bucket.Rate(0, time.Second, 5)}}); !errors.Is(err, bucket.ErrConfig) {
-		t.Errorf("a Rate of 0 per second: %v, want ErrConfig", err)
+	for _, tc := range []struct {
+		p     bucket.Policy
+		words string
+	}{
+		{bucket.Rate(0, time.Second, 5), "n"},
+		{bucket.Rate(20, time.Second, 0), "the burst"},
+		{bucket.Rate(20, 0, 5), "the period"},
+	} {
+		// A user who wrote Rate learns which of its arguments is wrong.
+		_, err := bucket.New(rdb, bucket.Config{Name: "n", Policies: []bucket.Policy{tc.p}})
+		if !errors.Is(err, bucket.ErrConfig) || !strings.Contains(err.Error(), "Rate(n, period, burst): "+tc.words+")") {
+			t.Errorf("New with %+v: %v, want ErrConfig naming Rate's %s", tc.p, err, tc.words)
+		}
 	}
 }
 
