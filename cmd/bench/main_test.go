@@ -139,15 +139,15 @@ func TestAllTable(t *testing.T) {
 		flag string
 		want []string
 	}{
-		{"", []string{"OVERHEAD", "SCRIPTS", "SATURATE", "PING round trip", "utilization", "grants overtaken, by slot", "one-line script, same pace"}},
+		{"", []string{"OVERHEAD", "SCRIPTS", "SATURATE", "QUOTA", "PING round trip", "utilization", "grants overtaken, by slot", "one-line script, same pace"}},
 		{"--gobench", []string{"BenchmarkOverhead/enter ", "BenchmarkScripts/poll-slot-found ", "BenchmarkSaturate ", " utilization ", " round-trips/op"}},
 	} {
-		args := []string{"--redis", srv.URL(), "--duration", "500ms", "--callers", "20", "--procs", "1"}
+		args := []string{"--redis", srv.URL(), "--duration", "500ms", "--callers", "20", "--procs", "1", "--quota-duration", "500ms", "--quota-callers", "20", "--quota-procs", "1", "--compare-duration", "500ms"}
 		if tc.flag != "" {
 			args = append(args, tc.flag)
 		}
 		var stdout, stderr bytes.Buffer
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // a bound on a hang, not a speed goal
 		err := run(ctx, args, &stdout, &stderr)
 		cancel()
 		if err != nil {
