@@ -17,8 +17,9 @@ type ConcurrencyConfig struct {
 	// Limit is the number of calls allowed to run at once, at least 1.
 	Limit int
 
-	// AcquireTimeout refuses a caller with ErrTimeout when no slot frees up
-	// within this time. Zero means wait until ctx ends.
+	// AcquireTimeout refuses a caller with ErrTimeout when its slots (n of
+	// them for AcquireN) do not free up within this time. Zero means wait
+	// until ctx ends.
 	AcquireTimeout time.Duration
 
 	// RunTimeout bounds a whole Do, wait plus work: Do returns ErrTimeout if

@@ -11,9 +11,10 @@ var (
 	_ sluice.Limiter     = Noop{}
 )
 
-// Noop is a limiter that never waits and never refuses. It has the methods of
-// Rate, Spacer and Concurrency, so it can stand in for any of them to turn
-// limiting off. It still reports a context that has already ended, so a loop
+// Noop is a limiter that never waits and never refuses. It has the limiting
+// methods of Rate, Spacer and Concurrency (Enter, EnterN, Acquire,
+// AcquireN, Release, ReleaseN, Do; not Rate's Waiting), so it can stand in
+// for any of them to turn limiting off. It still reports a context that has already ended, so a loop
 // that relies on Enter to notice cancellation keeps working.
 //
 // The zero value is ready to use. Noop is safe for concurrent use.

@@ -148,11 +148,11 @@ func commas(n int) string {
 func vsLimit(excess int) string {
 	switch {
 	case excess < 0:
-		return fmt.Sprintf("%d under", -excess)
+		return commas(-excess) + " under"
 	case excess == 0:
 		return "at the limit"
 	}
-	return fmt.Sprintf("%d OVER", excess)
+	return commas(excess) + " OVER"
 }
 
 // windows describes the busiest window of e, and the busiest of those at
