@@ -163,7 +163,7 @@ func (s *Semaphore) exchange(ctx context.Context, b batch) (time.Duration, bool)
 	tctx, cancel := context.WithTimeout(ctx, s.callTimeout)
 	defer cancel()
 	sent := time.Now()
-	v, err := syncScript.Run(tctx, s.rdb, s.scriptKeys, args...).Result()
+	v, err := syncScript.Run(tctx, s.rdb, s.keys, args...).Result()
 	var r reply
 	if err == nil {
 		r, err = parseReply(v, &b)
@@ -189,7 +189,7 @@ func (s *Semaphore) cause(err error, timedOut bool) error {
 	s.mu.Lock()
 	last := s.lastErr
 	s.mu.Unlock()
-	if perr := groundwork.Probe(context.Background(), s.rdb, probeTimeout); perr != nil {
+	if perr := groundwork.Probe(context.Background(), s.rdb); perr != nil {
 		return fmt.Errorf("%w within %v: %w", errNoAnswer, s.callTimeout, perr)
 	}
 	if last != nil && !errors.Is(last, errNoAnswer) {
@@ -197,10 +197,6 @@ func (s *Semaphore) cause(err error, timedOut bool) error {
 	}
 	return fmt.Errorf("%w within %v (%v)", errNoAnswer, s.callTimeout, err)
 }
-
-// probeTimeout bounds the dial that looks for the cause of an exchange
-// that ran out of time.
-const probeTimeout = 50 * time.Millisecond
 
 // errNoAnswer is an exchange that ran out of its own time limit.
 var errNoAnswer = errors.New("no answer from Redis")

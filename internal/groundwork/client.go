@@ -45,8 +45,7 @@ func CheckClient(errConfig error, rdb redis.UniversalClient) error {
 	return nil
 }
 
-// probeTimeout bounds the dial with which RedisError looks for the cause
-// of a call its ctx cut short.
+// probeTimeout bounds Probe's dial.
 const probeTimeout = 50 * time.Millisecond
 
 // CallError is a call to Redis that failed. It matches both its causes
@@ -94,7 +93,7 @@ func RedisError(ctx context.Context, prefix string, rdb redis.UniversalClient, e
 	}
 	ctxErr := ctx.Err()
 	if ctxErr != nil && errors.Is(err, ctxErr) {
-		if perr := Probe(context.WithoutCancel(ctx), rdb, probeTimeout); perr != nil {
+		if perr := Probe(context.WithoutCancel(ctx), rdb); perr != nil {
 			return &CallError{Prefix: prefix, Ctx: ctxErr, Err: perr}
 		}
 		return err // the ctx ended before anything was sent, or Redis is slow

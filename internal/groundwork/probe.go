@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Probe dials rdb's server once, within timeout, and returns the dial's
+// Probe dials rdb's server once, within 50 ms, and returns the dial's
 // error: "connection refused" when nothing listens. It names the cause of
 // a call that ran out of time without one: go-redis retries a refused
 // dial (DialerRetries, MaxRetries) and, when the ctx ends during a
@@ -17,7 +17,7 @@ import (
 // succeeds (the server is there but did not answer in time) or when rdb's
 // address cannot be read (a wrapper). A custom Dialer is not used: the
 // probe dials Options().Network and Addr, as go-redis's default does.
-func Probe(ctx context.Context, rdb redis.UniversalClient, timeout time.Duration) error {
+func Probe(ctx context.Context, rdb redis.UniversalClient) error {
 	var network, addr string
 	switch c := rdb.(type) {
 	case *redis.Client:
@@ -41,7 +41,7 @@ func Probe(ctx context.Context, rdb redis.UniversalClient, timeout time.Duration
 			return p.err
 		}
 	}
-	err := dial(ctx, network, addr, timeout)
+	err := dial(ctx, network, addr)
 	probes.Store(key, probe{at: time.Now(), err: err})
 	return err
 }
@@ -58,8 +58,8 @@ type probe struct {
 
 var probes sync.Map // "network addr" → probe
 
-func dial(ctx context.Context, network, addr string, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+func dial(ctx context.Context, network, addr string) error {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, network, addr)
