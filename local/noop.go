@@ -14,8 +14,9 @@ var (
 // Noop is a limiter that never waits and never refuses. It has the limiting
 // methods of Rate, Spacer and Concurrency (Enter, EnterN, Acquire,
 // AcquireN, Release, ReleaseN, Do; not Rate's Waiting), so it can stand in
-// for any of them to turn limiting off. It still reports a context that has already ended, so a loop
-// that relies on Enter to notice cancellation keeps working.
+// for any of them to turn limiting off. It still reports a context that has
+// already ended, so a loop that relies on Enter to notice cancellation keeps
+// working.
 //
 // The zero value is ready to use. Noop is safe for concurrent use.
 type Noop struct{}
@@ -44,12 +45,7 @@ func (Noop) EnterN(ctx context.Context, n int) error {
 
 // AcquireN returns ctx.Err() for any n >= 0, and an error for a negative n,
 // as Concurrency.AcquireN does. No cost is too large: a Noop has no limit.
-func (Noop) AcquireN(ctx context.Context, n int) error {
-	if n < 0 {
-		return negativeCost(n)
-	}
-	return ctx.Err()
-}
+func (n Noop) AcquireN(ctx context.Context, cost int) error { return n.EnterN(ctx, cost) }
 
 // ReleaseN does nothing. Unlike Concurrency.ReleaseN it does not panic,
 // since a Noop keeps no count to check against.
