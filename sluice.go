@@ -11,6 +11,7 @@ package sluice
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // ErrLimited is the parent of every refusal a limiter makes without waiting
@@ -29,6 +30,15 @@ var ErrConfig = errors.New("sluice: invalid config")
 // semaphore's permits). It is returned at once, never queued, and does not
 // match ErrLimited: retrying later cannot succeed.
 var ErrCostExceedsCapacity = errors.New("sluice: cost exceeds capacity")
+
+// ErrConfigMismatch is the parent of every package's refusal to run with a
+// configuration that disagrees with the one in force in Redis (another
+// process's, or one set by a live change): bucket.ErrConfigMismatch,
+// semaphore.ErrConfigMismatch. The error names both configurations. It
+// matches ErrConfig, not ErrLimited: two processes disagreeing on a limit
+// is a deployment to fix (or a live change to adopt), not a refusal to back
+// off from.
+var ErrConfigMismatch = fmt.Errorf("sluice: config differs from the one in force: %w", ErrConfig)
 
 // Limiter runs functions within a limit. Do waits for the caller's turn, runs
 // fn, and for concurrency limiters releases the place after fn returns (even
