@@ -1,0 +1,205 @@
+package upstream
+
+import (
+	"net/http"
+	"strings"
+	"time"
+)
+
+// The IETF draft's fields (draft-ietf-httpapi-ratelimit-headers), in the
+// three shapes servers send:
+//
+//	08 and later:  RateLimit-Policy: "burst";q=100;w=60, "day";q=1000;w=86400
+//	               RateLimit: "burst";r=50;t=30
+//	07:            RateLimit-Policy: 100;w=60
+//	               RateLimit: limit=100, remaining=50, reset=30
+//	06 and before: RateLimit-Limit: 100, 100;w=60
+//	               RateLimit-Remaining: 50
+//	               RateLimit-Reset: 30
+//
+// The reader is lenient (a name may be a token or a quoted string, spaces
+// are allowed around separators) and bounded: it reads at most maxItems
+// items of a field and maxParams parameters of an item, and skips what it
+// cannot read.
+
+const (
+	maxItems  = 32
+	maxParams = 16
+)
+
+// readDraft returns the quotas the draft's fields report, counting unit.
+func readDraft(hdr http.Header, unit string, now time.Time) []Quota {
+	var out []Quota
+	policies := sfList(joined(hdr, "RateLimit-Policy"))
+	items := sfList(joined(hdr, "RateLimit"))
+	dict := false
+	for _, it := range items {
+		if strings.Contains(it.bare, "=") {
+			dict = true
+		}
+	}
+	if dict {
+		// Draft 07: one dictionary, limit=, remaining=, reset=.
+		m := map[string]string{}
+		for _, it := range items {
+			k, v, _ := strings.Cut(it.bare, "=")
+			m[strings.ToLower(strings.TrimSpace(k))] = unquote(strings.TrimSpace(v))
+		}
+		if rem, ok := count(m["remaining"]); ok {
+			q := Quota{Unit: unit, Limit: -1, Remaining: rem}
+			if l := limit(m["limit"]); l >= 0 {
+				q.Limit = l
+				q.Window = windowOf(policies, func(p sfItem) bool { n, ok := count(p.bare); return ok && n == l })
+			}
+			q.Reset, _ = readReset(m["reset"], false, now)
+			out = append(out, q)
+		}
+	} else {
+		for _, it := range items {
+			rem, ok := count(it.params["r"])
+			if !ok {
+				continue
+			}
+			q := Quota{Unit: unit, Policy: it.bare, Limit: -1, Remaining: rem}
+			q.Reset, _ = readReset(it.params["t"], false, now)
+			for _, p := range policies {
+				if p.bare == it.bare {
+					q.Limit = limit(p.params["q"])
+					q.Window = window(p.params["w"])
+					break
+				}
+			}
+			out = append(out, q)
+		}
+	}
+
+	// Drafts 06 and before.
+	if rem, ok := count(hdr.Get("RateLimit-Remaining")); ok {
+		q := Quota{Unit: unit, Limit: -1, Remaining: rem}
+		limits := sfList(hdr.Get("RateLimit-Limit"))
+		if len(limits) > 0 {
+			if l := limit(limits[0].bare); l >= 0 {
+				q.Limit = l
+				same := func(p sfItem) bool { n, ok := count(p.bare); return ok && n == l }
+				q.Window = windowOf(limits, same)
+				if q.Window == 0 {
+					q.Window = windowOf(policies, same)
+				}
+			}
+		}
+		q.Reset, _ = readReset(hdr.Get("RateLimit-Reset"), false, now)
+		out = append(out, q)
+	}
+	return out
+}
+
+// joined is every value of the field name, as one list.
+func joined(hdr http.Header, name string) string {
+	return strings.Join(hdr.Values(name), ",")
+}
+
+// windowOf is the w= of the first item that matches and has one.
+func windowOf(items []sfItem, match func(sfItem) bool) time.Duration {
+	for _, p := range items {
+		if _, ok := p.params["w"]; ok && match(p) {
+			return window(p.params["w"])
+		}
+	}
+	return 0
+}
+
+// window reads a w= parameter: seconds, within [0, maxWindow].
+func window(v string) time.Duration {
+	f, ok := decimal(strings.TrimSpace(v))
+	if !ok {
+		return 0
+	}
+	return scaled(f, time.Second, maxWindow)
+}
+
+// sfItem is one member of a list: its bare item (unquoted) and its
+// parameters (keys lowercased, values unquoted).
+type sfItem struct {
+	bare   string
+	params map[string]string
+}
+
+// sfList splits a structured-field-like list into items.
+func sfList(v string) []sfItem {
+	var out []sfItem
+	for _, member := range split(v, ',') {
+		if len(out) == maxItems {
+			break
+		}
+		parts := split(member, ';')
+		if len(parts) == 0 {
+			continue
+		}
+		it := sfItem{bare: unquote(strings.TrimSpace(parts[0]))}
+		if it.bare == "" {
+			continue
+		}
+		for i, p := range parts[1:] {
+			if i == maxParams {
+				break
+			}
+			k, val, _ := strings.Cut(p, "=")
+			k = strings.ToLower(strings.TrimSpace(k))
+			if k == "" {
+				continue
+			}
+			if it.params == nil {
+				it.params = map[string]string{}
+			}
+			if _, dup := it.params[k]; !dup {
+				it.params[k] = unquote(strings.TrimSpace(val))
+			}
+		}
+		out = append(out, it)
+	}
+	return out
+}
+
+// split cuts s at every sep outside a quoted string.
+func split(s string, sep byte) []string {
+	var out []string
+	quoted, escaped, start := false, false, 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case escaped:
+			escaped = false
+		case quoted && c == '\\':
+			escaped = true
+		case c == '"':
+			quoted = !quoted
+		case c == sep && !quoted:
+			out = append(out, s[start:i])
+			start = i + 1
+		}
+	}
+	if start < len(s) {
+		out = append(out, s[start:])
+	}
+	return out
+}
+
+// unquote strips a quoted string's quotes and escapes; anything else is
+// returned as it is.
+func unquote(s string) string {
+	if len(s) < 2 || s[0] != '"' || s[len(s)-1] != '"' {
+		return s
+	}
+	s = s[1 : len(s)-1]
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+1 < len(s) {
+			i++
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
