@@ -21,7 +21,8 @@ const (
 
 // Config describes a semaphore. Name and Capacity are required; the zero
 // value of every other field picks its default. Every process sharing a
-// semaphore must use the same Name, Capacity and KeyPrefix.
+// semaphore must use the same Name and KeyPrefix; the Capacity in force is
+// the one stored in Redis (see Capacity and Adopt).
 type Config struct {
 	// Name identifies the semaphore. Any non-empty byte string is valid,
 	// including ones with '{', '}', '%' or ':'; different names never share
@@ -31,7 +32,22 @@ type Config struct {
 	// Capacity is the most weight held at any instant, across all
 	// processes: the number of permits when each weighs 1 (Acquire). It
 	// must be at least 1.
+	//
+	// The capacity in force is stored in Redis with the semaphore's state.
+	// When none is stored, the first process to reach Redis stores its
+	// own. A process whose Capacity differs from the one in force gets
+	// ErrConfigMismatch from its first Acquire (New does no I/O), unless
+	// Adopt is set. Once a process has acquired under the capacity in
+	// force, it follows later changes of it (SetCapacity) without error.
 	Capacity int
+
+	// Adopt makes this process follow the capacity in force in Redis when
+	// it differs from Capacity, instead of failing with ErrConfigMismatch:
+	// for processes that should enforce whatever limit is in force (set
+	// by the first process or by SetCapacity) rather than their own.
+	// Capacity is then used only when none is stored. False means a
+	// Capacity that differs from the one in force is an error.
+	Adopt bool
 
 	// LeaseTTL is how long a permit stays valid without renewal. A
 	// background goroutine renews held permits every LeaseTTL/3 (or

@@ -26,10 +26,17 @@ type batch struct {
 	renews   []*Permit
 	refresh  []*waiter
 	acquires []*waiter
+	set      *setOp // SetCapacity, sent alone
+}
+
+// setOp is a SetCapacity call.
+type setOp struct {
+	n    int
+	done chan error
 }
 
 func (b *batch) empty() bool {
-	return len(b.releases)+len(b.leaves)+len(b.renews)+len(b.refresh)+len(b.acquires) == 0
+	return len(b.releases)+len(b.leaves)+len(b.renews)+len(b.refresh)+len(b.acquires) == 0 && b.set == nil
 }
 
 // dispatch runs the exchanges with Redis one at a time: whatever callers
@@ -130,10 +137,17 @@ func (s *Semaphore) exchange(ctx context.Context, b batch) (time.Duration, bool)
 	if len(s.waiters) > 0 {
 		wantWait = 1
 	}
+	capacity, mode := s.capacity, "follow"
+	switch {
+	case b.set != nil:
+		capacity, mode = b.set.n, "set"
+	case !s.accepted:
+		mode = "claim"
+	}
 	s.mu.Unlock()
-	args := make([]interface{}, 0, 12+len(b.releases)+len(b.leaves)+len(b.renews)+2*len(b.refresh)+len(b.acquires))
+	args := make([]interface{}, 0, 15+len(b.releases)+len(b.leaves)+len(b.renews)+2*len(b.refresh)+len(b.acquires))
 	args = append(args,
-		s.cfg.Capacity,
+		capacity,
 		groundwork.Micros(s.cfg.LeaseTTL),
 		groundwork.Micros(s.cfg.QueueTTL),
 		s.cfg.MaxQueue,
@@ -141,6 +155,7 @@ func (s *Semaphore) exchange(ctx context.Context, b batch) (time.Duration, bool)
 		s.proc,
 		wantWait,
 		len(b.releases), len(b.leaves), len(b.renews), len(b.refresh), len(b.acquires),
+		mode, storeFormat, keepConfig.Milliseconds(),
 	)
 	for _, r := range b.releases {
 		args = append(args, r.id)
@@ -172,7 +187,35 @@ func (s *Semaphore) exchange(ctx context.Context, b batch) (time.Duration, bool)
 		s.failed(b, s.cause(err, tctx.Err() != nil))
 		return 0, false
 	}
+	switch r.refusal {
+	case "format":
+		s.failed(b, s.unknownFormat(r.refused))
+		return 0, false
+	case "mismatch":
+		stored, _ := strconv.ParseInt(r.refused, 10, 64)
+		s.refuse(b, s.mismatch(stored))
+		return 0, false
+	}
 	return s.apply(b, r, sent)
+}
+
+// refuse fails b's arrivals with err: Redis refused this process's
+// capacity before writing anything. Only a process never accepted is
+// refused so, and it has nothing else to send (no holders, no queued
+// waiters); anything else is retried as after a failure.
+func (s *Semaphore) refuse(b batch, err error) {
+	s.mu.Lock()
+	for _, w := range b.acquires {
+		if !w.done {
+			w.err = err
+			s.finishLocked(w)
+		}
+	}
+	s.mu.Unlock()
+	b.acquires = nil
+	if !b.empty() {
+		s.failed(b, err)
+	}
 }
 
 // cause is what made an exchange fail, as callers should read it: Redis's
@@ -212,6 +255,9 @@ func (s *Semaphore) failed(b batch, cause error) {
 	s.lastErr = cause
 	err := &groundwork.CallError{Prefix: "semaphore", Err: cause}
 	now := time.Now()
+	if b.set != nil {
+		b.set.done <- err
+	}
 	for _, r := range b.releases {
 		if r.done != nil {
 			r.done <- err
@@ -240,6 +286,10 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lastErr = nil
+	s.capacity, s.accepted = int(r.capacity), true
+	if b.set != nil {
+		b.set.done <- nil
+	}
 	for i, op := range b.releases {
 		if op.done == nil {
 			continue
@@ -267,6 +317,9 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 		}
 		if us := r.refreshed[i]; us > 0 {
 			s.grantLocked(w, sent.Add(time.Duration(us)*time.Microsecond))
+		} else if us == -2 {
+			w.err = s.tooHeavy(w.weight, s.capacity)
+			s.finishLocked(w)
 		} else {
 			w.deadline = sent.Add(s.cfg.QueueTTL)
 		}
@@ -281,13 +334,22 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 			s.grantLocked(w, sent.Add(time.Duration(val)*time.Microsecond))
 		case 0:
 			w.ticket = val
+		case -2:
+			w.err = s.tooHeavy(w.weight, s.capacity)
+			s.finishLocked(w)
 		default:
 			w.err = ErrQueueFull
 			s.finishLocked(w)
 		}
 	}
 	for _, g := range r.granted {
-		if w := s.waiters[g.id]; w != nil && w.sent {
+		w := s.waiters[g.id]
+		switch {
+		case w == nil || !w.sent:
+		case g.us < 0: // refused: heavier than the capacity lowered
+			w.err = s.tooHeavy(w.weight, s.capacity)
+			s.finishLocked(w)
+		default:
 			s.grantLocked(w, sent.Add(time.Duration(g.us)*time.Microsecond))
 		}
 	}
@@ -306,6 +368,11 @@ type reply struct {
 	acquired                           []int64
 	granted                            []grant
 	wait                               int64
+	capacity                           int64 // in force
+
+	// A refusal instead: "format" with the stored format, or "mismatch"
+	// with the stored capacity.
+	refusal, refused string
 }
 
 type grant struct {
@@ -318,7 +385,22 @@ var errReply = errors.New("unexpected reply from sync.lua")
 func parseReply(v interface{}, b *batch) (reply, error) {
 	var r reply
 	top, ok := v.([]interface{})
-	if !ok || len(top) != 7 {
+	if ok && len(top) == 2 {
+		kind, ok1 := top[0].(string)
+		var ok2 bool
+		switch x := top[1].(type) {
+		case string:
+			r.refused, ok2 = x, true
+		case int64:
+			r.refused, ok2 = strconv.FormatInt(x, 10), true
+		}
+		if !ok1 || !ok2 || (kind != "format" && kind != "mismatch") {
+			return r, fmt.Errorf("%w: refusal %v", errReply, top)
+		}
+		r.refusal = kind
+		return r, nil
+	}
+	if !ok || len(top) != 8 {
 		return r, fmt.Errorf("%w: %T of %d", errReply, v, len(top))
 	}
 	ints := func(x interface{}, n int) ([]int64, error) {
@@ -364,6 +446,9 @@ func parseReply(v interface{}, b *batch) (reply, error) {
 	}
 	if r.wait, ok = top[6].(int64); !ok {
 		return r, fmt.Errorf("%w: wait %T", errReply, top[6])
+	}
+	if r.capacity, ok = top[7].(int64); !ok || r.capacity < 1 {
+		return r, fmt.Errorf("%w: capacity %v", errReply, top[7])
 	}
 	return r, nil
 }

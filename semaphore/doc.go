@@ -18,6 +18,11 @@
 // reply. One script (sync.lua) carries everything a process sends in one
 // round trip: releases, renewals, arrivals, cancellations.
 //
+// The capacity in force is stored in Redis with the semaphore's state: the
+// first process to arrive stores its own, a process configured otherwise
+// gets ErrConfigMismatch (unless Config.Adopt), and SetCapacity changes it
+// for every process at once.
+//
 // A Semaphore implements sluice.Limiter. See docs/semaphore.md for the keys,
 // the script and the life of a lease.
 package semaphore

@@ -2,6 +2,7 @@ package semaphore
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,4 +81,21 @@ func holdersLen(t *testing.T, rdb *redis.Client, s *Semaphore) int64 {
 		t.Fatal(err)
 	}
 	return n - queueLen(t, rdb, s)
+}
+
+// stateLeft is the number of keys in Redis other than semaphores'
+// configs, which outlive their state (see stored.go).
+func (e *env) stateLeft(t *testing.T) int {
+	t.Helper()
+	keys, err := e.rdb.Keys(context.Background(), "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, k := range keys {
+		if !strings.HasSuffix(k, ":"+suffixConfig) {
+			n++
+		}
+	}
+	return n
 }

@@ -10,6 +10,7 @@ const (
 	suffixQueue   = "queue"   // ZSET waiter id -> ticket (arrival order)
 	suffixSeq     = "seq"     // STRING last ticket handed out
 	suffixWeights = "weights" // HASH holder id -> weight, for weights above 1 only
+	suffixConfig  = "config"  // HASH format, capacity in force (stored.go)
 	suffixWake    = "wake"    // pub/sub channel prefix; one channel per process
 )
 

@@ -38,6 +38,15 @@ var (
 	// matches sluice.ErrCostExceedsCapacity, not sluice.ErrLimited.
 	ErrCostExceedsCapacity = fmt.Errorf("semaphore: %w", sluice.ErrCostExceedsCapacity)
 
+	// ErrConfigMismatch is returned by Acquire and AcquireN when this
+	// process's Config.Capacity differs from the capacity in force in
+	// Redis (stored by the first process to arrive, or by SetCapacity) and
+	// Config.Adopt is false. The error names both capacities. It matches
+	// sluice.ErrConfigMismatch and sluice.ErrConfig, not sluice.ErrLimited:
+	// the deployment disagrees with itself, and retrying will not help
+	// until it agrees (or SetCapacity makes the capacity in force match).
+	ErrConfigMismatch error = &sentinel{msg: "semaphore: config differs from the one in force", parent: sluice.ErrConfigMismatch}
+
 	// ErrLeaseLost reports that a permit's lease ended before it was
 	// released: it could not be renewed in time (the process stalled or
 	// Redis was unreachable), Redis lost it (a restart without
@@ -60,7 +69,7 @@ var (
 type Semaphore struct {
 	rdb         redis.UniversalClient
 	cfg         Config
-	keys        []string // leases, queue, seq, weights: the KEYS of sync.lua
+	keys        []string // leases, queue, seq, weights, config: the KEYS of sync.lua
 	chanPrefix  string   // + process id = a process's wake channel
 	proc        string   // this Semaphore's id, the prefix of its permit ids
 	callTimeout time.Duration
@@ -81,12 +90,15 @@ type Semaphore struct {
 	retryRelease []releaseOp        // failed; sent again at the next beat
 	retryLeave   []leaveOp          // failed; sent again at the next beat
 	lastErr      error              // why the last exchange failed; nil once one succeeds
+	capacity     int                // in force, as last heard from Redis; cfg.Capacity before
+	accepted     bool               // Redis ran a call under capacity: follow its changes
 }
 
 // waiter is one Acquire in progress. Its fields are guarded by
 // Semaphore.mu.
 type waiter struct {
 	id       string
+	weight   int
 	sent     bool      // its arrival has been sent to Redis
 	done     bool      // granted, failed or abandoned
 	ticket   int64     // its place in the queue, once known
@@ -130,13 +142,15 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 	s := &Semaphore{
 		rdb:         rdb,
 		cfg:         cfg,
-		keys:        []string{base + suffixLeases, base + suffixQueue, base + suffixSeq, base + suffixWeights},
+		keys:        []string{base + suffixLeases, base + suffixQueue, base + suffixSeq, base + suffixWeights, base + suffixConfig},
 		chanPrefix:  base + suffixWake + ":",
 		proc:        hex.EncodeToString(raw[:]),
 		callTimeout: max(2*cfg.beat(), 100*time.Millisecond),
 		kickCh:      make(chan struct{}, 1),
 		waiters:     make(map[string]*waiter),
 		holders:     make(map[string]*Permit),
+		capacity:    cfg.Capacity,
+		accepted:    cfg.Adopt,
 	}
 	// No channel yet: Subscribe with channels would dial Redis here.
 	s.ps = rdb.Subscribe(context.Background())
@@ -160,8 +174,9 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 // gives its place in the queue up; while Redis is unreachable that error
 // also matches, and names, Redis's last error ("connection refused"). It
 // returns ErrQueueFull when Config.MaxQueue callers already wait,
-// ErrClosed after Close, and an error wrapping Redis's when its arrival
-// cannot be recorded. Once queued, a waiter rides out Redis errors (its
+// ErrClosed after Close, ErrConfigMismatch when Config.Capacity differs
+// from the capacity in force (see Config.Adopt), and an error wrapping
+// Redis's when its arrival cannot be recorded. Once queued, a waiter rides out Redis errors (its
 // place is refreshed, or taken again with its original ticket) until ctx
 // ends.
 func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
@@ -178,15 +193,22 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
 // waiter is never starved). Giving up (ctx ends) frees its place and those
 // behind move up. MaxQueue counts waiters, not weights.
 //
-// A weight above Capacity could never be granted: AcquireN refuses it at
-// once, without talking to Redis, with an error wrapping
-// ErrCostExceedsCapacity. A weight below 1 is an error.
+// A weight above the capacity could never be granted: AcquireN refuses it
+// with an error wrapping ErrCostExceedsCapacity, at once and without
+// talking to Redis when it is above the capacity this process last heard
+// of (Config.Capacity before its first call), else when Redis answers. A
+// waiter whose weight is above a capacity lowered by SetCapacity while it
+// waits gets that error too, when it next hears from Redis. A weight below
+// 1 is an error.
 func (s *Semaphore) AcquireN(ctx context.Context, n int) (*Permit, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("semaphore: weight %d, want at least 1", n)
 	}
-	if n > s.cfg.Capacity {
-		return nil, s.tooHeavy(n)
+	s.mu.Lock()
+	capacity := s.capacity
+	s.mu.Unlock()
+	if n > capacity {
+		return nil, s.tooHeavy(n, capacity)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -197,7 +219,7 @@ func (s *Semaphore) AcquireN(ctx context.Context, n int) (*Permit, error) {
 	if n > 1 {
 		id += ":" + strconv.Itoa(n)
 	}
-	w := &waiter{id: id, ch: make(chan struct{})}
+	w := &waiter{id: id, weight: n, ch: make(chan struct{})}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -230,10 +252,17 @@ func (s *Semaphore) AcquireN(ctx context.Context, n int) (*Permit, error) {
 	return nil, ctx.Err()
 }
 
-// tooHeavy is the refusal of a weight n above the capacity.
-func (s *Semaphore) tooHeavy(n int) error {
+// tooHeavy is the refusal of a weight n above the capacity in force.
+func (s *Semaphore) tooHeavy(n, capacity int) error {
 	return fmt.Errorf("%w: weight %d above Capacity %d of semaphore %q, so it could never be granted",
-		ErrCostExceedsCapacity, n, s.cfg.Capacity, s.cfg.Name)
+		ErrCostExceedsCapacity, n, capacity, s.cfg.Name)
+}
+
+// loweredBelow is the refusal of a waiter of weight n after SetCapacity
+// lowered the capacity below n.
+func (s *Semaphore) loweredBelow(n int) error {
+	return fmt.Errorf("%w: weight %d above the capacity of semaphore %q, lowered below it (SetCapacity) while it waited, so it could never be granted",
+		ErrCostExceedsCapacity, n, s.cfg.Name)
 }
 
 // Do acquires a permit, runs fn, and releases the permit after fn returns,
@@ -272,6 +301,68 @@ func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) 
 		}
 	}()
 	return fn(fctx)
+}
+
+// SetCapacity makes n the capacity in force, for every process using this
+// semaphore at once: one script call stores it in Redis and applies it
+// there. Processes that had acquired under the old capacity follow it
+// from their next call; processes that start later with another
+// Config.Capacity get ErrConfigMismatch unless they set Config.Adopt.
+//
+// Raising the capacity grants the waiters it makes room for in that same
+// call and wakes them at once. Lowering it never revokes a permit: the
+// weights already held stay held, and nobody is admitted until they fall
+// below n. A waiter heavier than n could never be granted: it leaves the
+// queue in that call (or the next that reaches it), and its AcquireN
+// returns an error wrapping ErrCostExceedsCapacity; those behind it move
+// up. SetCapacity works whether or not anyone holds or waits, and the
+// capacity stays stored while the semaphore is used, and for a week
+// after its last use.
+//
+// n must be at least 1 (else ErrConfig). It returns ErrClosed after Close,
+// an error naming the format for state written by a newer version, and
+// an error wrapping Redis's (matching ctx.Err() when ctx ended first) when
+// Redis did not answer; the change may then have happened or not.
+func (s *Semaphore) SetCapacity(ctx context.Context, n int) error {
+	if n < 1 {
+		return groundwork.Invalid(ErrConfig, "capacity %d, want at least 1", n)
+	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	done := make(chan error, 1)
+	s.exchange(ctx, batch{set: &setOp{n: n, done: done}})
+	err := <-done
+	if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+		return &groundwork.CallError{Prefix: "semaphore", Ctx: ctx.Err(), Err: err}
+	}
+	return err
+}
+
+// Capacity returns the capacity in force: the one stored in Redis, or,
+// when none is (nobody has used the semaphore for a week, or ever), the
+// one this process would store at its next call: Config.Capacity, or the
+// capacity it last followed. It returns an error naming the format for
+// state written by a newer version, and an error wrapping Redis's when
+// Redis did not answer.
+func (s *Semaphore) Capacity(ctx context.Context) (int, error) {
+	v, err := s.rdb.HMGet(ctx, s.keys[4], fieldFormat, fieldCapacity).Result()
+	if err != nil {
+		return 0, groundwork.RedisError(ctx, "semaphore", s.rdb, err)
+	}
+	if len(v) != 2 {
+		return 0, fmt.Errorf("%w: HMGET of 2 fields returned %d", errReply, len(v))
+	}
+	n, ok, err := s.parseStored(v[0], v[1])
+	if err != nil || ok {
+		return n, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.capacity, nil
 }
 
 // Close gives up every place this Semaphore holds: waiting Acquire calls
@@ -454,6 +545,13 @@ func (s *Semaphore) wake(payload string) {
 			id, payload = payload[:i], payload[i+1:]
 		} else {
 			payload = ""
+		}
+		if refused, ok := strings.CutPrefix(id, "!"); ok {
+			if w := s.waiters[refused]; w != nil && w.sent && !w.done {
+				w.err = s.loweredBelow(w.weight)
+				s.finishLocked(w)
+			}
+			continue
 		}
 		if w := s.waiters[id]; w != nil && w.sent {
 			s.grantLocked(w, w.deadline)

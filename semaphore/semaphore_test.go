@@ -100,9 +100,13 @@ func TestAcquireRelease(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// An idle semaphore leaves nothing behind.
-	if n := e.rdb.DBSize(ctx).Val(); n != 0 {
-		t.Fatalf("%d keys left after every release", n)
+	// An idle semaphore leaves nothing behind but its config, which
+	// expires too.
+	if n := e.stateLeft(t); n != 0 {
+		t.Fatalf("%d keys besides the config left after every release", n)
+	}
+	if ttl := e.rdb.PTTL(ctx, s.keys[4]).Val(); ttl <= 0 || ttl > keepConfig {
+		t.Fatalf("config TTL %v, want up to %v", ttl, keepConfig)
 	}
 }
 

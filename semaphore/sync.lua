@@ -11,8 +11,10 @@
 -- KEYS[4] weights HASH   member holder id, value its weight: the holders
 --                        of weight above 1 only (absent for a workload of
 --                        weight 1)
+-- KEYS[5] config  HASH   format: the layout of these keys (ARGV[14]);
+--                        capacity: the capacity in force (see stored.go)
 --
--- ARGV[1]  capacity
+-- ARGV[1]  capacity: the caller's (claim, set) or the last it knew (follow)
 -- ARGV[2]  lease TTL of a permit (µs)
 -- ARGV[3]  lease TTL of a waiter (µs)
 -- ARGV[4]  max queue length, 0 for unlimited
@@ -25,7 +27,12 @@
 -- ARGV[10] number of permits to renew
 -- ARGV[11] number of waiters to refresh
 -- ARGV[12] number of waiters arriving
--- ARGV[13...] the ids, in that order; a refreshed waiter takes two slots:
+-- ARGV[13] mode: 'claim' runs only under ARGV[1] (a process whose
+--          capacity was never accepted), 'follow' runs under the capacity
+--          stored, 'set' stores ARGV[1] first (SetCapacity)
+-- ARGV[14] the format this code writes (stored.go's storeFormat)
+-- ARGV[15] how long the config outlives the last call that used it (ms)
+-- ARGV[16...] the ids, in that order; a refreshed waiter takes two slots:
 --          id, ticket
 --
 -- Ids are "<process id>:<n>" for weight 1 and "<process id>:<n>:<weight>"
@@ -34,19 +41,31 @@
 -- held is (holders) + the sum over KEYS[4] of (weight - 1), so a workload of
 -- weight 1 reads one empty hash and writes nothing more.
 --
--- Reply: {released, left, renewed, refreshed, acquired, granted, wait}
+-- Config: when none is stored (a new semaphore, one idle for longer than
+-- ARGV[15], or state written before the config was stored: it is migrated
+-- here), ARGV[1] is stored. A stored format other than ARGV[14] is refused
+-- before anything is written: {'format', stored format}. In mode 'claim'
+-- a stored capacity other than ARGV[1] is refused the same way:
+-- {'mismatch', stored capacity}.
+--
+-- Reply: {released, left, renewed, refreshed, acquired, granted, wait,
+--         capacity}
 --   released[i]  1 freed, 0 was not held (already released or expired)
 --   left[i]      1 left the queue, 2 had been granted and is now released,
 --                0 unknown
 --   renewed[i]   lease µs remaining (the full TTL), 0 lost
 --   refreshed[i] -1 was missing and is queued again with its ticket,
---                0 still waiting, >0 granted: lease µs remaining (renewed)
+--                0 still waiting, >0 granted: lease µs remaining (renewed),
+--                -2 refused: its weight is above the capacity in force
 --   acquired     pairs: 1, lease µs (granted at once) | 0, ticket (queued)
---                | -1, 0 (queue full)
+--                | -1, 0 (queue full) | -2, 0 (weight above the capacity)
 --   granted      pairs: waiter id, lease µs remaining, for the calling
---                process's waiters granted by this exchange
+--                process's waiters granted by this exchange; -1 for one
+--                refused (its weight is above a lowered capacity). Other
+--                processes hear of those in their wake message as '!' .. id
 --   wait         µs until the first lease expires, when someone waits (the
 --                head's weight is not free) and ARGV[7] is 1; else -1
+--   capacity     the capacity in force
 --
 -- Each redis.call costs a few µs, so the script makes as few as it can: a
 -- release alone makes about nine.
@@ -57,6 +76,7 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local function us(x) return string.format('%d', x) end
 
 local capacity = tonumber(ARGV[1])
+local mode, format, keepConfig = ARGV[13], ARGV[14], ARGV[15]
 local leaseTTL = tonumber(ARGV[2])
 local queueTTL = tonumber(ARGV[3])
 local maxQueue = tonumber(ARGV[4])
@@ -64,7 +84,7 @@ local chanPrefix, self, wantWait = ARGV[5], ARGV[6], ARGV[7] == '1'
 local nRelease, nLeave, nRenew = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local nRefresh, nAcquire = tonumber(ARGV[11]), tonumber(ARGV[12])
 
-local leases, queue, seq, weights = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local leases, queue, seq, weights, config = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local leaseEnd, waitEnd = us(now + leaseTTL), us(now + queueTTL)
 local extended = false -- some lease was written: key TTLs must follow
 
@@ -83,6 +103,32 @@ local function weight(id)
   return 1
 end
 
+-- The capacity in force, before anything is written: a refusal leaves no
+-- trace.
+local conf = redis.call('HMGET', config, 'format', 'capacity')
+local storeConfig, lowered = true, false
+if conf[1] then
+  if conf[1] ~= format then
+    return {'format', conf[1]}
+  end
+  local stored = tonumber(conf[2])
+  if not stored or stored < 1 then
+    return {'format', conf[1] .. ' with capacity ' .. tostring(conf[2])}
+  end
+  if mode == 'claim' and stored ~= capacity then
+    return {'mismatch', stored}
+  end
+  if mode ~= 'set' then
+    capacity = stored
+  end
+  lowered = capacity < stored
+  storeConfig = stored ~= capacity
+end
+if storeConfig then
+  redis.call('HSET', config, 'format', format, 'capacity', capacity)
+  redis.call('PEXPIRE', config, keepConfig)
+end
+
 -- Expired leases go first, so nothing below can see or revive them; a dead
 -- holder's weight goes with its lease.
 local dead = redis.call('ZRANGEBYSCORE', leases, '-inf', us(now))
@@ -96,7 +142,7 @@ if #dead > 0 then
   zrem(weights, heavyDead, 'HDEL')
 end
 
-local i = 13
+local i = 16
 local released, left, renewed, refreshed, acquired = {}, {}, {}, {}, {}
 
 for n = 1, nRelease do
@@ -138,13 +184,23 @@ for n = 1, nRefresh do
   local id, ticket = ARGV[i], tonumber(ARGV[i + 1])
   i = i + 2
   extended = true
+  local tooHeavy = weight(id) > capacity
   if redis.call('ZSCORE', queue, id) then
-    redis.call('ZADD', leases, 'XX', waitEnd, id)
-    refreshed[n] = 0
+    if tooHeavy then
+      -- The capacity was lowered below its weight: it can never be granted.
+      redis.call('ZREM', queue, id)
+      redis.call('ZREM', leases, id)
+      refreshed[n] = -2
+    else
+      redis.call('ZADD', leases, 'XX', waitEnd, id)
+      refreshed[n] = 0
+    end
   elseif redis.call('ZADD', leases, 'XX', 'CH', leaseEnd, id) == 1 then
     -- Granted while we were not listening: the owner is alive, so the
     -- short grant becomes a full lease.
     refreshed[n] = leaseTTL
+  elseif tooHeavy then
+    refreshed[n] = -2
   else
     -- Purged as expired although its process is alive (it stalled), or
     -- lost to a restart: back in line at its own ticket.
@@ -178,26 +234,55 @@ end
 
 -- Hand free places to the head of the queue, in order while the head's
 -- weight is free: a head that does not fit holds back everyone behind it.
--- A grant keeps the waiter's own lease expiry, so a waiter whose process
--- died blocks its place for at most one waiter lease; a live one turns it
--- into a full lease at its next refresh or renewal.
-local granted = {}
+-- A head heavier than the capacity itself (lowered while it waited) can
+-- never fit: it leaves the queue, refused. A grant keeps the waiter's own
+-- lease expiry, so a waiter whose process died blocks its place for at
+-- most one waiter lease; a live one turns it into a full lease at its next
+-- refresh or renewal.
+local granted, wakes, served = {}, {}, {}
+local function tell(id, msg, us)
+  local proc = string.match(id, '^([^:]*):')
+  if proc == self then
+    granted[#granted + 1] = id
+    granted[#granted + 1] = us
+  elseif proc then
+    local ids = wakes[proc]
+    if ids then ids[#ids + 1] = msg else wakes[proc] = {msg} end
+  end
+end
+local function refuse(id)
+  served[#served + 1] = id
+  redis.call('ZREM', leases, id)
+  tell(id, '!' .. id, -1)
+end
+if lowered and queued > 0 then
+  -- SetCapacity lowered it: every waiter heavier than that leaves now.
+  for _, id in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
+    if weight(id) > capacity then refuse(id) end
+  end
+  zrem(queue, served)
+  queued = queued - #served
+  served = {}
+end
 if room > 0 and queued > 0 then
-  -- Each weighs at least 1: the first room waiters are enough to look at.
-  local heads = redis.call('ZRANGE', queue, 0, room - 1)
-  local served, wakes = {}, {}
-  for _, id in ipairs(heads) do
-    local w = weight(id)
-    if w > room then break end
-    hold(id, w)
-    served[#served + 1] = id
-    local proc = string.match(id, '^([^:]*):')
-    if proc == self then
-      granted[#granted + 1] = id
-      granted[#granted + 1] = tonumber(redis.call('ZSCORE', leases, id)) - now
-    elseif proc then
-      local ids = wakes[proc]
-      if ids then ids[#ids + 1] = id else wakes[proc] = {id} end
+  local from, blocked = 0, false
+  while room > 0 and not blocked do
+    -- Each weighs at least 1: the next room waiters are enough to look at.
+    local heads = redis.call('ZRANGE', queue, from, from + room - 1)
+    if #heads == 0 then break end
+    from = from + #heads
+    for _, id in ipairs(heads) do
+      local w = weight(id)
+      if w > capacity then
+        refuse(id)
+      elseif w > room then
+        blocked = true
+        break
+      else
+        hold(id, w)
+        served[#served + 1] = id
+        tell(id, id, tonumber(redis.call('ZSCORE', leases, id)) - now)
+      end
     end
   end
   zrem(queue, served)
@@ -205,9 +290,9 @@ if room > 0 and queued > 0 then
   if queued == 0 then
     redis.call('DEL', seq)
   end
-  for proc, ids in pairs(wakes) do
-    redis.call('PUBLISH', chanPrefix .. proc, table.concat(ids, ' '))
-  end
+end
+for proc, ids in pairs(wakes) do
+  redis.call('PUBLISH', chanPrefix .. proc, table.concat(ids, ' '))
 end
 
 -- Arrivals: served at once only if nobody is ahead of them and their weight
@@ -220,7 +305,10 @@ for n = 1, nAcquire do
   local w = weight(id)
   i = i + 1
   extended = true
-  if queued == 0 and room >= w then
+  if w > capacity then
+    acquired[2 * n - 1] = -2
+    acquired[2 * n] = 0
+  elseif queued == 0 and room >= w then
     now_leases[#now_leases + 1] = leaseEnd
     now_leases[#now_leases + 1] = id
     hold(id, w)
@@ -276,10 +364,13 @@ if extended or #newHeavy > 0 then
     if #heavy > 0 or #newHeavy > 0 then
       redis.call('PEXPIRE', weights, ms)
     end
+    if not storeConfig then
+      redis.call('PEXPIRE', config, math.max(ms, tonumber(keepConfig)))
+    end
   end
 end
 
-if queued == 0 and (nLeave > 0 or #dead > 0) then
+if queued == 0 and (nLeave > 0 or #dead > 0 or lowered) then
   redis.call('DEL', seq)
 end
 
@@ -289,4 +380,4 @@ if wantWait and queued > 0 then
   if first[2] then wait = tonumber(first[2]) - now end
 end
 
-return {released, left, renewed, refreshed, acquired, granted, wait}
+return {released, left, renewed, refreshed, acquired, granted, wait, capacity}

@@ -114,7 +114,7 @@ func TestAcquireNArguments(t *testing.T) {
 	if err := p.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Second, "an empty database", func() bool { return e.rdb.DBSize(ctx).Val() == 0 })
+	waitFor(t, time.Second, "nothing but the config left", func() bool { return e.stateLeft(t) == 0 })
 }
 
 // TestWeightedBound: callers in several Semaphores (as separate processes
@@ -211,7 +211,7 @@ func TestWeightedBound(t *testing.T) {
 	if total != handles*callers*rounds {
 		t.Fatalf("%d grants, want %d", total, handles*callers*rounds)
 	}
-	waitFor(t, 2*time.Second, "an empty database", func() bool { return e.rdb.DBSize(ctx).Val() == 0 })
+	waitFor(t, 2*time.Second, "nothing but the config left", func() bool { return e.stateLeft(t) == 0 })
 }
 
 // grantLog records the order in which waiters were granted.
@@ -309,7 +309,7 @@ func TestWeightedFIFO(t *testing.T) {
 	for p := range lightPermits {
 		p.Release(ctx)
 	}
-	waitFor(t, time.Second, "an empty database", func() bool { return e.rdb.DBSize(ctx).Val() == 0 })
+	waitFor(t, time.Second, "nothing but the config left", func() bool { return e.stateLeft(t) == 0 })
 }
 
 // TestCancelledHeavyHead: a weight-3 waiter at the head gives up; the
@@ -356,7 +356,7 @@ func TestCancelledHeavyHead(t *testing.T) {
 	for p := range got {
 		p.Release(ctx)
 	}
-	waitFor(t, time.Second, "an empty database", func() bool { return e.rdb.DBSize(ctx).Val() == 0 })
+	waitFor(t, time.Second, "nothing but the config left", func() bool { return e.stateLeft(t) == 0 })
 }
 
 // TestHeavyHolderClosed: a Semaphore holding a weight-3 permit is closed;
@@ -396,7 +396,7 @@ func TestHeavyHolderClosed(t *testing.T) {
 	for p := range got {
 		p.Release(ctx)
 	}
-	waitFor(t, time.Second, "an empty database", func() bool { return e.rdb.DBSize(ctx).Val() == 0 })
+	waitFor(t, time.Second, "nothing but the config left", func() bool { return e.stateLeft(t) == 0 })
 }
 
 // TestHeavyHolderFrozen: a process holding a weight-3 permit stalls past
@@ -450,7 +450,7 @@ func TestHeavyHolderFrozen(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, time.Second, "an empty database", func() bool { return e.rdb.DBSize(ctx).Val() == 0 })
+	waitFor(t, time.Second, "nothing but the config left", func() bool { return e.stateLeft(t) == 0 })
 }
 
 // TestWeightsKeyTTL: the weights hash expires as the other keys do, after
@@ -486,5 +486,5 @@ func TestWeightsKeyTTL(t *testing.T) {
 	cancel()
 	<-done
 	p.Release(ctx)
-	waitFor(t, time.Second, "an empty database", func() bool { return e.rdb.DBSize(ctx).Val() == 0 })
+	waitFor(t, time.Second, "nothing but the config left", func() bool { return e.stateLeft(t) == 0 })
 }

@@ -1,0 +1,292 @@
+-- sync.lua: one exchange between a process and one semaphore. Every change a
+-- process makes (release, leave the queue, renew, refresh, arrive) goes
+-- through here, batched, so one round trip serves many callers. Redis TIME
+-- is the only clock; all times are integer microseconds.
+--
+-- KEYS[1] leases  ZSET   member id, score lease expiry (µs): every holder
+--                        and every waiter
+-- KEYS[2] queue   ZSET   member waiter id, score ticket (arrival order);
+--                        holders are the members of leases not in queue
+-- KEYS[3] seq     STRING last ticket handed out
+-- KEYS[4] weights HASH   member holder id, value its weight: the holders
+--                        of weight above 1 only (absent for a workload of
+--                        weight 1)
+--
+-- ARGV[1]  capacity
+-- ARGV[2]  lease TTL of a permit (µs)
+-- ARGV[3]  lease TTL of a waiter (µs)
+-- ARGV[4]  max queue length, 0 for unlimited
+-- ARGV[5]  wake channel prefix: grants to waiters of process P are published
+--          on ARGV[5] .. P, payload the space-separated waiter ids
+-- ARGV[6]  calling process id: its grants come back in the reply instead
+-- ARGV[7]  1 if the caller has waiters (it wants the wait reply), else 0
+-- ARGV[8]  number of permits to release
+-- ARGV[9]  number of waiters leaving the queue
+-- ARGV[10] number of permits to renew
+-- ARGV[11] number of waiters to refresh
+-- ARGV[12] number of waiters arriving
+-- ARGV[13...] the ids, in that order; a refreshed waiter takes two slots:
+--          id, ticket
+--
+-- Ids are "<process id>:<n>" for weight 1 and "<process id>:<n>:<weight>"
+-- above, with no ':' in the process id: a waiter's weight travels in its id,
+-- so any process can grant it and a requeued waiter keeps it. The weight
+-- held is (holders) + the sum over KEYS[4] of (weight - 1), so a workload of
+-- weight 1 reads one empty hash and writes nothing more.
+--
+-- Reply: {released, left, renewed, refreshed, acquired, granted, wait}
+--   released[i]  1 freed, 0 was not held (already released or expired)
+--   left[i]      1 left the queue, 2 had been granted and is now released,
+--                0 unknown
+--   renewed[i]   lease µs remaining (the full TTL), 0 lost
+--   refreshed[i] -1 was missing and is queued again with its ticket,
+--                0 still waiting, >0 granted: lease µs remaining (renewed)
+--   acquired     pairs: 1, lease µs (granted at once) | 0, ticket (queued)
+--                | -1, 0 (queue full)
+--   granted      pairs: waiter id, lease µs remaining, for the calling
+--                process's waiters granted by this exchange
+--   wait         µs until the first lease expires, when someone waits (the
+--                head's weight is not free) and ARGV[7] is 1; else -1
+--
+-- Each redis.call costs a few µs, so the script makes as few as it can: a
+-- release alone makes about nine.
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- %.14g would corrupt µs epochs: always format times with %d.
+local function us(x) return string.format('%d', x) end
+
+local capacity = tonumber(ARGV[1])
+local leaseTTL = tonumber(ARGV[2])
+local queueTTL = tonumber(ARGV[3])
+local maxQueue = tonumber(ARGV[4])
+local chanPrefix, self, wantWait = ARGV[5], ARGV[6], ARGV[7] == '1'
+local nRelease, nLeave, nRenew = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local nRefresh, nAcquire = tonumber(ARGV[11]), tonumber(ARGV[12])
+
+local leases, queue, seq, weights = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local leaseEnd, waitEnd = us(now + leaseTTL), us(now + queueTTL)
+local extended = false -- some lease was written: key TTLs must follow
+
+-- ZREM (or HDEL) in chunks: unpack of a long list would overflow the Lua C
+-- stack.
+local function zrem(key, ids, cmd)
+  for i = 1, #ids, 1000 do
+    redis.call(cmd or 'ZREM', key, unpack(ids, i, math.min(i + 999, #ids)))
+  end
+end
+
+-- The weight an id stands for (see the header).
+local function weight(id)
+  local w = string.match(id, '^[^:]*:[^:]*:(%d+)$')
+  if w then return tonumber(w) end
+  return 1
+end
+
+-- Expired leases go first, so nothing below can see or revive them; a dead
+-- holder's weight goes with its lease.
+local dead = redis.call('ZRANGEBYSCORE', leases, '-inf', us(now))
+if #dead > 0 then
+  zrem(leases, dead)
+  zrem(queue, dead)
+  local heavyDead = {}
+  for _, id in ipairs(dead) do
+    if weight(id) > 1 then heavyDead[#heavyDead + 1] = id end
+  end
+  zrem(weights, heavyDead, 'HDEL')
+end
+
+local i = 13
+local released, left, renewed, refreshed, acquired = {}, {}, {}, {}, {}
+
+for n = 1, nRelease do
+  local id = ARGV[i]
+  released[n] = redis.call('ZREM', leases, id)
+  if released[n] == 1 and weight(id) > 1 then
+    redis.call('HDEL', weights, id)
+  end
+  i = i + 1
+end
+
+for n = 1, nLeave do
+  local id = ARGV[i]
+  i = i + 1
+  if redis.call('ZREM', queue, id) == 1 then
+    redis.call('ZREM', leases, id)
+    left[n] = 1
+  elseif redis.call('ZREM', leases, id) == 1 then
+    if weight(id) > 1 then redis.call('HDEL', weights, id) end
+    left[n] = 2
+  else
+    left[n] = 0
+  end
+end
+
+for n = 1, nRenew do
+  -- XX: a lease that is gone stays gone.
+  if redis.call('ZADD', leases, 'XX', 'CH', leaseEnd, ARGV[i]) == 1 then
+    renewed[n] = leaseTTL
+    extended = true
+  else
+    renewed[n] = 0
+  end
+  i = i + 1
+end
+
+local requeued = false
+for n = 1, nRefresh do
+  local id, ticket = ARGV[i], tonumber(ARGV[i + 1])
+  i = i + 2
+  extended = true
+  if redis.call('ZSCORE', queue, id) then
+    redis.call('ZADD', leases, 'XX', waitEnd, id)
+    refreshed[n] = 0
+  elseif redis.call('ZADD', leases, 'XX', 'CH', leaseEnd, id) == 1 then
+    -- Granted while we were not listening: the owner is alive, so the
+    -- short grant becomes a full lease.
+    refreshed[n] = leaseTTL
+  else
+    -- Purged as expired although its process is alive (it stalled), or
+    -- lost to a restart: back in line at its own ticket.
+    redis.call('ZADD', queue, us(ticket), id)
+    redis.call('ZADD', leases, waitEnd, id)
+    requeued = true
+    local last = tonumber(redis.call('GET', seq) or '0')
+    if last < ticket then
+      redis.call('SET', seq, us(ticket))
+    end
+    refreshed[n] = -1
+  end
+end
+
+-- The weight free: capacity less every holder's weight.
+local queued = redis.call('ZCARD', queue)
+local heavy = redis.call('HVALS', weights)
+local room = capacity - (redis.call('ZCARD', leases) - queued)
+for _, w in ipairs(heavy) do
+  room = room - (tonumber(w) - 1)
+end
+-- Holders of weight above 1 granted by this call, for KEYS[4]: id, weight.
+local newHeavy = {}
+local function hold(id, w)
+  room = room - w
+  if w > 1 then
+    newHeavy[#newHeavy + 1] = id
+    newHeavy[#newHeavy + 1] = w
+  end
+end
+
+-- Hand free places to the head of the queue, in order while the head's
+-- weight is free: a head that does not fit holds back everyone behind it.
+-- A grant keeps the waiter's own lease expiry, so a waiter whose process
+-- died blocks its place for at most one waiter lease; a live one turns it
+-- into a full lease at its next refresh or renewal.
+local granted = {}
+if room > 0 and queued > 0 then
+  -- Each weighs at least 1: the first room waiters are enough to look at.
+  local heads = redis.call('ZRANGE', queue, 0, room - 1)
+  local served, wakes = {}, {}
+  for _, id in ipairs(heads) do
+    local w = weight(id)
+    if w > room then break end
+    hold(id, w)
+    served[#served + 1] = id
+    local proc = string.match(id, '^([^:]*):')
+    if proc == self then
+      granted[#granted + 1] = id
+      granted[#granted + 1] = tonumber(redis.call('ZSCORE', leases, id)) - now
+    elseif proc then
+      local ids = wakes[proc]
+      if ids then ids[#ids + 1] = id else wakes[proc] = {id} end
+    end
+  end
+  zrem(queue, served)
+  queued = queued - #served
+  if queued == 0 then
+    redis.call('DEL', seq)
+  end
+  for proc, ids in pairs(wakes) do
+    redis.call('PUBLISH', chanPrefix .. proc, table.concat(ids, ' '))
+  end
+end
+
+-- Arrivals: served at once only if nobody is ahead of them and their weight
+-- is free. Written with one ZADD per key rather than one per arrival: bursts
+-- come in batches.
+local now_leases, new_queue, new_waits = {}, {}, {}
+local firstTicket
+for n = 1, nAcquire do
+  local id = ARGV[i]
+  local w = weight(id)
+  i = i + 1
+  extended = true
+  if queued == 0 and room >= w then
+    now_leases[#now_leases + 1] = leaseEnd
+    now_leases[#now_leases + 1] = id
+    hold(id, w)
+    acquired[2 * n - 1] = 1
+    acquired[2 * n] = leaseTTL
+  elseif maxQueue > 0 and queued >= maxQueue then
+    acquired[2 * n - 1] = -1
+    acquired[2 * n] = 0
+  else
+    if not firstTicket then
+      -- Tickets for every remaining arrival at most; unused ones are gaps.
+      firstTicket = redis.call('INCRBY', seq, nAcquire - n + 1) - (nAcquire - n)
+    end
+    local ticket = firstTicket + #new_queue / 2
+    new_queue[#new_queue + 1] = ticket
+    new_queue[#new_queue + 1] = id
+    new_waits[#new_waits + 1] = waitEnd
+    new_waits[#new_waits + 1] = id
+    queued = queued + 1
+    acquired[2 * n - 1] = 0
+    acquired[2 * n] = ticket
+  end
+end
+local function zadd(key, pairs)
+  for j = 1, #pairs, 1000 do
+    redis.call('ZADD', key, unpack(pairs, j, math.min(j + 999, #pairs)))
+  end
+end
+zadd(leases, now_leases)
+zadd(queue, new_queue)
+zadd(leases, new_waits)
+for j = 1, #newHeavy, 1000 do
+  redis.call('HSET', weights, unpack(newHeavy, j, math.min(j + 999, #newHeavy)))
+end
+
+-- Every key outlives the last lease in it by a second. Only a call that
+-- wrote a lease can raise that last expiry, and only such a call creates
+-- keys, but for weights, which a grant creates: the others leave TTLs
+-- alone. The TTL comes from the data, not from this caller's TTLs, so a
+-- process with shorter TTLs cannot expire the keys under another's live
+-- lease. weights follows leases whenever it exists, so a holder's weight
+-- lasts as long as its lease. Empty sets and hashes vanish by themselves;
+-- an idle semaphore leaves nothing behind.
+if extended or #newHeavy > 0 then
+  local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')
+  if last[2] then
+    local ms = math.ceil((tonumber(last[2]) - now) / 1000) + 1000
+    redis.call('PEXPIRE', leases, ms)
+    if queued > 0 then
+      redis.call('PEXPIRE', queue, ms)
+      redis.call('PEXPIRE', seq, ms)
+    end
+    if #heavy > 0 or #newHeavy > 0 then
+      redis.call('PEXPIRE', weights, ms)
+    end
+  end
+end
+
+if queued == 0 and (nLeave > 0 or #dead > 0) then
+  redis.call('DEL', seq)
+end
+
+local wait = -1
+if wantWait and queued > 0 then
+  local first = redis.call('ZRANGE', leases, 0, 0, 'WITHSCORES')
+  if first[2] then wait = tonumber(first[2]) - now end
+end
+
+return {released, left, renewed, refreshed, acquired, granted, wait}
