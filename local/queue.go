@@ -34,7 +34,7 @@ type waiter struct {
 	prev, next *waiter
 	state      int
 	cost       int           // tokens it takes, >= 1
-	at         time.Time     // the booking, when state is front
+	at         time.Time     // the booking, when state is front; guarded by queue.mu
 	ready      chan struct{} // receives once when a queued waiter moves up
 }
 
@@ -97,27 +97,60 @@ func (q *queue) enter(ctx context.Context, n int) error {
 		return q.abandon(ctx, w)
 	}
 	// The send on ready orders the promoter's writes to w before this read,
-	// and only this goroutine changes w from here on.
+	// and from here on only this goroutine changes w's state (retime may
+	// move w.at, under q.mu).
 	if w.state == granted {
 		return nil
 	}
 	return q.sleep(ctx, w)
 }
 
-// sleep waits until the front waiter's booking comes due.
+// sleep waits until the front waiter's booking comes due. The booking may
+// move later while it sleeps (retime): when the timer fires early, it
+// sleeps again until the new time.
 func (q *queue) sleep(ctx context.Context, w *waiter) error {
+	q.mu.Lock()
 	t := time.NewTimer(time.Until(w.at))
+	q.mu.Unlock()
 	defer t.Stop()
-	select {
-	case <-t.C:
-		q.mu.Lock()
-		q.remove(w)
-		q.promote(time.Now())
-		q.mu.Unlock()
-		return nil
-	case <-ctx.Done():
-		return q.abandon(ctx, w)
+	for {
+		select {
+		case <-t.C:
+			q.mu.Lock()
+			now := time.Now()
+			if w.at.After(now) {
+				t.Reset(w.at.Sub(now))
+				q.mu.Unlock()
+				continue
+			}
+			q.remove(w)
+			q.promote(now)
+			q.mu.Unlock()
+			return nil
+		case <-ctx.Done():
+			return q.abandon(ctx, w)
+		}
 	}
+}
+
+// retime runs change on the schedule as if the front waiter had not
+// booked yet, then books the front again: its new time is never earlier
+// when change only takes tokens or delays starts, and its sleep picks the
+// new time up when its timer fires. A front whose booking is already due
+// keeps it (it is as good as granted). The waiters behind the front book
+// when they reach it, so they follow in order.
+func (q *queue) retime(change func(now time.Time)) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := time.Now()
+	w := q.first
+	if w == nil || w.state != front || !w.at.After(now) {
+		change(now)
+		return
+	}
+	q.sched.unbook(now)
+	change(now)
+	w.at = q.sched.book(now, w.cost)
 }
 
 // abandon handles a waiter whose ctx ended. A waiter whose turn came before

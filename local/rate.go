@@ -8,9 +8,13 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/upstream"
 )
 
-var _ sluice.RateLimiter = (*Rate)(nil)
+var (
+	_ sluice.RateLimiter = (*Rate)(nil)
+	_ upstream.Receiver  = (*Rate)(nil)
+)
 
 // RateConfig configures a Rate. Only Rate is required.
 type RateConfig struct {
@@ -129,6 +133,57 @@ func (r *Rate) Do(ctx context.Context, fn func(ctx context.Context) error) error
 	return fn(ctx)
 }
 
+// Feedback applies what the upstream said (implementing upstream.Receiver)
+// to this Rate. It always returns nil: nothing here can fail, and it does
+// not wait.
+//
+//   - Hold: when s.RetryAfter > 0, no caller starts before now +
+//     s.RetryAfter. The bucket is emptied at once and refills during the
+//     hold as usual, as if it had been empty at the hold's start: when the
+//     hold ends, up to min(Burst, Rate per Period × the hold) callers start
+//     at once (one with Burst 0 or 1), then the rest at the rate. Callers
+//     already waiting are re-timed, not released together: the one at the
+//     front of the queue gives its booking back and books again after the
+//     hold, and the ones behind it book in their turn after it, in order. A
+//     hold that comes during another extends it when it ends later, without
+//     emptying the bucket again (it refills from the first hold's start);
+//     one that ends sooner changes nothing.
+//   - Sync: for each Quota of calls (Unit ""; quotas in other units are
+//     ignored, since a Rate counts only calls), the tokens are brought down
+//     to at most q.Remaining (never raised). With q.Remaining 0 and a
+//     q.Reset, the bucket is empty at the reset and nobody starts before
+//     it: refills resume at the reset, as the Receiver contract asks. With
+//     q.Remaining above 0, q.Reset is not used: x/time/rate refills
+//     continuously and has no way to let the remaining tokens through while
+//     holding its refills back until the reset, so refills go on at the
+//     configured rate; a refusal's Retry-After then holds the Rate.
+//   - Adapt: a Rate does not adapt its rate; s.Refused alone changes
+//     nothing.
+//
+// A caller whose start was already due when Feedback came (its timer not
+// yet fired) still starts: it is as good as granted.
+func (r *Rate) Feedback(ctx context.Context, s upstream.Signal) error {
+	var quotas []upstream.Quota
+	for _, q := range s.Quotas {
+		if q.Unit == "" {
+			quotas = append(quotas, q)
+		}
+	}
+	if s.RetryAfter <= 0 && len(quotas) == 0 {
+		return nil
+	}
+	sched := r.q.sched.(*rateSchedule)
+	r.q.retime(func(now time.Time) {
+		for _, q := range quotas {
+			sched.sync(now, q.Remaining, q.Reset)
+		}
+		if s.RetryAfter > 0 {
+			sched.hold(now, now.Add(s.RetryAfter))
+		}
+	})
+	return nil
+}
+
 // Waiting returns the number of callers waiting in Enter or EnterN right
 // now.
 func (r *Rate) Waiting() int {
@@ -136,31 +191,86 @@ func (r *Rate) Waiting() int {
 }
 
 // rateSchedule books starts as x/time/rate reservations.
+//
+// floor is the end of the latest hold: nothing starts before it, and every
+// call into lim is made at a time no earlier than it (at). x/time/rate
+// counts time forward from its last call, so a call at an earlier time
+// would credit the tokens of the stretch between twice.
 type rateSchedule struct {
 	lim   *rate.Limiter
 	limit float64          // lim's limit in tokens per second
 	last  rate.Reservation // the most recent booking, for unbook
+	floor time.Time        // the end of the latest hold; zero before any
+}
+
+// at is the time the schedule works at: now, or the end of the hold.
+func (s *rateSchedule) at(now time.Time) time.Time {
+	if s.floor.After(now) {
+		return s.floor
+	}
+	return now
 }
 
 func (s *rateSchedule) book(now time.Time, n int) time.Time {
-	r := s.lim.ReserveN(now, n) // ok: the queue never books more than the burst
+	t := s.at(now)
+	r := s.lim.ReserveN(t, n) // ok: the queue never books more than the burst
 	s.last = *r
-	return now.Add(r.DelayFrom(now))
+	return t.Add(r.DelayFrom(t))
 }
 
 func (s *rateSchedule) unbook(now time.Time) {
-	s.last.CancelAt(now)
+	s.last.CancelAt(s.at(now))
 }
 
 // estimate mirrors the arithmetic of rate.Limiter.ReserveN without reserving.
 func (s *rateSchedule) estimate(now time.Time, k int) time.Time {
-	tokens := s.lim.TokensAt(now) - float64(k)
+	t := s.at(now)
+	tokens := s.lim.TokensAt(t) - float64(k)
 	if tokens >= 0 {
-		return now
+		return t
 	}
 	d := (-tokens / s.limit) * float64(time.Second)
 	if d > math.MaxInt64 {
-		return now.Add(math.MaxInt64)
+		return t.Add(math.MaxInt64)
 	}
-	return now.Add(time.Duration(d))
+	return t.Add(time.Duration(d))
+}
+
+// lower takes tokens at t (not before the floor) until at most level are
+// left; it never adds any. The queue's front, if it holds a booking, must
+// have been unbooked first (queue.retime), since unbook undoes the most
+// recent reservation.
+func (s *rateSchedule) lower(t time.Time, level float64) {
+	t = s.at(t)
+	k := math.Ceil(s.lim.TokensAt(t) - level)
+	if k >= 1 {
+		s.lim.ReserveN(t, int(k)) // k <= burst: the tokens never exceed it
+	}
+}
+
+// hold empties the bucket now and lets nothing start before until. During
+// a hold in force it only extends it: the bucket was emptied when that
+// hold began.
+func (s *rateSchedule) hold(now, until time.Time) {
+	if !s.floor.After(now) {
+		s.lower(now, 0)
+	}
+	if until.After(s.floor) {
+		s.floor = until
+	}
+}
+
+// sync brings the tokens down to at most remaining. With none remaining
+// and a reset, the bucket is empty at the reset and nothing starts before
+// it: refills resume then.
+func (s *rateSchedule) sync(now time.Time, remaining int64, reset time.Duration) {
+	if remaining > 0 || reset <= 0 {
+		s.lower(now, float64(remaining))
+		return
+	}
+	until := now.Add(reset)
+	s.lower(until, 0)
+	if until.After(s.floor) {
+		s.floor = until
+	}
 }
