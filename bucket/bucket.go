@@ -54,6 +54,10 @@ var (
 	ErrWaitTooLong         = fmt.Errorf("bucket: wait too long: %w", sluice.ErrLimited)
 	ErrConfig              = groundwork.ConfigError("bucket")
 	ErrCostExceedsCapacity = fmt.Errorf("bucket: %w", sluice.ErrCostExceedsCapacity)
+	// ErrConfigMismatch: this process's policies are not the ones in
+	// force in Redis (see Config.Adopt). It matches
+	// sluice.ErrConfigMismatch and ErrConfig, and its message names both.
+	ErrConfigMismatch = groundwork.MismatchError("bucket")
 )
 
 // Defaults of the optional Config fields.
@@ -66,9 +70,13 @@ const (
 	batchTimeout = 5 * time.Second
 )
 
-// Config describes a bucket. Every process sharing a bucket must use the
-// same Name, KeyPrefix, Capacity, RefillAmount, RefillFrequency and
-// Policies.
+// Config describes a bucket. Every process sharing a bucket uses the same
+// Name and KeyPrefix. The policies (Capacity, RefillAmount,
+// RefillFrequency and Policies) live in Redis: the first process to use
+// the bucket stores its own, every process enforces the ones stored, and
+// a process whose policies differ fails with ErrConfigMismatch instead of
+// applying them, unless it follows the ones in force (Adopt, and
+// SetLimits). The other fields are this process's own.
 type Config struct {
 	// Name identifies the shared quota. Any non-empty byte string is valid.
 	Name string
@@ -109,6 +117,12 @@ type Config struct {
 	// assigned spends that token. 0 means 20 ms; otherwise at least 1 ms
 	// and at most LockTTL/2.
 	Lookahead time.Duration
+	// Adopt makes this process enforce the policies in force in Redis when
+	// they differ from its own, instead of failing with
+	// ErrConfigMismatch. Without it, a process follows the policies in
+	// force only when a live change (SetLimits) replaced its own: a
+	// process started with the old policies during a rolling deploy.
+	Adopt bool
 	// MaxLateness is how late after its slot a caller may still start. A
 	// caller that wakes later (its process was frozen or starved of CPU)
 	// does not start on its stale slot, which would bunch starts together
@@ -171,7 +185,8 @@ type Cost map[string]int
 type Bucket struct {
 	cfg      Config
 	rdb      redis.UniversalClient
-	policies []Policy // the pinned policy (if any), then cfg.Policies
+	policies []Policy // this process's own: the pinned policy (if any), then cfg.Policies
+	ownID    string   // their id in Redis (queue.Config)
 	q        *queue.Queue
 	sched    *scheduler.Scheduler
 	lead     time.Duration // wake this long before the estimated slot to poll
@@ -216,10 +231,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 	if cfg.Capacity != 0 {
 		policies = append([]Policy{{Capacity: cfg.Capacity, RefillAmount: cfg.RefillAmount, RefillFrequency: cfg.RefillFrequency}}, policies...)
 	}
-	qps := make([]queue.Policy, len(policies))
-	for i, p := range policies {
-		qps[i] = queue.Policy{Capacity: int64(p.Capacity), Amount: int64(p.RefillAmount), Every: p.RefillFrequency, Other: p.Unit != ""}
-	}
+	qps := toQueue(policies)
 	q := queue.New(rdb, cfg.KeyPrefix, cfg.Name, queue.Options{
 		Policies:    qps,
 		Lookahead:   cfg.Lookahead,
@@ -235,6 +247,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 		cfg:      cfg,
 		rdb:      rdb,
 		policies: policies,
+		ownID:    queue.Config{Policies: qps}.ID(),
 		q:        q,
 		sched:    scheduler.New(rdb, q),
 		lead:     cfg.Lookahead / 4,
@@ -244,6 +257,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 		now:      time.Now,
 	}
 	b.comings.init(bg, q, batchTimeout, cfg.LockTTL, func() time.Time { return b.now() })
+	b.notices.changed = b.changed
 	u := uuid.New()
 	b.idPrefix = base64.RawURLEncoding.EncodeToString(u[:]) + "."
 	return b, nil
@@ -337,17 +351,18 @@ func checkPolicy(p Policy, where string) error {
 // cost above a policy's Capacity are errors; the last one
 // ErrCostExceedsCapacity.
 func (b *Bucket) costs(c Cost) (costs []int64, zero bool, err error) {
+	policies := b.inForce()
 	for unit, n := range c {
 		if n < 0 {
 			return nil, false, fmt.Errorf("bucket: negative cost %d of unit %q", n, unit)
 		}
-		if n > 0 && !slices.ContainsFunc(b.policies, func(p Policy) bool { return p.Unit == unit }) {
+		if n > 0 && !slices.ContainsFunc(policies, func(p Policy) bool { return p.Unit == unit }) {
 			return nil, false, fmt.Errorf("bucket: cost of unit %q, which no policy of bucket %q counts", unit, b.cfg.Name)
 		}
 	}
-	costs = make([]int64, len(b.policies))
+	costs = make([]int64, len(policies))
 	plain, zero := true, true
-	for i, p := range b.policies {
+	for i, p := range policies {
 		n := c[p.Unit]
 		if n > p.Capacity {
 			return nil, false, fmt.Errorf("%w: %d %s above the Capacity %d of policy %d (%s), so it could never be granted",
@@ -485,15 +500,23 @@ type Estimate struct {
 // give up (then it is shorter) or the caller would be refused (MaxQueue,
 // MaxWait). A cost is checked as EnterCost checks it. One round trip.
 func (b *Bucket) Estimate(ctx context.Context, c Cost) (Estimate, error) {
-	costs, _, err := b.costs(c)
-	if err != nil {
-		return Estimate{}, err
+	for settled := 0; ; settled++ {
+		costs, _, err := b.costs(c)
+		if err != nil {
+			return Estimate{}, err
+		}
+		wait, ahead, err := b.q.Estimate(ctx, costs)
+		retry, serr := b.settle(ctx, err, settled)
+		switch {
+		case retry:
+			continue
+		case serr != nil:
+			return Estimate{}, serr
+		case err != nil:
+			return Estimate{}, b.redisErr(ctx, err)
+		}
+		return Estimate{Wait: wait, Ahead: ahead}, nil
 	}
-	wait, ahead, err := b.q.Estimate(ctx, costs)
-	if err != nil {
-		return Estimate{}, b.redisErr(ctx, err)
-	}
-	return Estimate{Wait: wait, Ahead: ahead}, nil
 }
 
 // EnterReport is Enter that also reports what happened; with a cost, it
@@ -503,32 +526,47 @@ func (b *Bucket) EnterReport(ctx context.Context, cost ...Cost) (Report, error) 
 	case 0:
 		return b.enter(ctx, nil)
 	case 1:
-		costs, zero, err := b.costs(cost[0])
-		if err != nil || zero {
-			if err == nil {
-				err = ctx.Err()
-			}
-			return Report{}, err
+		if cost[0] == nil {
+			cost[0] = Cost{}
 		}
-		return b.enter(ctx, costs)
+		return b.enter(ctx, cost[0])
 	}
 	return Report{}, fmt.Errorf("bucket: EnterReport with %d costs, want at most one", len(cost))
 }
 
-// enter enters a caller of costs (per policy; nil: Enter's).
-func (b *Bucket) enter(ctx context.Context, costs []int64) (Report, error) {
+// enter enters a caller of cost c (nil: Enter's). Its costs per policy are
+// taken anew for each arrival: a live change may have changed the
+// policies in force meanwhile.
+func (b *Bucket) enter(ctx context.Context, c Cost) (Report, error) {
 	var rep Report
 	start := b.now()
-	for {
+	for settled := 0; ; {
 		select {
 		case <-b.bg.Done():
 			return rep, ErrClosed
 		default:
 		}
+		var costs []int64
+		if c != nil {
+			var zero bool
+			var err error
+			if costs, zero, err = b.costs(c); err != nil || zero {
+				if err == nil {
+					err = ctx.Err()
+				}
+				return rep, err
+			}
+		}
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
 		again, err := b.enterOnce(ctx, costs, &rep)
+		if retry, serr := b.settle(ctx, err, settled); retry {
+			settled++
+			continue
+		} else if serr != nil {
+			err = serr
+		}
 		if !again {
 			rep.Wait = b.now().Sub(start)
 			return rep, err
@@ -544,6 +582,9 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report) (aga
 	er, sent, err := b.comings.enqueue(ctx, id, costs)
 	received := b.now()
 	rep.RoundTrips++
+	if errors.As(err, new(*queue.ConfigError)) {
+		return false, err // nothing was written: settle it
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			b.cancel(id) // it may have arrived before the caller gave up
@@ -601,6 +642,16 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 		received := b.now()
 		rep.Polls++
 		rep.RoundTrips += max(pr.RoundTrips, 1)
+		if errors.As(err, new(*queue.ConfigError)) {
+			// A live change since this caller queued: poll under the
+			// policies in force (the caller keeps its place).
+			if _, serr := b.settle(ctx, err, 0); serr != nil {
+				b.cancel(entry)
+				return false, serr
+			}
+			wait = 0
+			continue
+		}
 		if err != nil {
 			b.cancel(entry)
 			return false, b.redisErr(ctx, err)

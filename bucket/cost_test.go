@@ -253,7 +253,7 @@ func TestCancelRefundsCost(t *testing.T) {
 		t.Errorf("the next cost-5 caller started %v after the drain (report %+v): the cancelled cost was not given back", waited, rep)
 	}
 	raw, _ := rdb.Get(ctx, bucket.Keys(b).State).Result()
-	if f := strings.Fields(raw); len(f) != 5 { // done until level anchor format
+	if f := strings.Fields(raw); len(f) != 6 { // done until level anchor format id
 		t.Errorf("state %q still counts queued costs", raw)
 	}
 }
@@ -334,12 +334,12 @@ func TestStateOfLaterFormatRefused(t *testing.T) {
 	defer rdb.Close()
 	b := newBucket(t, rdb, bucket.Config{Capacity: 5, RefillAmount: 1, RefillFrequency: time.Second})
 	ctx := withTimeout(t, 5*time.Second)
-	if err := rdb.Set(ctx, bucket.Keys(b).State, "0 0 5 1763769600123457 2", time.Minute).Err(); err != nil {
+	if err := rdb.Set(ctx, bucket.Keys(b).State, "0 0 5 1763769600123457 3 cx", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
 	err := b.Enter(ctx)
-	if err == nil || !strings.Contains(err.Error(), "format 2") || !strings.Contains(err.Error(), "upgrade") {
-		t.Fatalf("Enter on a state of format 2 = %v, want an error naming the format", err)
+	if err == nil || !strings.Contains(err.Error(), "format 3") || !strings.Contains(err.Error(), "upgrade") {
+		t.Fatalf("Enter on a state of format 3 = %v, want an error naming the format", err)
 	}
 }
 

@@ -2,6 +2,7 @@ package bucket
 
 import (
 	"context"
+	"strings"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -22,6 +23,9 @@ type notices struct {
 	rdb     redis.UniversalClient
 	channel string
 	group   *background.Group
+	// changed is told the id of the configuration a live change put in
+	// force (a message "config <id>" on the channel: change.lua).
+	changed func(id string)
 
 	mu      sync.Mutex
 	waiters map[string]chan int64
@@ -66,6 +70,12 @@ func (n *notices) dispatch(ps *redis.PubSub) {
 
 // deliver hands the waiters named in a wake message their slots.
 func (n *notices) deliver(payload string) {
+	if id, ok := strings.CutPrefix(payload, "config "); ok {
+		if n.changed != nil {
+			n.changed(id)
+		}
+		return
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	protocol.ParseWake(payload, func(entry string, slot int64) {

@@ -11,7 +11,7 @@ import (
 var ctx = context.Background()
 
 // newQ is New with the policies given apart, as the tests were written.
-func newQ(rdb redis.Scripter, prefix, name string, ps []Policy, opt Options) *Queue {
+func newQ(rdb Client, prefix, name string, ps []Policy, opt Options) *Queue {
 	opt.Policies = ps
 	return New(rdb, prefix, name, opt)
 }
@@ -52,5 +52,5 @@ func kindOf(a Arrival) int {
 	return kindAssigned
 }
 
-// scriptOnly hides the *redis.Client behind the Scripter interface.
-type scriptOnly struct{ redis.Scripter }
+// scriptOnly hides the *redis.Client behind the Client interface.
+type scriptOnly struct{ Client }

@@ -19,16 +19,21 @@ type Keys struct {
 	Slot string
 	Lock string // the scheduler's lock (github.com/bsm/redislock)
 	Wake string // pub/sub channel: callers told their slot by the scheduler
+	// Config is the configuration in force, "<format> <id> <json>"
+	// (internal/protocol/config.go), with a TTL of 30 days renewed while
+	// the bucket is used: the limit outlives an idle bucket.
+	Config string
 }
 
 func newKeys(prefix, name string) Keys {
 	base := groundwork.KeyBase(prefix, name)
 	return Keys{
-		Queue: base + "queue",
-		State: base + "state",
-		Slot:  base + "slot:",
-		Lock:  base + "lock",
-		Wake:  base + "wake",
+		Queue:  base + "queue",
+		State:  base + "state",
+		Slot:   base + "slot:",
+		Lock:   base + "lock",
+		Wake:   base + "wake",
+		Config: base + "config",
 	}
 }
 
@@ -36,8 +41,15 @@ func newKeys(prefix, name string) Keys {
 // its bare ID.
 func (k Keys) slotKey(entry string) string { return k.Slot + protocol.EntryID(entry) }
 
-// list is KEYS of the scripts that need all four: the queue, the state,
+// list is KEYS of the scripts that need them all: the queue, the state,
 // the prefix of the slot keys (declared so that Redis Cluster routes and
-// checks it like the keys made from it, which share its hash tag), and the
-// lock.
-func (k Keys) list() []string { return []string{k.Queue, k.State, k.Slot, k.Lock} }
+// checks it like the keys made from it, which share its hash tag), the
+// lock and the config.
+func (k Keys) list() []string { return []string{k.Queue, k.State, k.Slot, k.Lock, k.Config} }
+
+// List is the keys a scheduler step names: Keys.list.
+func (k Keys) List() []string { return k.list() }
+
+// arrival is KEYS of the scripts that need only the queue, the state and
+// the config (enqueue.lua, estimate.lua).
+func (k Keys) arrival() []string { return []string{k.Queue, k.State, k.Config} }

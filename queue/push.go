@@ -57,7 +57,7 @@ func (l *lane) open(q *Queue) bool {
 
 // canPush says whether the push lane may be used at all.
 func (q *Queue) canPush() bool {
-	return q.direct != nil && len(q.opt.Policies) == 1 && !q.opt.Policies[0].Other && q.opt.MaxQueue == 0 && q.opt.MaxWait == 0 && !q.lane.off.Load()
+	return q.direct != nil && q.conf.Load().pushable && q.opt.MaxQueue == 0 && q.opt.MaxWait == 0 && !q.lane.off.Load()
 }
 
 // note records what the last arrival of a batch learned of the queue: a
@@ -119,27 +119,40 @@ func (q *Queue) push(ctx context.Context, ids []string) ([]Arrival, error) {
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
-	return pushReplies(ids, now.Val().UnixMicro(), raw, push.Val(), q.opt.Policies[0])
+	c := q.conf.Load()
+	rs, ours, err := pushReplies(ids, now.Val().UnixMicro(), raw, push.Val(), c.policies[0], c.id)
+	if !ours {
+		// The state is of another configuration (a live change this
+		// process has not heard of) or format: the estimates are only
+		// guesses (the scheduler tells each pushed caller its slot), and
+		// the next arrival takes the script, which tells.
+		q.lane.busyUntil.Store(0)
+	}
+	return rs, err
 }
 
 // pushReplies computes, from what the transaction read, the replies
 // enqueue.lua would have given: positions L−k+1 … L, tickets done +
 // position, estimates from the state refilled to now (protocol.Refill and
 // SlotFor, tokens.lua's twins), and whether a scheduler runs (the state's
-// until).
-func pushReplies(ids []string, now int64, raw string, length int64, p Policy) ([]Arrival, error) {
+// until). ours reports that the state was written under the configuration
+// id; when it was not (or is missing), the estimates are those of a full
+// bucket of policy p and the tickets count from the state's done if it
+// can be read: the callers are queued all the same.
+func pushReplies(ids []string, now int64, raw string, length int64, p Policy, id string) (rs []Arrival, ours bool, err error) {
 	k := int64(len(ids))
 	if length < k {
-		return nil, fmt.Errorf("%w: RPUSH of %d gave length %d", groundwork.ErrReply, k, length)
+		return nil, false, fmt.Errorf("%w: RPUSH of %d gave length %d", groundwork.ErrReply, k, length)
 	}
 	done, until, level, anchor := int64(0), int64(0), p.Capacity, now
 	if raw != "" {
 		st, err := protocol.ParseState(raw, 1)
-		if err != nil {
-			return nil, err
+		if err == nil {
+			done, until = st.Done, st.Until
+			if ours = st.ID == id; ours {
+				level, anchor = protocol.Refill(st.Levels[0].Level, st.Levels[0].Anchor, now, p)
+			}
 		}
-		done, until = st.Done, st.Until
-		level, anchor = protocol.Refill(st.Levels[0].Level, st.Levels[0].Anchor, now, p)
 	}
 	out := make([]Arrival, k)
 	for i := range out {
@@ -154,5 +167,5 @@ func pushReplies(ids []string, now int64, raw string, length int64, p Policy) ([
 			Now:              now,
 		}
 	}
-	return out, nil
+	return out, ours, nil
 }

@@ -10,13 +10,14 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/protocol"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // TestPushMatchesEnqueue: from the same state, callers pushed by the push
 // lane get the positions, tickets, estimates and scheduler flag that
-// enlua gives callers who  Two buckets get the same state
-// string (random levels, anchors in the past, counters), then the same
+// enqueue.lua gives callers who arrive behind waiting ones. Two buckets get
+// the same state string (random levels, anchors in the past, counters), then the same
 // arrivals: one through each lane.
 func TestPushMatchesEnqueue(t *testing.T) {
 	rdb := redistest.New(t).Client()
@@ -40,7 +41,7 @@ func TestPushMatchesEnqueue(t *testing.T) {
 		level := -rng.Int64N(5 * p.Capacity)
 		anchor := now.UnixMicro() - rng.Int64N(p.Every.Microseconds())
 		until := now.UnixMicro() + (rng.Int64N(3)-1)*int64(time.Minute/time.Microsecond)
-		state := fmt.Sprintf("%d %d %d %d", rng.Int64N(1000), until, level, anchor)
+		state := fmt.Sprintf("%d %d %d %d %d %s", rng.Int64N(1000), until, level, anchor, protocol.StateFormat, protocol.ConfigID([]Policy{p}))
 		waiting := rng.IntN(4)
 		for _, q := range []*Queue{viaScript, viaPush} {
 			if err := rdb.Set(ctx, q.Keys().State, state, time.Minute).Err(); err != nil {

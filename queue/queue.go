@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -36,9 +37,17 @@ var (
 	ErrWaitTooLong = errors.New("queue: wait too long")
 )
 
+// Client is what a Queue needs of Redis: its scripts, and reading and
+// storing the configuration in force. Every go-redis client has it.
+type Client interface {
+	redis.Scripter
+	Get(ctx context.Context, key string) *redis.StringCmd
+	SetNX(ctx context.Context, key string, value any, expiration time.Duration) *redis.BoolCmd
+}
+
 // Queue runs the scripts of one bucket. It is safe for concurrent use.
 type Queue struct {
-	rdb  redis.Scripter
+	rdb  Client
 	keys Keys
 	opt  Options
 
@@ -49,23 +58,19 @@ type Queue struct {
 	// bucket's keys, with another clock, so both stay scripts.
 	direct *redis.Client
 
-	policyArgs []any  // as the scripts read them: protocol.PolicyArgs
-	calls      string // each policy's Call, as protocol.Costs formats them
-	lane       lane   // the push lane (push.go)
+	conf atomic.Pointer[conf] // the configuration this Queue runs under (config.go)
+	lane lane                 // the push lane (push.go)
 }
 
 // New returns the Queue of the bucket name under prefix. It does not talk to
 // Redis: each script is sent on its first use (EVALSHA, with EVAL when Redis
 // does not have it yet).
-func New(rdb redis.Scripter, prefix, name string, opt Options) *Queue {
+func New(rdb Client, prefix, name string, opt Options) *Queue {
 	if opt.MaxBatch <= 0 {
 		opt.MaxBatch = 1000
 	}
-	calls := make([]int64, len(opt.Policies))
-	for i, p := range opt.Policies {
-		calls[i] = p.Call()
-	}
-	q := &Queue{rdb: rdb, keys: newKeys(prefix, name), opt: opt, policyArgs: protocol.PolicyArgs(opt.Policies), calls: protocol.Costs(calls)}
+	q := &Queue{rdb: rdb, keys: newKeys(prefix, name), opt: opt}
+	q.conf.Store(newConf(opt.Policies))
 	if c, ok := rdb.(*redis.Client); ok && c != nil {
 		q.direct = c
 	}
@@ -75,8 +80,13 @@ func New(rdb redis.Scripter, prefix, name string, opt Options) *Queue {
 // Keys returns the bucket's keys.
 func (q *Queue) Keys() Keys { return q.keys }
 
-// Options returns the options q was made with (MaxBatch filled in).
-func (q *Queue) Options() Options { return q.opt }
+// Options returns the options q was made with (MaxBatch filled in), with
+// the policies it runs under now (Follow may have changed them).
+func (q *Queue) Options() Options {
+	o := q.opt
+	o.Policies = q.conf.Load().policies
+	return o
+}
 
 func us(d time.Duration) int64 { return groundwork.Micros(d) }
 
@@ -131,18 +141,25 @@ func (q *Queue) Enqueue(ctx context.Context, ids []string, costs [][]int64) ([]A
 }
 
 func (q *Queue) enqueueScript(ctx context.Context, ids []string, costs [][]int64) ([]Arrival, error) {
-	args := make([]any, 0, 4+len(q.policyArgs)+1+2*len(ids))
-	args = append(args, us(q.opt.Lookahead), q.opt.MaxQueue, us(q.opt.MaxWait), us(q.opt.Grace))
-	args = append(args, q.policyArgs...)
-	args = append(args, len(ids))
 	cs := make([]string, len(ids))
-	for i, id := range ids {
+	for i := range ids {
 		if costs != nil {
 			cs[i] = protocol.Costs(costs[i])
 		}
-		args = append(args, id, cs[i])
 	}
-	reply, err := enqueueScript.Run(ctx, q.rdb, q.keys.list()[:2], args...).Result()
+	reply, err := q.run(ctx, enqueueScript, q.keys.arrival(), func(c *conf) ([]any, error) {
+		if costs != nil && len(costs[0]) != len(c.policies) {
+			return nil, &ConfigError{Mine: c.id} // costs of a configuration Follow replaced
+		}
+		args := make([]any, 0, 4+len(c.args)+1+2*len(ids))
+		args = append(args, us(q.opt.Lookahead), q.opt.MaxQueue, us(q.opt.MaxWait), us(q.opt.Grace))
+		args = append(args, c.args...)
+		args = append(args, len(ids))
+		for i, id := range ids {
+			args = append(args, id, cs[i])
+		}
+		return args, nil
+	})
 	return parseEnqueue(ids, cs, reply, err)
 }
 
@@ -226,8 +243,9 @@ func (q *Queue) Poll(ctx context.Context, entry string) (PollReply, error) {
 			return r, err
 		}
 	}
-	args := append([]any{entry, tol}, q.policyArgs...)
-	r, err := parsePoll(pollScript.Run(ctx, q.rdb, q.keys.list(), args...).Result())
+	r, err := parsePoll(q.run(ctx, pollScript, q.keys.list(), func(c *conf) ([]any, error) {
+		return append([]any{entry, tol}, c.args...), nil
+	}))
 	r.RoundTrips = trips + 1
 	return r, err
 }
@@ -291,8 +309,12 @@ func parsePoll(reply any, err error) (PollReply, error) {
 // now, and how many callers would be ahead of it. The wait is exact unless
 // callers ahead leave the queue.
 func (q *Queue) Estimate(ctx context.Context, costs []int64) (time.Duration, int, error) {
-	args := append(append([]any{}, q.policyArgs...), protocol.Costs(costs))
-	v, err := groundwork.Ints(estimateScript.Run(ctx, q.rdb, q.keys.list()[:2], args...).Result())
+	v, err := groundwork.Ints(q.run(ctx, estimateScript, q.keys.arrival(), func(c *conf) ([]any, error) {
+		if costs != nil && len(costs) != len(c.policies) {
+			return nil, &ConfigError{Mine: c.id}
+		}
+		return append(append([]any{}, c.args...), protocol.Costs(costs)), nil
+	}))
 	if err != nil {
 		return 0, 0, err
 	}
@@ -321,12 +343,30 @@ const (
 )
 
 func (q *Queue) cancel(ctx context.Context, entries []string) ([]cancelResult, error) {
-	args := make([]any, 1, 1+len(entries))
-	args[0] = q.calls
-	for _, e := range entries {
-		args = append(args, e)
+	r, err := q.cancelOnce(ctx, entries)
+	var cerr *ConfigError
+	if errors.As(err, &cerr) {
+		// A live change since these callers queued: they leave under the
+		// configuration in force.
+		c, ok, rerr := q.ReadConfig(ctx)
+		if rerr != nil || !ok {
+			return nil, err
+		}
+		q.Follow(c)
+		r, err = q.cancelOnce(ctx, entries)
 	}
-	reply, err := cancelScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.Slot, q.keys.State}, args...).Result()
+	return r, err
+}
+
+func (q *Queue) cancelOnce(ctx context.Context, entries []string) ([]cancelResult, error) {
+	reply, err := q.run(ctx, cancelScript, []string{q.keys.Queue, q.keys.Slot, q.keys.State, q.keys.Config}, func(c *conf) ([]any, error) {
+		args := make([]any, 2, 2+len(entries))
+		args[0], args[1] = c.id, c.calls
+		for _, e := range entries {
+			args = append(args, e)
+		}
+		return args, nil
+	})
 	return parseCancel(len(entries), reply, err)
 }
 

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler"
@@ -186,7 +184,7 @@ func TestQueuedArrivalWritesNoState(t *testing.T) {
 
 // scriptOnly hides the *redis.Client behind the Scripter interface, so the
 // queue takes the path Cluster and Ring clients take: polls as scripts.
-type scriptOnly struct{ redis.Scripter }
+type scriptOnly struct{ queue.Client }
 
 // TestDirectPollMatchesScript: on one server a poll is TIME and GETDEL;
 // through any other client it is the script. Both give the slot the step
@@ -196,7 +194,7 @@ func TestDirectPollMatchesScript(t *testing.T) {
 	defer rdb.Close()
 	for _, direct := range []bool{true, false} {
 		t.Run(fmt.Sprint("direct=", direct), func(t *testing.T) {
-			var s redis.Scripter = rdb
+			var s queue.Client = rdb
 			if !direct {
 				s = scriptOnly{rdb}
 			}

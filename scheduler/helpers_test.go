@@ -4,14 +4,12 @@ import (
 	"context"
 	"strings"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/sluicehq/sluice/queue"
 )
 
 // newQ is queue.New with the policies given apart, as the tests were
 // written.
-func newQ(rdb redis.Scripter, prefix, name string, ps []queue.Policy, opt queue.Options) *queue.Queue {
+func newQ(rdb queue.Client, prefix, name string, ps []queue.Policy, opt queue.Options) *queue.Queue {
 	opt.Policies = ps
 	return queue.New(rdb, prefix, name, opt)
 }

@@ -96,7 +96,7 @@ func (out *Scripts) run(ctx context.Context, e *env) error {
 	rdb := client(e.opt, 1)
 	defer rdb.Close()
 	newQueue := func(suffix string, ps ...queue.Policy) *queue.Queue {
-		var c redis.Scripter = rdb
+		var c queue.Client = rdb
 		if strings.HasSuffix(suffix, "-full") {
 			// Only the script: on a *redis.Client, callers arriving behind
 			// waiting ones would take the push lane.
@@ -110,7 +110,7 @@ func (out *Scripts) run(ctx context.Context, e *env) error {
 	// Three policies, a request and two of processing units, and a cost
 	// of 1 request and 60 PU: Sentinel Hub's shape (bucket.Config.Policies).
 	pu := func(capacity int64) queue.Policy {
-		return queue.Policy{Capacity: capacity, Amount: 1 << 30, Every: time.Millisecond, Other: true}
+		return queue.Policy{Capacity: capacity, Amount: 1 << 30, Every: time.Millisecond, Unit: "pu"}
 	}
 	free3 := newQueue("-free3", queue.Policy{Capacity: 1 << 40, Amount: 1 << 30, Every: time.Millisecond}, pu(1<<40), pu(1<<40))
 	full3 := newQueue("-full3", queue.Policy{Capacity: 1, Amount: 1, Every: time.Hour}, pu(1000), pu(400000))
@@ -387,5 +387,5 @@ func measureCase(ctx context.Context, rdb *redis.Client, c costCase, first, n in
 	return float64(total) / float64(n), nil
 }
 
-// scriptsOnly hides a *redis.Client behind the Scripter interface.
-type scriptsOnly struct{ redis.Scripter }
+// scriptsOnly hides a *redis.Client behind the queue.Client interface.
+type scriptsOnly struct{ queue.Client }

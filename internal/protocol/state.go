@@ -10,20 +10,24 @@ import (
 
 // StateFormat is the version of the state's layout this code writes
 // (state.lua's FORMAT).
-const StateFormat = 1
+const StateFormat = 2
 
 // BucketState is the state key of a bucket (load and save in state.lua):
-// "done until level1 anchor1 level2 anchor2 ...", integers separated by
-// spaces. Done counts the tickets no longer queued; Until is the Redis
-// instant (µs) to which the scheduler's lock was last renewed, 0 once
-// released; then each policy's level (may be negative: tokens promised to
-// slots in the future) and anchor (µs, its last refill counted).
+// "done until level1 anchor1 ... format id [costed extra1 ...]", integers
+// separated by spaces but for id. Done counts the tickets no longer
+// queued; Until is the Redis instant (µs) to which the scheduler's lock
+// was last renewed, 0 once released; then each policy's level (may be
+// negative: tokens promised to slots in the future) and anchor (µs, its
+// last refill counted).
 type BucketState struct {
 	Done, Until int64
 	Levels      []Level
 	// Format is the layout's version, StateFormat when written by this
-	// code, 0 when written before versions.
+	// code, 1 for the layout without ID, 0 for the one without a version.
 	Format int64
+	// ID names the configuration the levels were written under
+	// (ConfigID); "" before format 2.
+	ID string
 	// Costed counts the queued callers with costs of their own; Extra is,
 	// per policy, the tokens they need beyond the policy's Call each (nil
 	// when Costed is 0).
@@ -36,7 +40,7 @@ type Level struct {
 	Level, Anchor int64
 }
 
-// String is the state as state.lua's save writes it.
+// String is the state as state.lua writes it in s.Format (2, 1 or 0).
 func (s BucketState) String() string {
 	var b strings.Builder
 	b.WriteString(strconv.FormatInt(s.Done, 10))
@@ -52,6 +56,10 @@ func (s BucketState) String() string {
 		b.WriteByte(' ')
 		b.WriteString(strconv.FormatInt(s.Format, 10))
 	}
+	if s.Format >= 2 {
+		b.WriteByte(' ')
+		b.WriteString(s.ID)
+	}
 	if s.Costed > 0 {
 		b.WriteByte(' ')
 		b.WriteString(strconv.FormatInt(s.Costed, 10))
@@ -64,18 +72,26 @@ func (s BucketState) String() string {
 }
 
 // ParseState reads a state string as state.lua's load does, for n
-// policies: then the format and, if present, the costed callers and n
-// extras. A format above StateFormat is an error naming it.
+// policies: then the format, the id (format 2) and, if present, the
+// costed callers and n extras. A format above StateFormat is an error
+// naming it.
 func ParseState(raw string, n int) (BucketState, error) {
 	f := strings.Fields(raw)
 	if len(f) < 2+2*n {
 		return BucketState{}, fmt.Errorf("%w: state %q for %d policies", groundwork.ErrReply, raw, n)
 	}
-	v := make([]int64, 2+2*n)
-	for i, s := range f[:len(v)] {
-		x, err := strconv.ParseInt(s, 10, 64)
+	num := func(i int) (int64, error) {
+		x, err := strconv.ParseInt(f[i], 10, 64)
 		if err != nil {
-			return BucketState{}, fmt.Errorf("%w: state %q", groundwork.ErrReply, raw)
+			return 0, fmt.Errorf("%w: state %q", groundwork.ErrReply, raw)
+		}
+		return x, nil
+	}
+	v := make([]int64, 2+2*n)
+	for i := range v {
+		x, err := num(i)
+		if err != nil {
+			return BucketState{}, err
 		}
 		v[i] = x
 	}
@@ -83,21 +99,33 @@ func ParseState(raw string, n int) (BucketState, error) {
 	for i := range s.Levels {
 		s.Levels[i] = Level{Level: v[2+2*i], Anchor: v[3+2*i]}
 	}
-	if len(f) > 2+2*n {
-		x := make([]int64, len(f)-2-2*n)
+	at := 2 + 2*n
+	if len(f) == at {
+		return s, nil
+	}
+	var err error
+	if s.Format, err = num(at); err != nil {
+		return BucketState{}, err
+	}
+	at++
+	switch {
+	case s.Format > StateFormat:
+		return BucketState{}, fmt.Errorf("%w: the bucket state has format %d, this process knows up to %d: upgrade it", groundwork.ErrReply, s.Format, StateFormat)
+	case s.Format == StateFormat:
+		if len(f) == at {
+			return BucketState{}, fmt.Errorf("%w: state %q has no configuration id", groundwork.ErrReply, raw)
+		}
+		s.ID = f[at]
+		at++
+	}
+	if len(f) >= at+1+n {
+		x := make([]int64, 1+n)
 		for i := range x {
-			var err error
-			if x[i], err = strconv.ParseInt(f[2+2*n+i], 10, 64); err != nil {
-				return BucketState{}, fmt.Errorf("%w: state %q", groundwork.ErrReply, raw)
+			if x[i], err = num(at + i); err != nil {
+				return BucketState{}, err
 			}
 		}
-		s.Format = x[0]
-		if s.Format > StateFormat {
-			return BucketState{}, fmt.Errorf("%w: the bucket state has format %d, this process knows up to %d: upgrade it", groundwork.ErrReply, s.Format, StateFormat)
-		}
-		if len(x) >= 2+n {
-			s.Costed, s.Extra = x[1], x[2:2+n]
-		}
+		s.Costed, s.Extra = x[0], x[1:]
 	}
 	return s, nil
 }

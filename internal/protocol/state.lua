@@ -1,20 +1,32 @@
 -- state.lua: the state string of a bucket (its Go twin, which builds and
--- parses the same string, is state.go). Needs tokens.lua before it.
+-- parses the same string, is state.go), and the check of the configuration
+-- in force (config.go). Needs tokens.lua before it.
 --
--- The state key is one string of integers separated by spaces: "done
--- until l1 a1 l2 a2 ...". done counts the tickets no longer in the queue
--- (granted at once, popped by the scheduler, or cancelled while queued),
--- so a caller pushed to position p of the queue has ticket done + p;
--- until is the Redis instant (µs) to which the last step renewed the
--- scheduler lock, 0 once released; then level and anchor of each policy;
--- then the format version (FORMAT: a state of a later format is refused,
--- one without it is of this layout); then, only while callers with costs
--- of their own are queued, how many and each policy's extra: the tokens
--- the queued callers need beyond call each (written by whoever queues,
--- pops or removes such a caller; absent means none and all 0). Readers of
--- the layout before the version ignore everything after the levels.
+-- The state key is one string of fields separated by spaces: "done until
+-- l1 a1 ... ln an format id [costed x1 ... xn]". done counts the tickets no
+-- longer in the queue (granted at once, popped by the scheduler, or
+-- cancelled while queued), so a caller pushed to position p of the queue
+-- has ticket done + p; until is the Redis instant (µs) to which the last
+-- step renewed the scheduler lock, 0 once released; then level and anchor
+-- of each policy; then the format version (FORMAT) and the id of the
+-- configuration the levels were written under (config.go: the config key
+-- holds "<format> <id> <json>"); then, only while callers with costs of
+-- their own are queued, how many and each policy's extra: the tokens the
+-- queued callers need beyond call each (written by whoever queues, pops or
+-- removes such a caller; absent means none and all 0).
+--
+-- Upgrades: format 1 had no id ("... an 1 [costed x1 ...]"), format 0 no
+-- version either. Such a state is read as what it is and written back in
+-- this format by the next script that saves it, atomically, once the
+-- config key names this process's configuration. A later format is
+-- refused, as is a config key of a later format.
 
-local FORMAT = 1
+local FORMAT = 2
+
+-- CONFIG_TTL_MS is the config key's lifetime (config.go's ConfigTTL), renewed
+-- whenever a script reads the key or saves the levels: the limit outlives
+-- any idle spell of the bucket shorter than that.
+local CONFIG_TTL_MS = 2592000000
 
 -- check_format refuses a state of a format this code does not know.
 local function check_format(v)
@@ -22,43 +34,94 @@ local function check_format(v)
     error('sluice: the bucket state has format ' .. v .. ', this process knows up to ' .. FORMAT .. ': upgrade it', 0)
   end
 end
+
+-- config_check is called when the state does not carry id, the
+-- configuration this process runs under: the state is missing, of an older
+-- format, or was written under another configuration. The config key
+-- decides: missing, the script fails with "SLUICE_CONFIG unset" (the
+-- process stores its configuration there, if still missing, and runs the
+-- script again); naming another configuration, with "SLUICE_CONFIG
+-- <its id>" (the process adopts it, or fails with ErrConfigMismatch).
+-- Nothing was written before either error.
+local function config_check(config_key, id)
+  local raw = redis.call('GET', config_key)
+  if not raw then
+    error({err = 'SLUICE_CONFIG unset'})
+  end
+  local f, cid = string.match(raw, '^(%d+) (%S+)')
+  f = tonumber(f)
+  if not f or f > FORMAT then
+    error('sluice: the bucket config has format ' .. tostring(f) .. ', this process knows up to ' .. FORMAT .. ': upgrade it', 0)
+  end
+  if cid ~= id then
+    error({err = 'SLUICE_CONFIG ' .. cid})
+  end
+  redis.call('PEXPIRE', config_key, CONFIG_TTL_MS)
+end
+
+-- stale_state refuses a state written under another configuration than the
+-- one the config key names: only a live change writes both, together.
+local function stale_state(sid, id)
+  if not sid or sid == '' then
+    error('sluice: the bucket state has format ' .. FORMAT .. ' but no configuration id', 0)
+  end
+  error('sluice: the bucket state was written under configuration ' .. sid .. ' but ' .. id .. ' is in force', 0)
+end
 -- A string costs one GET and one SET ... PX, where a hash would need
 -- HMGET, HSET and PEXPIRE: this is on every caller's path. Because a
 -- queued arrival changes none of it, a queued enqueue writes nothing here.
 
--- load reads and refills every policy's state, and returns it with done,
--- until, whether the state key was missing, and the string as stored when
--- it has a format version (nil when missing or of the layout before the
--- version): see save_extras.
-local function load(state_key, ps, now)
+-- load reads and refills every policy's state under the configuration id
+-- (its policies ps; config_key is where the one in force is named), and
+-- returns it with done, until, whether the state key was missing, and the
+-- string as stored when it is of this format (nil when missing or of an
+-- older one): see save_extras. The state table carries id, for save.
+local function load(state_key, ps, now, config_key, id)
   local raw = redis.call('GET', state_key)
-  local st = {}
+  local st = {id = id}
+  if not raw then
+    config_check(config_key, id)
+    for i = 1, #ps do
+      st[i] = {level = ps[i].cap, anchor = now, extra = 0}
+    end
+    st.costed = 0
+    return st, 0, 0, true, nil
+  end
   if #ps == 1 then -- the common case, without a loop or a table of values
     local p = ps[1]
-    local done, till, l, a, v, c, x
-    if raw then
-      done, till, l, a, v, c, x = string.match(raw, '^(%S+) (%S+) (%S+) (%S+) ?(%S*) ?(%S*) ?(%S*)')
-      check_format(tonumber(v))
+    local done, till, l, a, v, sid, c, x = string.match(raw, '^(%S+) (%S+) (%S+) (%S+) ?(%S*) ?(%S*) ?(%S*) ?(%S*)')
+    if sid ~= id then
+      config_check(config_key, id)
+      v = tonumber(v)
+      check_format(v)
+      if v == FORMAT then stale_state(sid, id) end
+      c, x, raw = sid, c, nil -- format 1 or 0: no id
     end
     local level, anchor = refill(tonumber(l), tonumber(a), now, p.cap, p.amount, p.freq)
     st[1] = {level = level, anchor = anchor, extra = tonumber(x) or 0}
     st.costed = tonumber(c) or 0
-    return st, tonumber(done) or 0, tonumber(till) or 0, not raw, v ~= '' and raw or nil
+    return st, tonumber(done) or 0, tonumber(till) or 0, false, raw
   end
   local vals = {}
-  if raw then
-    for v in string.gmatch(raw, '%S+') do
-      vals[#vals + 1] = tonumber(v)
-    end
+  for v in string.gmatch(raw, '%S+') do
+    vals[#vals + 1] = v
   end
-  check_format(vals[2 * #ps + 3])
-  for i = 1, #ps do
+  local n = #ps
+  local at = 2 * n + 4 -- where costed and the extras start, after the id
+  if vals[2 * n + 4] ~= id then
+    config_check(config_key, id)
+    local v = tonumber(vals[2 * n + 3])
+    check_format(v)
+    if v == FORMAT then stale_state(vals[2 * n + 4], id) end
+    at, raw = 2 * n + 3, nil
+  end
+  for i = 1, n do
     local p = ps[i]
-    local level, anchor = refill(vals[2 * i + 1], vals[2 * i + 2], now, p.cap, p.amount, p.freq)
-    st[i] = {level = level, anchor = anchor, extra = vals[2 * #ps + 4 + i] or 0}
+    local level, anchor = refill(tonumber(vals[2 * i + 1]), tonumber(vals[2 * i + 2]), now, p.cap, p.amount, p.freq)
+    st[i] = {level = level, anchor = anchor, extra = tonumber(vals[at + 1 + i]) or 0}
   end
-  st.costed = vals[2 * #ps + 4] or 0
-  return st, vals[1] or 0, vals[2] or 0, not raw, vals[2 * #ps + 3] and raw or nil
+  st.costed = tonumber(vals[at + 1]) or 0
+  return st, tonumber(vals[1]) or 0, tonumber(vals[2]) or 0, false, raw
 end
 
 -- full_in is how long, from now, until every policy is full again: the state
@@ -76,13 +139,15 @@ local function full_in(st, ps, now)
   return d
 end
 
--- save writes done, until and every policy's state (and extras, when
--- there are any), with a TTL that outlives the time to full by grace.
-local function save(state_key, st, ps, now, grace, done, till)
+-- save writes done, until and every policy's state, the format and the
+-- configuration's id (and extras, when there are any), with a TTL that
+-- outlives the time to full by grace, and renews the config key's TTL
+-- (config_key, which names st.id).
+local function save(state_key, st, ps, now, grace, done, till, config_key)
   local value
   local x = (st.costed or 0) > 0
   if #st == 1 and not x then
-    value = string.format('%d %d %d %d %d', done, till, st[1].level, st[1].anchor, FORMAT)
+    value = string.format('%d %d %d %d %d ', done, till, st[1].level, st[1].anchor, FORMAT) .. st.id
   else
     -- One string.format for every number: far cheaper than one each.
     local parts = {done, till}
@@ -91,25 +156,27 @@ local function save(state_key, st, ps, now, grace, done, till)
       parts[#parts + 1] = st[i].anchor
     end
     parts[#parts + 1] = FORMAT
+    value = string.format(string.rep('%d ', #parts), unpack(parts)) .. st.id
     if x then
-      parts[#parts + 1] = st.costed
+      parts = {st.costed}
       for i = 1, #st do
-        parts[#parts + 1] = st[i].extra
+        parts[i + 1] = st[i].extra
       end
+      value = value .. string.format(string.rep(' %d', #parts), unpack(parts))
     end
-    value = string.format(string.sub(string.rep('%d ', #parts), 1, -2), unpack(parts))
   end
   redis.call('SET', state_key, value, 'PX', ceil_ms(full_in(st, ps, now) + grace))
+  redis.call('PEXPIRE', config_key, CONFIG_TTL_MS)
 end
 
 -- save_extras writes a state whose levels, done and until did not change
 -- since load (a caller with costs queued): raw, the string load read, up to
--- its format version, then the callers with costs and each policy's
+-- its configuration's id, then the callers with costs and each policy's
 -- extra, keeping the TTL. Levels as stored, before load refilled them, are
 -- as good as refilled ones: refill brings them to the same values at any
 -- later instant.
 local function save_extras(state_key, raw, st)
-  local value = string.match(raw, '^' .. string.rep('%S+ ', 2 * #st + 2) .. '%S+')
+  local value = string.match(raw, '^' .. string.rep('%S+ ', 2 * #st + 3) .. '%S+')
   if (st.costed or 0) > 0 then
     local parts = {st.costed}
     for i = 1, #st do
@@ -123,8 +190,9 @@ end
 -- add_done counts n more tickets as no longer queued (callers that left the
 -- queue) and, when less is set, takes less.costed callers with costs and
 -- their extra tokens (less[i] per policy) off the state's, keeping the rest
--- of the state and its TTL.
-local function add_done(state_key, n, less)
+-- of the state and its TTL. With less, the state must be of the
+-- configuration id (config_key: see load), or of an older format.
+local function add_done(state_key, n, less, config_key, id)
   local raw = redis.call('GET', state_key)
   if not raw then return end
   if not less then
@@ -136,20 +204,29 @@ local function add_done(state_key, n, less)
   end
   local vals = {}
   for v in string.gmatch(raw, '%S+') do
-    vals[#vals + 1] = tonumber(v)
+    vals[#vals + 1] = v
   end
   local np = #less
   if #vals < 2 + 2 * np then return end
-  local parts = {int(vals[1] + n)}
+  local at = 2 * np + 4 -- where costed starts, after the id
+  if vals[2 * np + 4] ~= id then
+    config_check(config_key, id)
+    local v = tonumber(vals[2 * np + 3])
+    check_format(v)
+    if v == FORMAT then stale_state(vals[2 * np + 4], id) end
+    at = 2 * np + 3
+  end
+  local parts = {int(tonumber(vals[1]) + n)}
   for i = 2, 2 + 2 * np do
-    parts[i] = int(vals[i])
+    parts[i] = vals[i]
   end
   parts[3 + 2 * np] = int(FORMAT)
-  local costed = (vals[4 + 2 * np] or 0) - less.costed
+  parts[4 + 2 * np] = id
+  local costed = (tonumber(vals[at + 1]) or 0) - less.costed
   if costed > 0 then
-    parts[4 + 2 * np] = int(costed)
+    parts[5 + 2 * np] = int(costed)
     for i = 1, np do
-      parts[4 + 2 * np + i] = int((vals[4 + 2 * np + i] or 0) - less[i])
+      parts[5 + 2 * np + i] = int((tonumber(vals[at + 1 + i]) or 0) - less[i])
     end
   end
   redis.call('SET', state_key, table.concat(parts, ' '), 'KEEPTTL')

@@ -2,29 +2,31 @@ package protocol
 
 import "time"
 
-// Policy is one limit of a bucket: it holds at most Capacity tokens and
-// gains Amount tokens every Every (used in whole microseconds). A caller
-// without costs of its own takes its call from each policy: 1 token, or 0
-// from a policy that counts another unit than calls (Other).
+// Policy is one limit of a bucket: it holds at most Capacity tokens of its
+// Unit ("" counts calls) and gains Amount tokens every Every (used in whole
+// microseconds). A caller without costs of its own takes its call from
+// each policy: 1 token, or 0 from a policy that counts another unit than
+// calls.
 type Policy struct {
+	Unit     string
 	Capacity int64
 	Amount   int64
 	Every    time.Duration
-	Other    bool
 }
 
 // Call is what a caller without costs of its own takes from p.
 func (p Policy) Call() int64 {
-	if p.Other {
+	if p.Unit != "" {
 		return 0
 	}
 	return 1
 }
 
 // PolicyArgs are the policies as the scripts read them (read_policies in
-// tokens.lua): n, then capacity, amount, period µs and call of each.
+// tokens.lua): their configuration's id (ConfigID), n, then capacity,
+// amount, period µs and call of each.
 func PolicyArgs(ps []Policy) []any {
-	args := []any{len(ps)}
+	args := []any{ConfigID(ps), len(ps)}
 	for _, p := range ps {
 		args = append(args, p.Capacity, p.Amount, p.Every.Microseconds(), p.Call())
 	}

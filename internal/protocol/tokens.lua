@@ -33,19 +33,21 @@ local function ceil_ms(us)
   return int(ms)
 end
 
--- read_policies parses "n, cap1, amount1, freq1, call1, ..." from argv at
--- index i and returns the policies, the index after them, and whether every
--- policy counts calls (then a caller without costs takes one token of each,
--- and the scalar functions below serve).
+-- read_policies parses "id, n, cap1, amount1, freq1, call1, ..." from argv
+-- at index i and returns the policies, the index after them, whether every
+-- policy counts calls (then a caller without costs takes one token of
+-- each, and the scalar functions below serve), and id, the configuration
+-- they make (config.go), which the state must carry (state.lua).
 local function read_policies(argv, i)
-  local n = tonumber(argv[i])
+  local id = argv[i]
+  local n = tonumber(argv[i + 1])
   local ps, unit = {}, true
   for k = 1, n do
-    local b = i + 1 + (k - 1) * 4
+    local b = i + 2 + (k - 1) * 4
     ps[k] = {cap = tonumber(argv[b]), amount = tonumber(argv[b + 1]), freq = tonumber(argv[b + 2]), call = tonumber(argv[b + 3])}
     if ps[k].call ~= 1 then unit = false end
   end
-  return ps, i + 1 + n * 4, unit
+  return ps, i + 2 + n * 4, unit, id
 end
 
 -- refill brings one policy's (level, anchor) forward to now. anchor is the

@@ -2,8 +2,10 @@ package protocol_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -16,15 +18,16 @@ import (
 var wire = protocol.Script(`
 local f = ARGV[1]
 if f == 'state' then
-  -- ARGV[2] state string, ARGV[3] now, ARGV[4..] each policy's capacity
-  -- (its level: full, so the key's TTL is the grace); load it at a now
-  -- less than a period after every anchor (nothing refills) and save it.
+  -- ARGV[2] state string, ARGV[3] now, ARGV[4] the configuration's id,
+  -- ARGV[5..] each policy's capacity (its level: full, so the key's TTL
+  -- is the grace); load it at a now less than a period after every
+  -- anchor (nothing refills) and save it. KEYS[2] is the config key.
   local ps = {}
-  for i = 4, #ARGV do ps[#ps + 1] = {cap = tonumber(ARGV[i]), amount = 1, freq = 1e12} end
+  for i = 5, #ARGV do ps[#ps + 1] = {cap = tonumber(ARGV[i]), amount = 1, freq = 1e12} end
   redis.call('SET', KEYS[1], ARGV[2])
   local now = tonumber(ARGV[3])
-  local st, done, till, _, raw = load(KEYS[1], ps, now)
-  save(KEYS[1], st, ps, now, 1000000, done, till)
+  local st, done, till, _, raw = load(KEYS[1], ps, now, KEYS[2], ARGV[4])
+  save(KEYS[1], st, ps, now, 1000000, done, till, KEYS[2])
   local saved = redis.call('GET', KEYS[1])
   -- save_extras writes the same string when nothing changed
   if raw then
@@ -55,20 +58,33 @@ func TestStateRoundTrip(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
 	ctx := context.Background()
-	for _, s := range []protocol.BucketState{
-		{Done: 0, Until: 0, Levels: []protocol.Level{{Level: 5, Anchor: µs}}, Format: 1},
-		{Done: 1 << 40, Until: µs + 1000, Levels: []protocol.Level{{Level: -1234567, Anchor: µs}}, Format: 1},
-		{Done: 7, Until: 0, Levels: []protocol.Level{{Level: 1000, Anchor: µs}, {Level: -3, Anchor: µs + 6_696_000}, {Level: 0, Anchor: µs - 1}}, Format: 1},
-		// Callers with costs queued: how many, and each policy's extra.
-		{Done: 7, Until: 0, Levels: []protocol.Level{{Level: 1000, Anchor: µs}, {Level: -3, Anchor: µs + 6_696_000}}, Format: 1, Costed: 2, Extra: []int64{-2, 119}},
-		{Done: 3, Until: µs, Levels: []protocol.Level{{Level: 4, Anchor: µs}}, Format: 1, Costed: 1, Extra: []int64{59}},
-	} {
-		raw := s.String()
-		args := []any{"state", raw, µs + 6_696_000}
-		for _, l := range s.Levels {
-			args = append(args, l.Level)
+	const id = "c0123456789abcdef"
+	keys := []string{t.Name(), t.Name() + ":config"}
+	if err := rdb.Set(ctx, keys[1], "2 "+id+" {}", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	run := func(s string, levels ...int64) (string, error) {
+		args := []any{"state", s, µs + 6_696_000, id}
+		for _, l := range levels {
+			args = append(args, l)
 		}
-		back, err := wire.Run(ctx, rdb, []string{t.Name()}, args...).Text()
+		return wire.Run(ctx, rdb, keys, args...).Text()
+	}
+	for _, s := range []protocol.BucketState{
+		{Done: 0, Until: 0, Levels: []protocol.Level{{Level: 5, Anchor: µs}}},
+		{Done: 1 << 40, Until: µs + 1000, Levels: []protocol.Level{{Level: -1234567, Anchor: µs}}},
+		{Done: 7, Until: 0, Levels: []protocol.Level{{Level: 1000, Anchor: µs}, {Level: -3, Anchor: µs + 6_696_000}, {Level: 0, Anchor: µs - 1}}},
+		// Callers with costs queued: how many, and each policy's extra.
+		{Done: 7, Until: 0, Levels: []protocol.Level{{Level: 1000, Anchor: µs}, {Level: -3, Anchor: µs + 6_696_000}}, Costed: 2, Extra: []int64{-2, 119}},
+		{Done: 3, Until: µs, Levels: []protocol.Level{{Level: 4, Anchor: µs}}, Costed: 1, Extra: []int64{59}},
+	} {
+		s.Format, s.ID = protocol.StateFormat, id
+		raw := s.String()
+		var levels []int64
+		for _, l := range s.Levels {
+			levels = append(levels, l.Level)
+		}
+		back, err := run(raw, levels...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -79,25 +95,75 @@ func TestStateRoundTrip(t *testing.T) {
 		if err != nil || got.String() != raw {
 			t.Errorf("ParseState(%q) = %+v, %v", back, got, err)
 		}
+		// The same state in the older formats is read as what it is and
+		// written back in this one, under the configuration in force.
+		for _, f := range []int64{1, 0} {
+			if f == 0 && s.Costed > 0 {
+				continue // format 0 had no costs
+			}
+			old := s
+			old.Format, old.ID = f, ""
+			back, err := run(old.String(), levels...)
+			if err != nil || back != raw {
+				t.Errorf("format %d state %q came back %q, %v; want %q", f, old.String(), back, err, raw)
+			}
+			if got, err := protocol.ParseState(old.String(), len(s.Levels)); err != nil || got.Format != f || got.Costed != s.Costed || got.ID != "" {
+				t.Errorf("ParseState(%q) = %+v, %v", old.String(), got, err)
+			}
+		}
 	}
-	// A state written before formats had versions is read as this layout
-	// and written back with the version.
-	legacy := protocol.BucketState{Done: 4, Until: 0, Levels: []protocol.Level{{Level: 5, Anchor: µs}}}
-	back, err := wire.Run(ctx, rdb, []string{t.Name()}, "state", legacy.String(), µs+6_696_000, 5).Text()
-	if want := legacy.String() + " 1"; err != nil || back != want {
-		t.Errorf("legacy state %q came back %q, %v; want %q", legacy.String(), back, err, want)
+	// Saving renews the config key's TTL: Lua's CONFIG_TTL_MS is ConfigTTL.
+	if ttl, err := rdb.PTTL(ctx, keys[1]).Result(); err != nil || ttl > protocol.ConfigTTL || ttl < protocol.ConfigTTL-time.Minute {
+		t.Errorf("config key TTL %v, %v after a save; want ConfigTTL %v", ttl, err, protocol.ConfigTTL)
+	}
+	// A state of another configuration is refused before anything is
+	// written: the config key names the one in force.
+	other := protocol.BucketState{Done: 4, Levels: []protocol.Level{{Level: 5, Anchor: µs}}, Format: protocol.StateFormat, ID: "cffffffffffffffff"}
+	if _, err := run(other.String(), 5); err == nil || !strings.Contains(err.Error(), "was written under configuration cffffffffffffffff") {
+		t.Errorf("Lua read a state of another configuration: %v", err)
+	}
+	if _, err := wire.Run(ctx, rdb, []string{t.Name(), t.Name() + ":other"}, "state", "", µs, id, 5).Text(); err == nil || !strings.HasPrefix(err.Error(), "SLUICE_CONFIG unset") {
+		t.Errorf("Lua loaded a state with no configuration stored: %v", err)
 	}
 	// A later format is refused, by Lua and by Go, saying so.
-	later := "4 0 5 1763769600123457 2"
-	if _, err := wire.Run(ctx, rdb, []string{t.Name()}, "state", later, µs, 5).Text(); err == nil || !strings.Contains(err.Error(), "format 2") {
-		t.Errorf("Lua read a state of format 2: %v", err)
+	later := "4 0 5 1763769600123457 3 cx"
+	if _, err := run(later, 5); err == nil || !strings.Contains(err.Error(), "format 3") {
+		t.Errorf("Lua read a state of format 3: %v", err)
 	}
 	if _, err := protocol.ParseState(later, 1); err == nil || !strings.Contains(err.Error(), "upgrade") {
-		t.Errorf("ParseState read a state of format 2: %v", err)
+		t.Errorf("ParseState read a state of format 3: %v", err)
 	}
-	for _, bad := range []string{"", "1 2 3", "1 2 x 4", "1 2 3 4.5"} {
+	for _, bad := range []string{"", "1 2 3", "1 2 x 4", "1 2 3 4.5", "1 2 3 4 2"} {
 		if _, err := protocol.ParseState(bad, 1); err == nil {
 			t.Errorf("ParseState(%q) accepted it", bad)
+		}
+	}
+}
+
+// TestConfigRoundTrip: the config key's value reads back as written, its
+// id names its policies, and a later format or a forged id is refused.
+func TestConfigRoundTrip(t *testing.T) {
+	c := protocol.Config{Policies: []protocol.Policy{
+		{Capacity: 10, Amount: 1, Every: 100 * time.Millisecond},
+		{Unit: "pu", Capacity: 1000, Amount: 3, Every: time.Second},
+	}, Replaced: []string{"c1", "c2"}}
+	raw := protocol.FormatConfig(c)
+	got, err := protocol.ParseConfig(raw)
+	if err != nil || got.ID() != c.ID() || !slices.Equal(got.Replaced, c.Replaced) || !slices.Equal(got.Policies, c.Policies) {
+		t.Fatalf("ParseConfig(%q) = %+v, %v", raw, got, err)
+	}
+	if !got.Follows(c.ID()) || !got.Follows("c2") || got.Follows("c3") {
+		t.Errorf("Follows wrong for %+v", got)
+	}
+	other := c
+	other.Policies = slices.Clone(c.Policies)
+	other.Policies[1].Unit = "tokens"
+	if other.ID() == c.ID() || !strings.HasPrefix(c.ID(), "c") || len(c.ID()) != 17 {
+		t.Errorf("ids %s and %s", c.ID(), other.ID())
+	}
+	for _, bad := range []string{"", "2", "2 c1 {}", "3 " + c.ID() + " {}", "2 " + other.ID() + raw[len("2 "+c.ID()):], "x " + raw} {
+		if _, err := protocol.ParseConfig(bad); err == nil {
+			t.Errorf("ParseConfig(%q) accepted it", bad)
 		}
 	}
 }

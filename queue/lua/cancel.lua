@@ -1,9 +1,11 @@
 -- cancel.lua: callers give up their places, one or many at once.
 --
--- KEYS[1] queue, KEYS[2] slot key prefix, KEYS[3] state (as in enqueue.lua)
--- ARGV[1] each policy's call, "c1,c2,..." (to take the extras of callers
+-- KEYS[1] queue, KEYS[2] slot key prefix, KEYS[3] state, KEYS[4] config
+-- (as in enqueue.lua)
+-- ARGV[1] the configuration id (read_policies) the calls are of
+-- ARGV[2] each policy's call, "c1,c2,..." (to take the extras of callers
 --         with costs of their own off the state's)
--- ARGV[2..] each caller's entry ("<id>|<estimate>[|<costs>]"), or its bare ID when
+-- ARGV[3..] each caller's entry ("<id>|<estimate>[|<costs>]"), or its bare ID when
 --         the caller gave up before its enqueue's reply told it the entry
 --         (then the queue is searched for it: a rare path, O(queue length))
 --
@@ -20,16 +22,17 @@ end
 
 local out = {}
 local removed = 0
-local calls = parse_costs(ARGV[1])
+local cid = ARGV[1]
+local calls = parse_costs(ARGV[2])
 local less = nil
-for c = 2, #ARGV do
+for c = 3, #ARGV do
   local entry = ARGV[c]
   local id, est = entry_parts(entry)
   if not est then -- a bare ID
     entry = find(id .. '|', redis.call('LRANGE', KEYS[1], 0, -1))
   end
   if entry and redis.call('LREM', KEYS[1], 1, entry) == 1 then
-    out[c - 1] = 0
+    out[c - 2] = 0
     removed = removed + 1
     local _, _, costs = entry_parts(entry)
     if costs and calls then
@@ -38,14 +41,14 @@ for c = 2, #ARGV do
       for i = 1, #calls do less[i] = (less[i] or 0) + costs[i] - calls[i] end
     end
   elseif redis.call('DEL', KEYS[2] .. id) == 1 then
-    out[c - 1] = 1
+    out[c - 2] = 1
   else
-    out[c - 1] = 2
+    out[c - 2] = 2
   end
 end
 -- The state's done counts tickets no longer queued, so that the next
 -- caller's ticket (done + its position) stays unique: leave it the rest.
 if removed > 0 then
-  add_done(KEYS[3], removed, less)
+  add_done(KEYS[3], removed, less, KEYS[4], cid)
 end
 return out

@@ -3,16 +3,18 @@
 -- the order given, each exactly as if it had come alone.
 --
 -- KEYS[1] queue  list of waiting callers' entries, head = next to be scheduled
--- KEYS[2] state  string "done until l1 a1 l2 a2 ...": see load in lib.lua
--- (Only these two keys: the state's until tells whether a scheduler holds
+-- KEYS[2] state  string "done until l1 a1 ... format id": state.lua
+-- KEYS[3] config the configuration in force, "<format> <id> <json>"; read
+--         only when the state does not carry this process's id (state.lua)
+-- (Only these keys: the state's until tells whether a scheduler holds
 -- the lock, and slot keys are the step's and the poll's. The other
--- scripts name KEYS[3], the prefix of the slot keys, and KEYS[4], the
--- scheduler lock, a bsm/redislock key.)
+-- scripts name the prefix of the slot keys and the scheduler lock, a
+-- bsm/redislock key.)
 -- ARGV[1] lookahead µs: a slot this close may be given without queueing
 -- ARGV[2] max queue length, 0 = unbounded
 -- ARGV[3] max wait µs, 0 = unbounded
 -- ARGV[4] grace µs added to every key's TTL
--- ARGV[5..] policies: n, then cap, amount, freq µs, call for each
+-- ARGV[5..] policies: configuration id, n, then cap, amount, freq µs, call for each
 -- ARGV[after policies] m, then for each of m callers its ID (fresh per
 --         Enter) and its costs, "c1,c2,..." one per policy, or "" to take
 --         each policy's call (entry.lua)
@@ -39,9 +41,9 @@ local lookahead = tonumber(ARGV[1])
 local max_queue = tonumber(ARGV[2])
 local max_wait = tonumber(ARGV[3])
 local grace = tonumber(ARGV[4])
-local ps, i, unit = read_policies(ARGV, 5)
+local ps, i, unit, id = read_policies(ARGV, 5)
 local m = tonumber(ARGV[i])
-local st, done, till, fresh, raw = load(KEYS[2], ps, now)
+local st, done, till, fresh, raw = load(KEYS[2], ps, now, KEYS[3], id)
 local qlen = redis.call('LLEN', KEYS[1])
 local created = qlen == 0
 local took, costed, pushed, tail = false, false, {}, now
@@ -100,11 +102,12 @@ if #pushed > 0 then
   if till > now then out[2] = 1 end
 end
 -- Save when tokens were taken, a caller with costs queued, or the state is
--- new (a new state key must not vanish before the queue it describes).
+-- new (a new state key must not vanish before the queue it describes);
+-- a state of an older format is saved in this one when anything is.
 -- When only callers with costs queued, the levels are as stored: write
 -- the extras after them.
 if took or fresh or (costed and not raw) then
-  save(KEYS[2], st, ps, now, grace, done, till)
+  save(KEYS[2], st, ps, now, grace, done, till, KEYS[3])
 elseif costed then
   save_extras(KEYS[2], raw, st)
 end

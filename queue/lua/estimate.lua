@@ -3,15 +3,15 @@
 -- enqueue.lua's for the same caller: the slot is exact unless callers
 -- ahead leave (earlier) or the caller is refused (MaxQueue, MaxWait).
 --
--- KEYS[1] queue, KEYS[2] state (as in enqueue.lua)
--- ARGV[1..] policies: n, then cap, amount, freq µs, call for each
+-- KEYS[1] queue, KEYS[2] state, KEYS[3] config (as in enqueue.lua)
+-- ARGV[1..] policies: configuration id, n, then cap, amount, freq µs, call for each
 -- ARGV[after policies] the caller's costs, "c1,c2,..." or "" (entry.lua)
 --
 -- Reply {now µs, delay µs until the slot, callers ahead}.
 local now = now_us()
-local ps, i = read_policies(ARGV, 1)
+local ps, i, _, id = read_policies(ARGV, 1)
 local costs = parse_costs(ARGV[i])
-local st = load(KEYS[2], ps, now)
+local st = load(KEYS[2], ps, now, KEYS[3], id)
 local qlen = redis.call('LLEN', KEYS[1])
 if qlen == 0 then -- as enqueue.lua: nobody queued, no extras
   for k = 1, #ps do st[k].extra = 0 end

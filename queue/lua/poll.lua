@@ -1,10 +1,11 @@
 -- poll.lua: a queued caller asks for its slot. A slot is consumed by the
 -- poll that finds it: it cannot be used twice.
 --
--- KEYS[1] queue, KEYS[2] state, KEYS[3] slot key prefix, KEYS[4] lock (as in enqueue.lua)
+-- KEYS[1] queue, KEYS[2] state, KEYS[3] slot key prefix, KEYS[4] lock,
+-- KEYS[5] config (as in enqueue.lua)
 -- ARGV[1] caller's entry, "<id>|<estimate>"
 -- ARGV[2] tolerance µs: a slot older than this is stale and not handed out
--- ARGV[3..] policies: n, then cap, amount, freq µs, call for each
+-- ARGV[3..] policies: configuration id, n, then cap, amount, freq µs, call for each
 --
 -- Reply {kind, delay µs, position, lock TTL ms, slot}:
 --   kind 1 slot found: start after delay (may be negative: late);
@@ -34,8 +35,8 @@ local pos = redis.call('LPOS', KEYS[1], id)
 if not pos then
   return {4, 0, 0, 0, 0}
 end
-local ps, _, unit = read_policies(ARGV, 3)
-local st = load(KEYS[2], ps, now)
+local ps, _, unit, cid = read_policies(ARGV, 3)
+local st = load(KEYS[2], ps, now, KEYS[5], cid)
 local est
 if unit and st.costed == 0 then
   est = slot_all(st, ps, now, pos + 1)

@@ -6,7 +6,8 @@
 -- it stopped (enqueue reads the state's until, which the step zeroes in
 -- the same script as it deletes the lock) and starts a new one.
 --
--- KEYS[1] queue, KEYS[2] state, KEYS[3] slot key prefix, KEYS[4] lock (as in enqueue.lua)
+-- KEYS[1] queue, KEYS[2] state, KEYS[3] slot key prefix, KEYS[4] lock,
+-- KEYS[5] config (as in enqueue.lua)
 -- ARGV[1] lock token; the step does nothing unless the lock holds it
 -- ARGV[2] lock TTL ms, renewed on every step that keeps the lock
 -- ARGV[3] lookahead µs
@@ -17,7 +18,7 @@
 --         estimate less the lead, or whose estimate is 0 (pushed without
 --         one), are published there with their slot, as space-separated
 --         pairs "entry slot-µs" (wake.lua), so that their process polls in time
--- ARGV[8..] policies: n, then cap, amount, freq µs, call for each
+-- ARGV[8..] policies: configuration id, n, then cap, amount, freq µs, call for each
 --
 -- Reply {status, next µs, queue length, scheduled}:
 --   status -1 fenced (the lock is not ours: stop); 0 queue empty, lock
@@ -32,8 +33,8 @@ local batch = tonumber(ARGV[4])
 local grace = tonumber(ARGV[5])
 local lead = tonumber(ARGV[6])
 local channel = ARGV[7]
-local ps, _, unit = read_policies(ARGV, 8)
-local st, done = load(KEYS[2], ps, now)
+local ps, _, unit, cid = read_policies(ARGV, 8)
+local st, done = load(KEYS[2], ps, now, KEYS[5], cid)
 local ids, slots, blocked = {}, {}, nil
 if unit and st.costed == 0 then
   -- Every caller queued takes one token of each policy: how many have
@@ -106,13 +107,13 @@ if qlen == 0 then
   st.costed = 0 -- nothing queued: no extras either
   for k = 1, #ps do st[k].extra = 0 end
   redis.call('DEL', KEYS[4])
-  save(KEYS[2], st, ps, now, grace, done + scheduled, 0)
+  save(KEYS[2], st, ps, now, grace, done + scheduled, 0, KEYS[5])
   return {0, 0, 0, scheduled}
 end
 -- The lock and the state's until are renewed together: enqueue reads
 -- until instead of the lock.
 redis.call('PEXPIRE', KEYS[4], lock_ttl)
-save(KEYS[2], st, ps, now, grace, done + scheduled, now + lock_ttl * 1000)
+save(KEYS[2], st, ps, now, grace, done + scheduled, now + lock_ttl * 1000, KEYS[5])
 local tail = slot_k(st, ps, now, ahead_k(st, ps, qlen - 1, nil))
 redis.call('PEXPIRE', KEYS[1], ceil_ms(tail - now + grace))
 -- The head's slot, now that those ahead of it took their tokens; read

@@ -1,0 +1,178 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/queue"
+)
+
+// The limits in Redis. A bucket's policies are stored in Redis with its
+// state (queue.Config); every script checks, at no extra cost while they
+// agree, that it runs under the policies in force, and changes nothing
+// when it does not. This file decides what a process does then: follow
+// the policies in force, or fail with ErrConfigMismatch.
+
+// Tokens says how a live change (SetLimits) carries each policy's tokens
+// over to the new policies. The zero value is Proportionally. The rules
+// are bucket4j's (TokensInheritanceStrategy).
+type Tokens int
+
+const (
+	// Proportionally scales the free tokens by new capacity ÷ old
+	// capacity, rounded down: a bucket half full stays half full.
+	Proportionally Tokens = iota
+	// AsIs keeps the free tokens, at most the new capacity.
+	AsIs
+	// Reset fills every policy, as a new bucket: the new capacity at once.
+	Reset
+)
+
+// Limits returns the policies in force for every process, as stored in
+// Redis: the first is the one counting calls when Config.Capacity set it.
+// When none are stored yet, this process's are stored (as its first Enter
+// would). It does not fail when they differ from this process's own
+// (Config); Enter does, unless this process follows them.
+func (b *Bucket) Limits(ctx context.Context) ([]Policy, error) {
+	for range 3 {
+		c, ok, err := b.q.ReadConfig(ctx)
+		if err != nil {
+			return nil, b.redisErr(ctx, err)
+		}
+		if ok {
+			b.follow(c)
+			return fromQueue(c.Policies), nil
+		}
+		if _, _, err := b.q.Estimate(ctx, nil); err != nil && !errors.As(err, new(*queue.ConfigError)) {
+			return nil, b.redisErr(ctx, err) // it stores this process's policies when none are
+		}
+	}
+	return nil, fmt.Errorf("bucket: no policies stored for bucket %q", b.cfg.Name)
+}
+
+// SetLimits changes the bucket's policies for every process at once,
+// atomically in Redis: callers already queued, in any process, are
+// scheduled under the new policies from then on, and each policy's tokens
+// carry over by tokens' rule. A new policy takes over from the old policy
+// of its unit at the same rank among that unit's policies (the first
+// policy counting "pu" from the first one counting "pu"); one without
+// such a predecessor starts full. Slots already assigned (due within the
+// lookahead) keep their times. A queued caller with a cost of its own
+// keeps its cost of each unit; one whose cost a new policy could never
+// grant fails with ErrCostExceedsCapacity. Processes started with the
+// replaced policies follow the new ones (they learn them at their next
+// call to Redis); those with other policies go on failing with
+// ErrConfigMismatch unless Adopt is set.
+//
+// policies must hold every policy of the bucket (use Unit "" for the one
+// counting calls), each valid as in Config.
+func (b *Bucket) SetLimits(ctx context.Context, tokens Tokens, policies ...Policy) error {
+	if len(policies) == 0 {
+		return groundwork.Invalid(ErrConfig, "SetLimits with no policy")
+	}
+	for i, p := range policies {
+		if err := checkPolicy(p, fmt.Sprintf("policies[%d] ", i)); err != nil {
+			return err
+		}
+	}
+	if tokens < Proportionally || tokens > Reset {
+		return groundwork.Invalid(ErrConfig, "Tokens %d, want Proportionally, AsIs or Reset", tokens)
+	}
+	r, err := b.q.Change(ctx, toQueue(policies), int(tokens))
+	if err != nil {
+		return b.redisErr(ctx, err)
+	}
+	if r.Queued > 0 {
+		b.sched.Ensure() // the change released the lock: step under the new policies now
+	}
+	return nil
+}
+
+// inForce returns the policies this process enforces now: its own, or
+// those in force that it follows.
+func (b *Bucket) inForce() []Policy {
+	_, ps := b.q.Policies()
+	return fromQueue(ps)
+}
+
+// settle decides what a call that found another configuration in force
+// (err a *queue.ConfigError) does: it reports retry when this process now
+// runs under the policies in force, and an error wrapping
+// ErrConfigMismatch when it may not follow them. Any other err is not
+// settle's: it returns (false, nil).
+func (b *Bucket) settle(ctx context.Context, err error, settled int) (retry bool, _ error) {
+	var cerr *queue.ConfigError
+	if !errors.As(err, &cerr) {
+		return false, nil
+	}
+	if settled >= 3 {
+		return false, fmt.Errorf("bucket: the policies in force kept changing: %w", err)
+	}
+	if cerr.InForce == "" {
+		return true, nil // costs of the policies this process just left: take them again
+	}
+	c, ok, rerr := b.q.ReadConfig(ctx)
+	if rerr != nil {
+		return false, b.redisErr(ctx, rerr)
+	}
+	if !ok || b.follow(c) {
+		return true, nil
+	}
+	return false, fmt.Errorf("%w: bucket %q: this process has %s, Redis has %s (stored by the first process to use the bucket, or by SetLimits); set Config.Adopt to follow the policies in force",
+		ErrConfigMismatch, b.cfg.Name, describeAll(b.policies), describeAll(fromQueue(c.Policies)))
+}
+
+// follow makes this process run under c when it may: its own policies
+// are c's or were replaced by c, it follows already, or Config.Adopt.
+func (b *Bucket) follow(c queue.Config) bool {
+	cur, _ := b.q.Policies()
+	if !b.cfg.Adopt && !c.Follows(b.ownID) && !c.Follows(cur) {
+		return false
+	}
+	b.q.Follow(c)
+	return true
+}
+
+// changed is told by the wake channel that the configuration id is now in
+// force (change.lua): this process follows it at once, if it may, rather
+// than at its next call.
+func (b *Bucket) changed(id string) {
+	if cur, _ := b.q.Policies(); cur == id {
+		return
+	}
+	b.bg.Go(func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, b.cfg.LockTTL)
+		defer cancel()
+		if c, ok, err := b.q.ReadConfig(ctx); err == nil && ok {
+			b.follow(c)
+		}
+	})
+}
+
+func toQueue(ps []Policy) []queue.Policy {
+	out := make([]queue.Policy, len(ps))
+	for i, p := range ps {
+		out[i] = queue.Policy{Unit: p.Unit, Capacity: int64(p.Capacity), Amount: int64(p.RefillAmount), Every: p.RefillFrequency}
+	}
+	return out
+}
+
+func fromQueue(ps []queue.Policy) []Policy {
+	out := make([]Policy, len(ps))
+	for i, p := range ps {
+		out[i] = Policy{Unit: p.Unit, Capacity: int(p.Capacity), RefillAmount: int(p.Amount), RefillFrequency: p.Every}
+	}
+	return out
+}
+
+// describeAll is a list of policies as errors show it.
+func describeAll(ps []Policy) string {
+	parts := make([]string, len(ps))
+	for i, p := range ps {
+		parts[i] = describe(p)
+	}
+	return "[" + strings.Join(parts, "; ") + "]"
+}

@@ -1,0 +1,121 @@
+package protocol
+
+import (
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/groundwork"
+)
+
+// The configuration in force of a bucket lives in its config key, whose
+// TTL (ConfigTTL) outlives any ordinary idle spell: "<format> <id> <json>". The Lua
+// side reads only the format and the id (config_check in state.lua); the
+// JSON is for processes that adopt the configuration or name it in an
+// error. Every state string carries the id it was written under, so a
+// script whose process runs under that id never reads the config key: a
+// process under another configuration finds out in the same script, before
+// it writes anything.
+
+// ConfigFormat is the config key's format, the same version as the state's.
+const ConfigFormat = StateFormat
+
+// ConfigTTL is the config key's lifetime (state.lua's CONFIG_TTL_MS),
+// renewed whenever a script reads the key and whenever the scheduler goes
+// idle: a bucket idle for longer forgets its limit, and the next process
+// to use it stores its own.
+const ConfigTTL = 30 * 24 * time.Hour
+
+// replacedKept is how many replaced configurations a config remembers.
+const replacedKept = 8
+
+// Config is a bucket's configuration in force.
+type Config struct {
+	Policies []Policy
+	// Replaced are the ids of the configurations that live changes
+	// replaced, newest first (at most 8): a process still started with
+	// one of them follows the one in force instead of failing.
+	Replaced []string
+}
+
+// ConfigID names a list of policies: "c" and 16 hex digits of a hash of
+// everything that shapes a limit (unit, capacity, amount, period, order).
+// It never reads as a number, so it cannot be mistaken for a state field.
+func ConfigID(ps []Policy) string {
+	h := fnv.New64a()
+	for _, p := range ps {
+		fmt.Fprintf(h, "%q %d %d %d;", p.Unit, p.Capacity, p.Amount, p.Every.Microseconds())
+	}
+	return "c" + fmt.Sprintf("%016x", h.Sum64())
+}
+
+// ID is the id of c's policies.
+func (c Config) ID() string { return ConfigID(c.Policies) }
+
+type jsonPolicy struct {
+	Unit     string `json:"unit"`
+	Capacity int64  `json:"capacity"`
+	Amount   int64  `json:"amount"`
+	EveryUS  int64  `json:"every_us"`
+}
+
+type jsonConfig struct {
+	Policies []jsonPolicy `json:"policies"`
+	Replaced []string     `json:"replaced,omitempty"`
+}
+
+// FormatConfig is the config key's value for c.
+func FormatConfig(c Config) string {
+	j := jsonConfig{Replaced: c.Replaced}
+	if len(j.Replaced) > replacedKept {
+		j.Replaced = j.Replaced[:replacedKept]
+	}
+	for _, p := range c.Policies {
+		j.Policies = append(j.Policies, jsonPolicy{Unit: p.Unit, Capacity: p.Capacity, Amount: p.Amount, EveryUS: p.Every.Microseconds()})
+	}
+	b, _ := json.Marshal(j) // plain strings and integers: it cannot fail
+	return strconv.Itoa(ConfigFormat) + " " + c.ID() + " " + string(b)
+}
+
+// ParseConfig reads a config key's value. A later format is an error
+// naming it; so is a value whose id does not match its policies.
+func ParseConfig(raw string) (Config, error) {
+	f, rest, ok := strings.Cut(raw, " ")
+	id, js, ok2 := strings.Cut(rest, " ")
+	format, err := strconv.Atoi(f)
+	if !ok || !ok2 || err != nil {
+		return Config{}, fmt.Errorf("%w: bucket config %q", groundwork.ErrReply, raw)
+	}
+	if format > ConfigFormat {
+		return Config{}, fmt.Errorf("%w: the bucket config has format %d, this process knows up to %d: upgrade it", groundwork.ErrReply, format, ConfigFormat)
+	}
+	var j jsonConfig
+	if err := json.Unmarshal([]byte(js), &j); err != nil || len(j.Policies) == 0 {
+		return Config{}, fmt.Errorf("%w: bucket config %q", groundwork.ErrReply, raw)
+	}
+	c := Config{Replaced: j.Replaced}
+	for _, p := range j.Policies {
+		c.Policies = append(c.Policies, Policy{Unit: p.Unit, Capacity: p.Capacity, Amount: p.Amount, Every: time.Duration(p.EveryUS) * time.Microsecond})
+	}
+	if c.ID() != id {
+		return Config{}, fmt.Errorf("%w: bucket config %q: id %s does not match its policies (%s)", groundwork.ErrReply, raw, id, c.ID())
+	}
+	return c, nil
+}
+
+// Follows reports whether a process started with the configuration id
+// follows c rather than failing: id is c's, or one c replaced.
+func (c Config) Follows(id string) bool {
+	if id == c.ID() {
+		return true
+	}
+	for _, r := range c.Replaced {
+		if r == id {
+			return true
+		}
+	}
+	return false
+}

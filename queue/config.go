@@ -1,0 +1,240 @@
+package queue
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/internal/protocol"
+)
+
+// The configuration in force. A bucket's policies live in Redis (the
+// config key, internal/protocol/config.go), and every script that reads
+// the state checks that it runs under them (state.lua's load): a script of
+// a process whose policies differ changes nothing and fails. When no
+// configuration is stored yet, the first process to run a script stores
+// its own. A process that learns of another configuration follows it
+// (Follow) or fails, as its owner decides (package bucket).
+
+//go:embed lua/change.lua
+var changeLua string
+
+var changeScript = protocol.Script(changeLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
+
+// conf is the configuration a Queue runs under, as the scripts take it.
+type conf struct {
+	id       string
+	policies []Policy
+	args     []any  // protocol.PolicyArgs
+	calls    string // each policy's Call, as protocol.Costs formats them
+	pushable bool   // one policy, counting calls: the push lane may serve
+}
+
+func newConf(ps []Policy) *conf {
+	calls := make([]int64, len(ps))
+	for i, p := range ps {
+		calls[i] = p.Call()
+	}
+	return &conf{
+		id:       protocol.ConfigID(ps),
+		policies: slices.Clone(ps),
+		args:     protocol.PolicyArgs(ps),
+		calls:    protocol.Costs(calls),
+		pushable: len(ps) == 1 && ps[0].Unit == "",
+	}
+}
+
+// Config is a bucket's configuration in force, as stored in Redis.
+type Config = protocol.Config
+
+// ConfigError reports that a script refused to run because the bucket's
+// configuration in force (InForce, its id) is not the one this Queue ran
+// it under (Mine): nothing was changed. InForce is "" when the call was
+// made for a configuration the Queue no longer runs under (costs per
+// policy of the policies Follow replaced).
+type ConfigError struct {
+	Mine, InForce string
+}
+
+func (e *ConfigError) Error() string {
+	if e.InForce == "" {
+		return "queue: the call was made for configuration " + e.Mine + ", which this queue no longer runs under"
+	}
+	return "queue: the bucket's configuration in force is " + e.InForce + ", not this queue's " + e.Mine
+}
+
+// configReply reads a script's refusal for its configuration (state.lua's
+// config_check): "SLUICE_CONFIG unset" (stored is "") or "SLUICE_CONFIG
+// <id>".
+func configReply(err error) (stored string, ok bool) {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return "", false
+	}
+	rest, ok := strings.CutPrefix(rerr.Error(), "SLUICE_CONFIG ")
+	if !ok {
+		return "", false
+	}
+	stored, _, _ = strings.Cut(rest, " ")
+	if stored == "unset" {
+		stored = ""
+	}
+	return stored, true
+}
+
+// run runs script s with the arguments args makes for the configuration q
+// runs under. When no configuration is stored yet, it stores q's (unless
+// another process was first) and runs the script again; when another is
+// in force, it returns a *ConfigError.
+func (q *Queue) run(ctx context.Context, s *redis.Script, keys []string, args func(*conf) ([]any, error)) (any, error) {
+	for try := 0; ; try++ {
+		c := q.conf.Load()
+		a, err := args(c)
+		if err != nil {
+			return nil, err
+		}
+		reply, err := s.Run(ctx, q.rdb, keys, a...).Result()
+		stored, refused := configReply(err)
+		switch {
+		case !refused:
+			return reply, err
+		case stored != "" || try > 0:
+			return nil, &ConfigError{Mine: c.id, InForce: stored}
+		}
+		if err := q.rdb.SetNX(ctx, q.keys.Config, protocol.FormatConfig(protocol.Config{Policies: c.policies}), protocol.ConfigTTL).Err(); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// Run runs script s, whose arguments args makes from the policies as the
+// scripts read them (protocol.PolicyArgs), under the configuration q runs
+// under, as q's own scripts run: a *ConfigError when another is in force.
+func (q *Queue) Run(ctx context.Context, s *redis.Script, keys []string, args func(policyArgs []any) []any) (any, error) {
+	return q.run(ctx, s, keys, func(c *conf) ([]any, error) { return args(c.args), nil })
+}
+
+// Policies returns the policies q runs under now, and their id.
+func (q *Queue) Policies() (id string, ps []Policy) {
+	c := q.conf.Load()
+	return c.id, slices.Clone(c.policies)
+}
+
+// ReadConfig reads the bucket's configuration in force; ok is false when
+// none is stored yet.
+func (q *Queue) ReadConfig(ctx context.Context) (c Config, ok bool, err error) {
+	raw, err := q.rdb.Get(ctx, q.keys.Config).Result()
+	if errors.Is(err, redis.Nil) {
+		return Config{}, false, nil
+	}
+	if err != nil {
+		return Config{}, false, err
+	}
+	c, err = protocol.ParseConfig(raw)
+	return c, err == nil, err
+}
+
+// Follow makes q run under c's policies from now on.
+func (q *Queue) Follow(c Config) {
+	if q.conf.Load().id != c.ID() {
+		q.conf.Store(newConf(c.Policies))
+	}
+}
+
+// Tokens rules of Change: how each policy's tokens carry over.
+const (
+	Proportionally = 0 // free tokens scaled by new capacity / old capacity, rounded down
+	AsIs           = 1 // free tokens kept, at most the new capacity
+	Reset          = 2 // full, as a new bucket
+)
+
+// ChangeResult is what Change did.
+type ChangeResult struct {
+	Old     Config // the configuration it replaced
+	Dropped int    // queued callers whose costs the new policies can never grant
+	Queued  int    // callers queued under the new policies
+}
+
+// Change makes ps the bucket's policies for every process, atomically,
+// carrying the tokens over by rule (Proportionally, AsIs, Reset), and q
+// runs under them from then on. A new policy inherits the tokens of the
+// old policy of its unit at the same rank among that unit's policies (the
+// first of unit "pu" from the first of "pu"), and starts full when there
+// is none. Callers queued are scheduled under the new policies; those
+// with costs of their own keep their cost of each unit, and those whose
+// cost a new policy can never grant are dropped (they find themselves
+// lost and enter again). When no configuration is stored, q's is stored
+// first.
+func (q *Queue) Change(ctx context.Context, ps []Policy, rule int) (ChangeResult, error) {
+	for try := 0; try < 10; try++ {
+		old, ok, err := q.ReadConfig(ctx)
+		if err != nil {
+			return ChangeResult{}, err
+		}
+		if !ok {
+			mine := q.conf.Load()
+			if err := q.rdb.SetNX(ctx, q.keys.Config, protocol.FormatConfig(protocol.Config{Policies: mine.policies}), protocol.ConfigTTL).Err(); err != nil {
+				return ChangeResult{}, err
+			}
+			continue
+		}
+		next := protocol.Config{Policies: ps, Replaced: append([]string{old.ID()}, old.Replaced...)}
+		if next.ID() == old.ID() {
+			q.Follow(old)
+			return ChangeResult{Old: old, Queued: -1}, nil
+		}
+		next.Replaced = slices.DeleteFunc(next.Replaced, func(id string) bool { return id == next.ID() })
+		args := []any{protocol.FormatConfig(next), rule, groundwork.Micros(q.opt.Grace), q.keys.Wake}
+		args = append(args, protocol.PolicyArgs(old.Policies)...)
+		args = append(args, protocol.PolicyArgs(ps)...)
+		for _, m := range inherit(old.Policies, ps) {
+			args = append(args, m[0], m[1])
+		}
+		v, err := groundwork.Ints(changeScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.State, q.keys.Config, q.keys.Lock}, args...).Result())
+		if err != nil {
+			return ChangeResult{}, err
+		}
+		if len(v) == 1 && v[0] == 0 {
+			continue // changed meanwhile: read it again
+		}
+		if len(v) != 3 || v[0] != 1 {
+			return ChangeResult{}, fmt.Errorf("%w: change %v", groundwork.ErrReply, v)
+		}
+		q.Follow(next)
+		return ChangeResult{Old: old, Dropped: int(v[1]), Queued: int(v[2])}, nil
+	}
+	return ChangeResult{}, errors.New("queue: the configuration in force kept changing during Change")
+}
+
+// inherit pairs each new policy with two old ones (1-based, 0: none): the
+// one whose tokens it inherits (same unit, same rank among that unit's
+// policies) and the one whose cost a queued caller's cost of its unit is
+// (the first of the unit).
+func inherit(old, ps []Policy) [][2]int {
+	rank := map[string]int{}
+	out := make([][2]int, len(ps))
+	for i, p := range ps {
+		r := rank[p.Unit]
+		rank[p.Unit]++
+		seen := 0
+		for j, o := range old {
+			if o.Unit != p.Unit {
+				continue
+			}
+			if out[i][1] == 0 {
+				out[i][1] = j + 1
+			}
+			if seen == r {
+				out[i][0] = j + 1
+			}
+			seen++
+		}
+	}
+	return out
+}

@@ -1,0 +1,103 @@
+-- change.lua: a live change of the bucket's policies, for every process at
+-- once. In one atomic script it checks that the configuration in force is
+-- still the one the change was computed against, carries each policy's
+-- tokens over to the new policies by the rule given, rewrites the costs of
+-- the callers queued with costs of their own for the new policies (and
+-- drops those whose cost the new policies could never grant: their polls
+-- find them lost and they enter again, to be refused), saves the state
+-- under the new configuration, stores the new configuration, releases the
+-- scheduler lock (the scheduler that held it is fenced at its next step; a
+-- new one steps under the new policies at once) and tells every process on
+-- the wake channel.
+--
+-- KEYS[1] queue, KEYS[2] state, KEYS[3] config, KEYS[4] lock (as in enqueue.lua)
+-- ARGV[1] the new config key's value, "<format> <id> <json>" (config.go)
+-- ARGV[2] tokens rule: 0 proportionally, 1 as they are (at most the new
+--         capacity), 2 reset (full, as a new bucket)
+-- ARGV[3] grace µs added to the state's TTL
+-- ARGV[4] wake channel
+-- ARGV[5..] the policies in force (read_policies: id, n, then cap, amount,
+--         freq µs, call each), then the new policies, then for each new
+--         policy two old indexes (1-based, 0: none): the policy whose
+--         tokens it inherits, and the policy whose cost (its unit's) a
+--         queued caller's cost of it is
+--
+-- Reply {1, callers dropped, callers queued} once changed, or {0} when the
+-- configuration in force is no longer the one given (read it again).
+--
+-- Tokens promised to slots already assigned (a negative level) stay
+-- promised: those callers start at their slots, handed out under the old
+-- policies within the lookahead. Every refill after the change is the new
+-- policy's, counted from now.
+local ops, i, _, oid = read_policies(ARGV, 5)
+local cur = redis.call('GET', KEYS[3])
+if not cur or string.match(cur, '^%d+ (%S+)') ~= oid then
+  return {0}
+end
+local nps, j, _, nid = read_policies(ARGV, i)
+local mode = tonumber(ARGV[2])
+local grace = tonumber(ARGV[3])
+local now = now_us()
+local st, done = load(KEYS[2], ops, now, KEYS[3], oid)
+local nst = {id = nid, costed = 0}
+local from, cost_from = {}, {}
+for k = 1, #nps do
+  local p = nps[k]
+  from[k], cost_from[k] = tonumber(ARGV[j + 2 * k - 2]), tonumber(ARGV[j + 2 * k - 1])
+  local level = p.cap
+  local f = from[k]
+  if f > 0 then
+    local l = st[f].level
+    local free, owed = math.max(l, 0), math.min(l, 0)
+    if mode == 0 then
+      free = math.floor(free * p.cap / ops[f].cap)
+    elseif mode == 1 then
+      free = math.min(free, p.cap)
+    else
+      free = p.cap
+    end
+    level = free + owed
+  end
+  nst[k] = {level = level, anchor = now, extra = 0}
+end
+
+-- The queued callers with costs of their own: costs for the new policies.
+local dropped, qlen = 0, redis.call('LLEN', KEYS[1])
+if st.costed > 0 and qlen > 0 then
+  local ttl = redis.call('PTTL', KEYS[1])
+  local kept = {}
+  for _, e in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+    local id, est, costs = entry_parts(e)
+    if costs then
+      local ncs, fits = {}, true
+      for k = 1, #nps do
+        local c = cost_from[k] > 0 and costs[cost_from[k]] or 0
+        if c > nps[k].cap then fits = false end
+        ncs[k] = c
+      end
+      if fits then
+        kept[#kept + 1] = entry(id, est, table.concat(ncs, ','))
+        nst.costed = nst.costed + 1
+        for k = 1, #nps do nst[k].extra = nst[k].extra + ncs[k] - nps[k].call end
+      else
+        dropped = dropped + 1
+      end
+    else
+      kept[#kept + 1] = e
+    end
+  end
+  redis.call('DEL', KEYS[1])
+  for b = 1, #kept, 4096 do
+    redis.call('RPUSH', KEYS[1], unpack(kept, b, math.min(b + 4095, #kept)))
+  end
+  if #kept > 0 and ttl > 0 then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  end
+  qlen = #kept
+end
+
+redis.call('DEL', KEYS[4])
+redis.call('SET', KEYS[3], ARGV[1])
+save(KEYS[2], nst, nps, now, grace, done + dropped, 0, KEYS[3])
+redis.call('PUBLISH', ARGV[4], 'config ' .. nid)
+return {1, dropped, qlen}
