@@ -161,7 +161,7 @@ func TestSetLimitsUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	steps := []bucket.Policy{
-		{Capacity: 4, RefillAmount: 1, RefillFrequency: 20 * time.Millisecond}, // 50/s
+		{Capacity: 4, RefillAmount: 1, RefillFrequency: 20 * time.Millisecond},    // 50/s
 		{Capacity: 20, RefillAmount: 1, RefillFrequency: 2500 * time.Microsecond}, // 400/s
 	}
 	const phase = 1200 * time.Millisecond
