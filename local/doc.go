@@ -6,7 +6,9 @@
 //
 //   - Rate lets at most Rate calls start per Period, first come first served,
 //     with optional Burst, MaxQueue and MaxWait. EnterN takes a cost of
-//     several calls at once.
+//     several calls at once. Its Feedback (upstream.Receiver) lets the
+//     upstream's Retry-After and remaining counters hold and lower it, as
+//     package transport does after every response.
 //   - Concurrency lets at most Limit calls run at once, first come first
 //     served, with an optional acquire timeout and an optional bound on a
 //     whole Do (wait plus work). AcquireN takes several slots at once.
