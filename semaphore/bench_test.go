@@ -2,10 +2,16 @@ package semaphore
 
 import (
 	"context"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+	xsemaphore "golang.org/x/sync/semaphore"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 )
@@ -85,5 +91,135 @@ func BenchmarkAcquireReleaseParallel(b *testing.B) {
 			}
 		}
 	})
+	b.ReportMetric(float64(h.n.Load())/float64(b.N), "round-trips/op")
+}
+
+// The benchmarks of issue 15's goals, to be read as ratios within one run
+// (this VM's speed varies by a third from run to run):
+//
+//	go test -run '^$' -bench 'Burst|RoundTrip|AcquireRelease$|Grants' -count 3 ./semaphore/
+
+// BenchmarkBurst: n callers ask at once, capacity to spare, one process;
+// ms/burst is from their release to the last grant (the median over the
+// run's bursts). BenchmarkBurstLocal is the same with x/sync/semaphore, the
+// in-process floor.
+func BenchmarkBurst(b *testing.B) {
+	for _, n := range []int{100, 1000} {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			s, h := benchSem(b, 2*n)
+			ctx := context.Background()
+			permits := make([]*Permit, n)
+			runBursts(b, n, func(i int) error {
+				var err error
+				permits[i], err = s.Acquire(ctx)
+				return err
+			}, func() {
+				for _, p := range permits {
+					p.Release(ctx)
+				}
+			})
+			b.ReportMetric(float64(h.n.Load())/float64(b.N), "round-trips/op")
+		})
+	}
+}
+
+func BenchmarkBurstLocal(b *testing.B) {
+	for _, n := range []int{100, 1000} {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			s := xsemaphore.NewWeighted(int64(2 * n))
+			ctx := context.Background()
+			runBursts(b, n, func(int) error { return s.Acquire(ctx, 1) }, func() { s.Release(int64(n)) })
+		})
+	}
+}
+
+// runBursts runs one burst of n calls of acquire per op and reports the
+// median burst; release runs after each, untimed.
+func runBursts(b *testing.B, n int, acquire func(i int) error, release func()) {
+	b.ReportAllocs()
+	var times []time.Duration
+	for b.Loop() {
+		gate := make(chan struct{})
+		var ready, done sync.WaitGroup
+		ready.Add(n)
+		done.Add(n)
+		for i := range n {
+			go func() {
+				defer done.Done()
+				ready.Done()
+				<-gate
+				if err := acquire(i); err != nil {
+					b.Error(err)
+				}
+			}()
+		}
+		ready.Wait()
+		start := time.Now()
+		close(gate)
+		done.Wait()
+		times = append(times, time.Since(start))
+		release()
+	}
+	slices.Sort(times)
+	b.ReportMetric(float64(times[len(times)/2])/1e6, "ms/burst")
+}
+
+// BenchmarkScriptRoundTrip is one script round trip, the least a call to
+// Redis costs: EVALSHA of "return 1" on the benchmarks' client. One
+// caller's acquire and release should cost at most 2.2 of them.
+func BenchmarkScriptRoundTrip(b *testing.B) {
+	srv := redistest.New(b)
+	rdb := srv.Client()
+	b.Cleanup(func() { rdb.Close() })
+	script := redis.NewScript("return 1")
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := script.Run(ctx, rdb, []string{"k"}).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkGrants: 64 callers in 4 processes (a Semaphore and a client
+// each) acquire and release at once, on 16 permits; grants/s is the
+// figure.
+func BenchmarkGrants(b *testing.B) {
+	srv := redistest.New(b)
+	h := &roundTrips{}
+	const procs, callers, capacity = 4, 64, 16
+	sems := make([]*Semaphore, procs)
+	for i := range sems {
+		rdb := srv.Client()
+		rdb.AddHook(h)
+		b.Cleanup(func() { rdb.Close() })
+		s, err := New(rdb, Config{Name: b.Name(), Capacity: capacity})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { s.Close() })
+		sems[i] = s
+	}
+	ctx := context.Background()
+	var next atomic.Int64
+	b.SetParallelism((callers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+	b.ReportAllocs()
+	h.n.Store(0)
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		s := sems[next.Add(1)%procs]
+		for pb.Next() {
+			p, err := s.Acquire(ctx)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if err := p.Release(ctx); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "grants/s")
 	b.ReportMetric(float64(h.n.Load())/float64(b.N), "round-trips/op")
 }

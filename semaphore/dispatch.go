@@ -27,6 +27,7 @@ type batch struct {
 	refresh  []*waiter
 	acquires []*waiter
 	set      *setOp // SetCapacity, sent alone
+	wantWait bool   // ask when the first lease ends, for the poke timer
 }
 
 // setOp is a SetCapacity call.
@@ -44,18 +45,10 @@ func (b *batch) empty() bool {
 func (s *Semaphore) dispatch() {
 	beat := time.NewTicker(s.cfg.beat())
 	defer beat.Stop()
-	// poke fires when the first held lease would expire while this
-	// process waits, so a dead holder's place is handed on at once rather
-	// than at the next beat.
-	poke := time.NewTimer(time.Hour)
-	poke.Stop()
-	defer poke.Stop()
 	for {
 		select {
 		case <-s.kickCh:
 		case <-beat.C:
-			s.requestBeat()
-		case <-poke.C:
 			s.requestBeat()
 		}
 		s.gather()
@@ -67,9 +60,8 @@ func (s *Semaphore) dispatch() {
 				}
 				break
 			}
-			if d, ok := s.exchange(context.Background(), b); ok {
-				poke.Reset(d)
-			}
+			b.wantWait = true
+			s.exchange(context.Background(), b)
 		}
 	}
 }
@@ -115,7 +107,9 @@ func (s *Semaphore) take() (batch, bool) {
 		b.releases = append(b.releases, s.pendRelease...)
 		s.pendRelease = nil
 		for _, w := range s.waiters {
-			if w.sent {
+			// Queued, as a reply said (tickets start at 1): an arrival
+			// still in flight is not refreshed.
+			if w.sent && w.ticket > 0 {
 				b.refresh = append(b.refresh, w)
 			}
 		}
@@ -129,12 +123,13 @@ func (s *Semaphore) take() (batch, bool) {
 }
 
 // exchange sends b to Redis and applies the reply, within s.callTimeout
-// and ctx. It returns when to poke Redis again, if this process waits on a
-// full semaphore.
-func (s *Semaphore) exchange(ctx context.Context, b batch) (time.Duration, bool) {
+// and ctx. Exchanges may run at once (the dispatcher's, a direct
+// arrival's, a release's): each is one script call, and the reply is
+// applied under s.mu.
+func (s *Semaphore) exchange(ctx context.Context, b batch) {
 	s.mu.Lock()
 	wantWait := 0
-	if len(s.waiters) > 0 {
+	if b.wantWait && len(s.waiters) > 0 {
 		wantWait = 1
 	}
 	capacity, mode := s.capacity, "follow"
@@ -184,19 +179,32 @@ func (s *Semaphore) exchange(ctx context.Context, b batch) (time.Duration, bool)
 		r, err = parseReply(v, &b)
 	}
 	if err != nil {
-		s.failed(b, s.cause(err, tctx.Err() != nil))
-		return 0, false
+		// A direct arrival's caller's ctx ended (go-redis may report its
+		// deadline as a socket timeout a moment early): Acquire gives
+		// the place up and returns ctx's error, as when it ends in the
+		// queue. Otherwise only this exchange's own time limit makes it
+		// "no answer".
+		if dl, ok := ctx.Deadline(); ctx.Err() != nil || (ok && time.Until(dl) < time.Millisecond) {
+			s.failed(b, err, true)
+			return
+		}
+		s.failed(b, s.cause(err, tctx.Err() != nil), false)
+		return
 	}
 	switch r.refusal {
 	case "format":
-		s.failed(b, s.unknownFormat(r.refused))
-		return 0, false
+		s.failed(b, s.unknownFormat(r.refused), false)
+		return
 	case "mismatch":
 		stored, _ := strconv.ParseInt(r.refused, 10, 64)
 		s.refuse(b, s.mismatch(stored))
-		return 0, false
+		return
 	}
-	return s.apply(b, r, sent)
+	if d, ok := s.apply(b, r, sent); ok {
+		// When the first lease ends while this process waits, so a dead
+		// holder's place is handed on at once rather than at the next beat.
+		s.poke.Reset(d)
+	}
 }
 
 // refuse fails b's arrivals with err: Redis refused this process's
@@ -214,7 +222,7 @@ func (s *Semaphore) refuse(b batch, err error) {
 	s.mu.Unlock()
 	b.acquires = nil
 	if !b.empty() {
-		s.failed(b, err)
+		s.failed(b, err, false)
 	}
 }
 
@@ -248,11 +256,15 @@ var errNoAnswer = errors.New("no answer from Redis")
 // effects are unknown, so releases and leaves are retried while they can
 // still matter, and arrivals fail (and leave, in case they were
 // recorded) with an error naming cause. cause is kept for the waiters
-// whose ctx ends while Redis stays unreachable (see Acquire).
-func (s *Semaphore) failed(b batch, cause error) {
+// whose ctx ends while Redis stays unreachable (see Acquire). callerEnded
+// means the exchange failed because its caller's ctx ended: the arrivals
+// are left to their Acquire, which gives them up.
+func (s *Semaphore) failed(b batch, cause error, callerEnded bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.lastErr = cause
+	if !callerEnded {
+		s.lastErr = cause
+	}
 	err := &groundwork.CallError{Prefix: "semaphore", Err: cause}
 	now := time.Now()
 	if b.set != nil {
@@ -273,7 +285,7 @@ func (s *Semaphore) failed(b batch, cause error) {
 	}
 	for _, w := range b.acquires {
 		s.retryLeave = append(s.retryLeave, leaveOp{id: w.id, until: w.deadline})
-		if !w.done {
+		if !w.done && !callerEnded {
 			w.err = err
 			s.finishLocked(w)
 		}

@@ -47,11 +47,50 @@ func (p *Permit) Release(ctx context.Context) error {
 	}
 	done := make(chan error, 1)
 	op := s.releaseLocked(p, done)
+	if s.releasing {
+		// One is in flight: this one goes with the next, sent by the
+		// goroutine that sent that one.
+		s.pendDirect = append(s.pendDirect, op)
+		s.mu.Unlock()
+		select {
+		case err := <-done:
+			return err
+		case <-ctx.Done():
+			return ctx.Err() // the release goes out all the same
+		}
+	}
+	s.releasing = true
 	s.mu.Unlock()
 	// Sent from here rather than through the dispatcher: the next waiter's
 	// turn should not wait behind an exchange already in flight.
 	s.exchange(ctx, batch{releases: []releaseOp{op}})
+	s.sendReleases()
 	return <-done
+}
+
+// sendReleases sends the releases that queued while one was in flight,
+// together, a few rounds at most; what still comes after goes to the
+// dispatcher, so no caller of Release carries others' for long.
+func (s *Semaphore) sendReleases() {
+	for range 3 {
+		s.mu.Lock()
+		ops := s.pendDirect
+		s.pendDirect = nil
+		if len(ops) == 0 {
+			s.releasing = false
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		// Others' releases: not bound to this caller's ctx.
+		s.exchange(context.Background(), batch{releases: ops})
+	}
+	s.mu.Lock()
+	s.pendRelease = append(s.pendRelease, s.pendDirect...)
+	s.pendDirect = nil
+	s.releasing = false
+	s.mu.Unlock()
+	s.kick()
 }
 
 // Lost returns a channel closed when the lease ends before Release: it

@@ -76,6 +76,7 @@ type Semaphore struct {
 	ps          *redis.PubSub
 	nextID      atomic.Uint64
 	kickCh      chan struct{}
+	poke        *time.Timer       // asks for a beat when the first lease ends
 	bg          *background.Group // the dispatcher and the listener
 	psErr       error             // closing ps, at Close
 
@@ -85,7 +86,10 @@ type Semaphore struct {
 	waiters      map[string]*waiter // waiting, by id
 	holders      map[string]*Permit // held, by id
 	pendAcquire  []*waiter          // not yet sent to Redis
-	pendRelease  []releaseOp        // to send at the next exchange
+	pendRelease  []releaseOp        // to send at the dispatcher's next exchange
+	pendDirect   []releaseOp        // to send at the release lane's next exchange
+	releasing    bool               // a release exchange is in flight
+	arriving     bool               // a direct arrival is in flight
 	pendLeave    []leaveOp          // to send at the next exchange
 	retryRelease []releaseOp        // failed; sent again at the next beat
 	retryLeave   []leaveOp          // failed; sent again at the next beat
@@ -152,6 +156,8 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 		capacity:    cfg.Capacity,
 		accepted:    cfg.Adopt,
 	}
+	s.poke = time.AfterFunc(time.Hour, s.requestBeat)
+	s.poke.Stop()
 	// No channel yet: Subscribe with channels would dial Redis here.
 	s.ps = rdb.Subscribe(context.Background())
 	s.bg = background.NewGroup()
@@ -226,9 +232,31 @@ func (s *Semaphore) AcquireN(ctx context.Context, n int) (*Permit, error) {
 		return nil, ErrClosed
 	}
 	s.waiters[w.id] = w
-	s.pendAcquire = append(s.pendAcquire, w)
+	// A lone arrival goes out at once from this goroutine, beside whatever
+	// the dispatcher has in flight: no hop to the dispatcher and back.
+	// Arrivals that find one in flight queue for the dispatcher, which
+	// sends them together.
+	direct := !s.arriving && len(s.pendAcquire) == 0
+	if direct {
+		s.arriving = true
+		w.sent = true
+		w.deadline = time.Now().Add(s.cfg.QueueTTL)
+	} else {
+		s.pendAcquire = append(s.pendAcquire, w)
+	}
 	s.mu.Unlock()
-	s.kick()
+	if direct {
+		s.exchange(ctx, batch{acquires: []*waiter{w}, wantWait: true})
+		s.mu.Lock()
+		s.arriving = false
+		pending := len(s.pendAcquire) > 0
+		s.mu.Unlock()
+		if pending {
+			s.kick()
+		}
+	} else {
+		s.kick()
+	}
 
 	select {
 	case <-w.ch:
@@ -391,6 +419,8 @@ func (s *Semaphore) Close() error {
 	s.kick()
 	s.bg.Close()
 	err := s.psErr
+
+	s.poke.Stop()
 
 	// Whatever the dispatcher could not send is answered here.
 	s.mu.Lock()

@@ -364,7 +364,9 @@ if extended or #newHeavy > 0 then
     if #heavy > 0 or #newHeavy > 0 then
       redis.call('PEXPIRE', weights, ms)
     end
-    if not storeConfig then
+    -- The config's week is counted from the last beat (a renewal or a
+    -- refresh) rather than from every arrival: one call less per grant.
+    if not storeConfig and nRenew + nRefresh > 0 then
       redis.call('PEXPIRE', config, math.max(ms, tonumber(keepConfig)))
     end
   end
