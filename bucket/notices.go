@@ -2,7 +2,6 @@ package bucket
 
 import (
 	"context"
-	"strings"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -70,7 +69,7 @@ func (n *notices) dispatch(ps *redis.PubSub) {
 
 // deliver hands the waiters named in a wake message their slots.
 func (n *notices) deliver(payload string) {
-	if id, ok := strings.CutPrefix(payload, "config "); ok {
+	if id, ok := protocol.ConfigNotice(payload); ok {
 		if n.changed != nil {
 			n.changed(id)
 		}

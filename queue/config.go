@@ -25,7 +25,7 @@ import (
 //go:embed lua/change.lua
 var changeLua string
 
-var changeScript = protocol.Script(changeLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
+var changeScript = protocol.Script(changeLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua)
 
 // conf is the configuration a Queue runs under, as the scripts take it.
 type conf struct {

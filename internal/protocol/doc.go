@@ -8,7 +8,9 @@
 //	tokens.lua / tokens.go  refill and slot arithmetic of a policy
 //	state.lua  / state.go   the state key: "done until level anchor ..."
 //	entry.lua  / entry.go   a queue entry: "<id>|<estimate µs>"
-//	wake.lua   / wake.go    a wake message: "<entry> <slot µs> ..."
+//	wake.lua   / wake.go    a wake message: "<entry> <slot µs> ...", or
+//	                        a live change's notice: "config <id>"
+//	(state.lua)/ config.go  the config key: "<format> <id> <json>"
 //
 // Packages queue (arrivals, polls, cancels) and scheduler (the step) run the
 // scripts; nothing here talks to Redis.

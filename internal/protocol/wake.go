@@ -34,3 +34,9 @@ func ParseWake(payload string, f func(entry string, slot int64)) {
 		f(fields[i], slot)
 	}
 }
+
+// ConfigNotice reads a message of wake.lua's config_notice: the id of the
+// configuration a live change put in force.
+func ConfigNotice(payload string) (id string, ok bool) {
+	return strings.CutPrefix(payload, "config ")
+}

@@ -14,3 +14,11 @@ local function wake_publish(channel, list)
     redis.call('PUBLISH', channel, table.concat(list, ' '))
   end
 end
+
+-- config_notice tells every process on the channel that the configuration
+-- id is now in force (a live change): "config <id>". An entry always holds
+-- a '|', so the message cannot be mistaken for a wake message; a process
+-- that predates it reads a pair naming nobody.
+local function config_notice(channel, id)
+  redis.call('PUBLISH', channel, 'config ' .. id)
+end

@@ -49,6 +49,9 @@ elseif f == 'wake' then
   for i = 2, #ARGV, 2 do wake_add(list, ARGV[i], tonumber(ARGV[i + 1])) end
   wake_publish(KEYS[1], list)
   return 1
+elseif f == 'notice' then
+  config_notice(KEYS[1], ARGV[2])
+  return 1
 end
 `, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua)
 
@@ -233,5 +236,23 @@ func TestWakeRoundTrip(t *testing.T) {
 	if len(got) != len(sent) || got[0] != sent[0] || got[1] != sent[1] {
 		t.Errorf("ParseWake(%q) = %v, want %v", msg.Payload, got, sent)
 	}
+	if _, ok := protocol.ConfigNotice(msg.Payload); ok {
+		t.Errorf("wake message %q read as a config notice", msg.Payload)
+	}
+	// A live change's notice names the configuration and no caller.
+	if err := wire.Run(ctx, rdb, []string{t.Name()}, "notice", "c0123456789abcdef").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if msg, err = sub.ReceiveMessage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if id, ok := protocol.ConfigNotice(msg.Payload); !ok || id != "c0123456789abcdef" {
+		t.Errorf("ConfigNotice(%q) = %q, %v", msg.Payload, id, ok)
+	}
+	protocol.ParseWake(msg.Payload, func(e string, s int64) {
+		if strings.Contains(e, "|") {
+			t.Errorf("a config notice names caller %q", e)
+		}
+	})
 	var _ redis.Scripter = rdb
 }

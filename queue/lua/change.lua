@@ -99,5 +99,5 @@ end
 redis.call('DEL', KEYS[4])
 redis.call('SET', KEYS[3], ARGV[1])
 save(KEYS[2], nst, nps, now, grace, done + dropped, 0, KEYS[3])
-redis.call('PUBLISH', ARGV[4], 'config ' .. nid)
+config_notice(ARGV[4], nid)
 return {1, dropped, qlen}
