@@ -200,6 +200,8 @@ type Bucket struct {
 	// from it is ever compared with Redis time. Tests skew it.
 	now func() time.Time
 	rtt roundTrip
+	// syncs throttles Feedback's syncs (feedback.go).
+	syncs syncClock
 	// IDs are a random UUID drawn once per Bucket and a counter: fresh for
 	// every arrival, unique across processes, and far cheaper than a
 	// crypto-random UUID per Enter (which cost a third of the CPU of a

@@ -1,0 +1,158 @@
+package bucket
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/upstream"
+)
+
+// The upstream's word: Hold, Sync and Feedback apply what an upstream API
+// said (a Retry-After, a "remaining" counter) to the bucket, for every
+// process at once, in one script each (queue/lua/feedback.lua). See
+// docs/upstream.md.
+
+var _ upstream.Receiver = (*Bucket)(nil)
+
+// syncEvery is how often, at most, Feedback syncs one policy from this
+// process: every response of a busy client reports the same quota, and
+// one sync per interval keeps the level in line at a fraction of the cost
+// of a round trip per response.
+const syncEvery = 50 * time.Millisecond
+
+// Hold stops every process's grants for d from now, on the Redis clock:
+// of every policy, or of the policies counting units when some are given
+// (those of other units are then left alone). Callers already queued are
+// re-timed after the hold, in their order; after it the bucket grants as
+// if it had been empty when the hold ended (the first refill comes at its
+// end), never a burst of what would have accrued during it. A hold never
+// shortens a wait: a policy already in debt past the hold's end keeps it.
+// The one exception: slots already handed out (due within the lookahead,
+// 20 ms by default) keep their times; Hold returns how many such slots it
+// left standing. A unit no policy counts is an error.
+func (b *Bucket) Hold(ctx context.Context, d time.Duration, units ...string) (int, error) {
+	if d <= 0 {
+		return 0, nil
+	}
+	r, err := b.feedback(ctx, func(ps []Policy) (hold time.Duration, held []int, syncs []queue.Sync, err error) {
+		for _, u := range units {
+			n := 0
+			for i, p := range ps {
+				if p.Unit == u {
+					held, n = append(held, i), n+1
+				}
+			}
+			if n == 0 {
+				return 0, nil, nil, fmt.Errorf("bucket: Hold of unit %s, which no policy of bucket %q counts", unitName(u), b.cfg.Name)
+			}
+		}
+		return d, held, nil, nil
+	})
+	return r.Owed, err
+}
+
+// Sync brings the level of the policy q describes down to q.Remaining, for
+// every process at once, and when it lowered it, resumes that policy's
+// refills no sooner than q.Reset from now. It never raises a level. The
+// policy is the one counting q.Unit whose Capacity is q.Limit; else,
+// when q.Window is known, the one whose time to fill from empty is
+// nearest to it; else the one of that unit that fills fastest. A quota
+// of a unit no policy counts changes nothing. It reports whether the
+// level was lowered.
+func (b *Bucket) Sync(ctx context.Context, q upstream.Quota) (bool, error) {
+	r, err := b.feedback(ctx, func(ps []Policy) (time.Duration, []int, []queue.Sync, error) {
+		if i := policyFor(q, ps); i >= 0 {
+			return 0, nil, []queue.Sync{{Policy: i, Remaining: q.Remaining, Reset: q.Reset}}, nil
+		}
+		return 0, nil, nil, nil
+	})
+	return r.Lowered > 0, err
+}
+
+// Feedback applies what one response of the upstream said, in one round
+// trip at most (upstream.Receiver): a RetryAfter holds every policy
+// (Hold); each quota syncs its policy (Sync), at most once every 50 ms
+// per policy from this process; quotas of units no policy counts are
+// ignored. A signal that asks for nothing costs nothing.
+func (b *Bucket) Feedback(ctx context.Context, s upstream.Signal) error {
+	_, err := b.feedback(ctx, func(ps []Policy) (time.Duration, []int, []queue.Sync, error) {
+		var syncs []queue.Sync
+		for _, q := range s.Quotas {
+			if i := policyFor(q, ps); i >= 0 && (s.RetryAfter > 0 || b.syncs.due(i, len(ps), b.now())) {
+				syncs = append(syncs, queue.Sync{Policy: i, Remaining: q.Remaining, Reset: q.Reset})
+			}
+		}
+		return s.RetryAfter, nil, syncs, nil
+	})
+	return err
+}
+
+// feedback runs feedback.lua with what plan makes of the policies in
+// force, following them as every call does.
+func (b *Bucket) feedback(ctx context.Context, plan func([]Policy) (time.Duration, []int, []queue.Sync, error)) (queue.FeedbackResult, error) {
+	for settled := 0; ; settled++ {
+		id, qps := b.q.Policies()
+		hold, held, syncs, err := plan(fromQueue(qps))
+		if err != nil || (hold <= 0 && len(syncs) == 0) {
+			return queue.FeedbackResult{}, err
+		}
+		r, err := b.q.Feedback(ctx, id, hold, held, syncs)
+		retry, serr := b.settle(ctx, err, settled)
+		switch {
+		case retry:
+			continue
+		case serr != nil:
+			return r, serr
+		case err != nil:
+			return r, b.redisErr(ctx, err)
+		}
+		return r, nil
+	}
+}
+
+// policyFor is the index of the policy quota q describes (see Sync), or
+// -1 when no policy counts its unit.
+func policyFor(q upstream.Quota, ps []Policy) int {
+	best := -1
+	var bestFit time.Duration
+	for i, p := range ps {
+		if p.Unit != q.Unit {
+			continue
+		}
+		if q.Limit > 0 && int64(p.Capacity) == q.Limit {
+			return i
+		}
+		fill := time.Duration(p.Capacity) * p.RefillFrequency / time.Duration(p.RefillAmount)
+		fit := fill
+		if q.Window > 0 {
+			fit = max(fill-q.Window, q.Window-fill)
+		}
+		if best < 0 || fit < bestFit {
+			best, bestFit = i, fit
+		}
+	}
+	return best
+}
+
+// syncClock remembers when this process last synced each policy.
+type syncClock struct {
+	mu   sync.Mutex
+	last []time.Time
+}
+
+// due reports whether policy i (of n) may be synced now, and if so notes it.
+func (c *syncClock) due(i, n int, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.last) != n {
+		c.last = make([]time.Time, n)
+	}
+	if now.Sub(c.last[i]) < syncEvery {
+		return false
+	}
+	c.last[i] = now
+	return true
+}

@@ -1,0 +1,153 @@
+package bucket_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/guarantee"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/upstream"
+)
+
+// TestHoldUnderLoad: a hold in the middle of a saturated run. No slot
+// falls inside it but those already handed out, which Hold counts; after
+// it, the bucket grants as if it had been empty when the hold ended (no
+// burst of what accrued during it); and every grant keeps the limit.
+func TestHoldUnderLoad(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	cfg := bucket.Config{Name: t.Name(), Capacity: 5, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}
+	b := newBucket(t, rdb, cfg)
+	ctx := withTimeout(t, 20*time.Second)
+	run, stop := context.WithTimeout(ctx, 1500*time.Millisecond)
+	defer stop()
+	type result struct {
+		from, to time.Time
+		owed     int
+		err      error
+	}
+	held := make(chan result, 1)
+	const hold = 400 * time.Millisecond
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		from := time.Now()
+		owed, err := b.Hold(ctx, hold)
+		held <- result{from: from, to: time.Now(), owed: owed, err: err}
+	}()
+	grants, errs := saturate(run, b, 20)
+	h := <-held
+	if h.err != nil {
+		t.Fatal(h.err)
+	}
+	if len(errs) > 0 {
+		t.Fatalf("%d Enters failed, first: %v", len(errs), errs[0])
+	}
+	checkGrants(t, grants, cfg)
+	// The hold began on Redis between from and to; it ends hold later.
+	inside, after := 0, []time.Time{}
+	for _, g := range grants {
+		s := g.SlotTime()
+		switch {
+		case s.After(h.to) && s.Before(h.from.Add(hold)):
+			inside++
+		case !s.Before(h.from.Add(hold)):
+			after = append(after, s)
+		}
+	}
+	if inside > h.owed {
+		t.Errorf("%d slots inside the hold, but Hold counted %d handed out before it", inside, h.owed)
+	}
+	// After the hold: empty at its end, so no window holds more than the
+	// refills it spans (a Capacity of 0), give or take the moment the hold
+	// began inside [from, to].
+	empty := guarantee.Limit{Capacity: 0, Amount: cfg.RefillAmount, Every: cfg.RefillFrequency}
+	if res := guarantee.CheckSlack(after, empty, h.to.Sub(h.from)); !res.OK() {
+		t.Errorf("after the hold: %v (as if empty at its end: %d per %v, no burst)", res, cfg.RefillAmount, cfg.RefillFrequency)
+	}
+	if len(after) < 30 {
+		t.Errorf("%d grants after the hold: the bucket did not resume", len(after))
+	}
+	t.Logf("%d grants, %d inside the hold (%d handed out before it), %d after", len(grants), inside, h.owed, len(after))
+}
+
+// TestSync: a quota the upstream reports lowers the level, never raises
+// it, and when lowered, holds the refills until the reset; a quota of a
+// unit no policy counts changes nothing.
+func TestSync(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	cfg := bucket.Config{Name: t.Name(), Capacity: 10, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond,
+		Policies: []bucket.Policy{{Unit: "pu", Capacity: 1000, RefillAmount: 1, RefillFrequency: time.Millisecond}}}
+	b := newBucket(t, rdb, cfg)
+	ctx := withTimeout(t, 10*time.Second)
+	if lowered, err := b.Sync(ctx, upstream.Quota{Unit: "", Limit: -1, Remaining: 3, Reset: 300 * time.Millisecond}); err != nil || !lowered {
+		t.Fatalf("Sync to 3 remaining: %v, %v; want lowered", lowered, err)
+	}
+	if lowered, err := b.Sync(ctx, upstream.Quota{Unit: "", Limit: -1, Remaining: 50}); err != nil || lowered {
+		t.Fatalf("Sync to 50 remaining: %v, %v; want left alone (never raised)", lowered, err)
+	}
+	if lowered, err := b.Sync(ctx, upstream.Quota{Unit: "tokens", Limit: -1, Remaining: 0}); err != nil || lowered {
+		t.Fatalf("Sync of a unit no policy counts: %v, %v; want nothing", lowered, err)
+	}
+	for i := range 3 {
+		rep, err := b.EnterReport(ctx)
+		if err != nil || rep.Position != 0 || rep.Slot.After(time.Now().Add(time.Millisecond)) {
+			t.Fatalf("Enter %d of the 3 remaining: %+v, %v; want at once", i, rep, err)
+		}
+	}
+	est, err := b.Estimate(ctx, bucket.Cost{"": 1})
+	if err != nil || est.Wait < 200*time.Millisecond {
+		t.Fatalf("the 4th caller would wait %v (%v); want until the reset, about 300ms", est.Wait, err)
+	}
+	if _, err := b.Hold(ctx, time.Second, "tokens"); err == nil {
+		t.Error("Hold of a unit no policy counts succeeded")
+	}
+}
+
+// TestFeedbackHoldsEveryProcess: a Retry-After fed back by one process
+// holds another's callers too, and a signal that asks for nothing costs
+// no round trip (it succeeds with Redis gone).
+func TestFeedbackHoldsEveryProcess(t *testing.T) {
+	srv := redistest.New(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	cfg := bucket.Config{Name: t.Name(), Capacity: 2, RefillAmount: 1, RefillFrequency: 5 * time.Millisecond}
+	a := newBucket(t, rdb, cfg)
+	other := srv.Client()
+	defer other.Close()
+	b := newBucket(t, other, cfg)
+	ctx := withTimeout(t, 10*time.Second)
+	if err := b.Enter(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Feedback(ctx, upstream.Signal{Status: 429, Refused: true, RetryAfter: 300 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	rep, err := b.EnterReport(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(start); waited < 250*time.Millisecond {
+		t.Errorf("the other process's caller started %v after the hold began (%+v); want after the 300ms hold", waited, rep)
+	}
+	// On a client that is closed, only a signal that asks for something
+	// fails: the others make no round trip.
+	closed := srv.Client()
+	c := newBucket(t, closed, cfg)
+	closed.Close()
+	if err := c.Feedback(ctx, upstream.Signal{Status: 200}); err != nil {
+		t.Errorf("Feedback of a signal that says nothing: %v", err)
+	}
+	if err := c.Feedback(ctx, upstream.Signal{Status: 200, Quotas: []upstream.Quota{{Unit: "pu", Limit: -1, Remaining: 0}}}); err != nil {
+		t.Errorf("Feedback of a quota of a unit no policy counts: %v", err)
+	}
+	if err := c.Feedback(ctx, upstream.Signal{Status: 429, Refused: true, RetryAfter: time.Second}); err == nil || !errors.Is(err, redis.ErrClosed) {
+		t.Errorf("Feedback of a hold on a closed client = %v, want its error", err)
+	}
+}

@@ -1,0 +1,69 @@
+-- feedback.lua: what the upstream said, applied to the bucket for every
+-- process at once (bucket.Feedback, Hold, Sync; docs/upstream.md).
+--
+-- KEYS[1] queue, KEYS[2] state, KEYS[3] config (as in enqueue.lua)
+-- ARGV[1] grace µs added to the state's TTL
+-- ARGV[2] hold µs from now (0: none): no slot of a held policy comes
+--         before now + hold
+-- ARGV[3] which policies the hold stops, "i1,i2,..." (1-based); "" all
+-- ARGV[4..] policies (read_policies), then m, then m syncs: the policy's
+--         index (1-based), the tokens remaining upstream, and µs from now
+--         until its refills resume (0: at once)
+--
+-- Hold: a held policy is emptied (its free tokens are dropped, tokens
+-- owed to slots already handed out stay owed) and its next refill moved to
+-- the hold's end, or later if it was due later: after the hold the bucket
+-- grants as if it had been empty when the hold ended, never a burst of
+-- what would have accrued during it. Callers queued are re-timed by the
+-- scheduler's next steps; a slot already handed out (within the
+-- lookahead) keeps its time: the reply counts them.
+-- Sync: a policy's level is brought down to the tokens remaining upstream
+-- (never raised), and when it was lowered, its next refill comes no
+-- sooner than the reset.
+--
+-- Reply {slots already handed out within the hold, syncs that lowered a
+-- level}.
+local now = now_us()
+local grace = tonumber(ARGV[1])
+local hold = tonumber(ARGV[2])
+local ps, i, _, id = read_policies(ARGV, 4)
+local st, done, till = load(KEYS[2], ps, now, KEYS[3], id)
+local owed, lowered = 0, 0
+if hold > 0 then
+  local held = parse_costs(ARGV[3])
+  local untill = now + hold
+  for k = 1, #ps do
+    local p, s = ps[k], st[k]
+    local is_held = not held
+    if held then
+      for _, h in ipairs(held) do
+        if h == k then is_held = true end
+      end
+    end
+    if is_held then
+      if s.level < 0 then
+        owed = math.max(owed, -s.level)
+      end
+      s.level = math.min(s.level, 0)
+      s.anchor = math.max(s.anchor, untill - p.freq)
+    end
+  end
+end
+local m = tonumber(ARGV[i])
+for c = 1, m do
+  local k = tonumber(ARGV[i + 3 * c - 2])
+  local rem = tonumber(ARGV[i + 3 * c - 1])
+  local reset = tonumber(ARGV[i + 3 * c])
+  local p, s = ps[k], st[k]
+  if p and rem < s.level then
+    s.level = rem
+    if reset > 0 then
+      s.anchor = math.max(s.anchor, now + reset - p.freq)
+    end
+    lowered = lowered + 1
+  end
+end
+if hold > 0 or lowered > 0 then
+  save(KEYS[2], st, ps, now, grace, done, till, KEYS[3])
+end
+return {owed, lowered}
