@@ -46,11 +46,14 @@ const (
 	GoalBurst       = 1500 * time.Microsecond // burst served within
 	GoalUtilization = 0.90                    // of Capacity/Hold holds per second
 	GoalWaitSlack   = 10 * time.Millisecond   // wait p99 above the ideal FIFO wait
+	GoalHandoffP50  = time.Millisecond        // a release to the next holder's start, median
+	GoalHandoffP99  = 5 * time.Millisecond    // the same, 99th percentile
 )
 
 // Result holds the figures of one Run.
 type Result struct {
-	Clients int `json:"clients"`
+	Clients   int `json:"clients"`
+	Processes int `json:"processes"` // OS processes the saturated run's clients ran in (RunProcs); 0: this one
 
 	// Burst: Burst concurrent Acquire calls in one process with capacity
 	// to spare, from release of the callers to the last grant.
@@ -65,8 +68,10 @@ type Result struct {
 	Hold        time.Duration `json:"hold_ns"`
 	HoldMean    time.Duration `json:"hold_mean_ns"` // holds as measured: sleeping overshoots Hold
 	Handoff     time.Duration `json:"handoff_ns"`   // mean time a permit sat unused between holds
-	Window      time.Duration `json:"window_ns"`    // measured part of the run
-	Holds       int           `json:"holds"`        // holds started in the window
+	HandoffP50  time.Duration `json:"handoff_p50_ns"`
+	HandoffP99  time.Duration `json:"handoff_p99_ns"` // a release to the start of the hold it made room for
+	Window      time.Duration `json:"window_ns"`      // measured part of the run
+	Holds       int           `json:"holds"`          // holds started in the window
 	HoldsPerSec float64       `json:"holds_per_s"`
 	Possible    float64       `json:"possible_per_s"` // Capacity/Hold: holds per second of a perfect semaphore
 	Utilization float64       `json:"utilization"`    // HoldsPerSec/Possible
@@ -97,6 +102,8 @@ func (r Result) Rows() []Row {
 		{fmt.Sprintf("holds/s (%d permits, %v holds, %d callers, %d clients)", r.Capacity, r.Hold, r.Callers, r.Clients),
 			fmt.Sprintf("%.0f of %.0f", r.HoldsPerSec, r.Possible), "", true},
 		{"mean hold as slept, mean handoff gap", ms(r.HoldMean) + ", " + ms(r.Handoff), "", true},
+		{"a release to the next holder's start, p50", ms(r.HandoffP50), "≤ " + ms(GoalHandoffP50), r.HandoffP50 <= GoalHandoffP50},
+		{"a release to the next holder's start, p99", ms(r.HandoffP99), "≤ " + ms(GoalHandoffP99), r.HandoffP99 <= GoalHandoffP99},
 		{"utilization", fmt.Sprintf("%.1f%%", 100*r.Utilization), fmt.Sprintf("≥ %.0f%%", 100*GoalUtilization), r.Utilization >= GoalUtilization},
 		{"wait p50", ms(r.WaitP50), "", true},
 		{"wait p99 (ideal FIFO " + ms(r.WaitIdeal) + ")", ms(r.WaitP99), "≤ " + ms(r.WaitIdeal+GoalWaitSlack), r.WaitP99 <= r.WaitIdeal+GoalWaitSlack},
@@ -170,7 +177,7 @@ func Run(ctx context.Context, clients []redis.UniversalClient, opt Options) (Res
 	}
 	opt = opt.withDefaults()
 	r := Result{Clients: len(clients), Burst: opt.Burst}
-	run := fmt.Sprintf("%s-%08x", opt.Name, rand.Uint32())
+	run := fmt.Sprintf("%s-%08x", opt.Name, randSuffix())
 	if err := burst(ctx, clients[0], run+"-burst", opt, &r); err != nil {
 		return r, err
 	}
@@ -179,6 +186,8 @@ func Run(ctx context.Context, clients []redis.UniversalClient, opt Options) (Res
 	}
 	return r, nil
 }
+
+func randSuffix() uint32 { return rand.Uint32() }
 
 func (o Options) config(name string, capacity int) semaphore.Config {
 	return semaphore.Config{Name: name, Capacity: capacity, LeaseTTL: o.LeaseTTL, QueueTTL: o.QueueTTL}
@@ -232,39 +241,78 @@ func burst(ctx context.Context, rdb redis.UniversalClient, name string, opt Opti
 
 // saturate runs opt.Callers callers over one Semaphore per client.
 func saturate(ctx context.Context, clients []redis.UniversalClient, name string, opt Options, r *Result) error {
-	sems := make([]*semaphore.Semaphore, len(clients))
-	for i, c := range clients {
-		s, err := semaphore.New(c, opt.config(name, opt.Capacity))
-		if err != nil {
-			return err
-		}
-		defer s.Close()
-		sems[i] = s
-	}
-	type span struct {
-		wait       time.Duration
-		start, end time.Time
-	}
-	runCtx, cancel := context.WithTimeout(ctx, opt.Duration)
-	defer cancel()
 	begin := time.Now()
+	until := begin.Add(opt.Duration)
 	var mu sync.Mutex
-	var holds []span
-	var lost, failures int
+	var all Spans
+	errs := make([]error, len(clients))
 	var wg sync.WaitGroup
-	sleepers := make([]*sleeper, opt.Callers)
+	for i, c := range clients {
+		n := opt.Callers / len(clients)
+		if i < opt.Callers%len(clients) {
+			n++
+		}
+		wg.Go(func() {
+			sp, err := Callers(ctx, c, name, opt, n, until)
+			mu.Lock()
+			all.Holds = append(all.Holds, sp.Holds...)
+			all.Lost += sp.Lost
+			all.Errors += sp.Errors
+			mu.Unlock()
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	Judge(r, all, begin, opt)
+	return nil
+}
+
+// Hold is one permit held in the saturated run: asked is when Acquire was
+// called, start when it returned, end before Release. Times are the
+// machine's wall clock, shared by every process on it.
+type Hold struct {
+	Asked time.Time `json:"asked"`
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end"`
+}
+
+// Spans is what the callers of one process (or all) saw.
+type Spans struct {
+	Holds  []Hold `json:"holds"`
+	Lost   int    `json:"lost"`
+	Errors int    `json:"errors"`
+}
+
+// Callers runs n callers of the saturated run on one Semaphore on rdb
+// (one process's share) until until, and returns what they saw. Run calls
+// it once per client; cmd/bench calls it in each of its worker processes.
+func Callers(ctx context.Context, rdb redis.UniversalClient, name string, opt Options, n int, until time.Time) (Spans, error) {
+	opt = opt.withDefaults()
+	s, err := semaphore.New(rdb, opt.config(name, opt.Capacity))
+	if err != nil {
+		return Spans{}, err
+	}
+	defer s.Close()
+	runCtx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	sleepers := make([]*sleeper, n)
 	for c := range sleepers {
 		sl, err := newSleeper()
 		if err != nil {
-			return err
+			return Spans{}, err
 		}
 		defer sl.Close()
 		sleepers[c] = sl
 	}
-	for c := range opt.Callers {
-		s, sl := sems[c%len(sems)], sleepers[c]
+	var mu sync.Mutex
+	var out Spans
+	var wg sync.WaitGroup
+	for _, sl := range sleepers {
 		wg.Go(func() {
-			var mine []span
+			var mine []Hold
 			myLost, myErr := 0, 0
 			for runCtx.Err() == nil {
 				asked := time.Now()
@@ -292,36 +340,42 @@ func saturate(ctx context.Context, clients []redis.UniversalClient, name string,
 						myErr++
 					}
 				}
-				mine = append(mine, span{start.Sub(asked), start, end})
+				mine = append(mine, Hold{asked, start, end})
 			}
 			mu.Lock()
-			holds = append(holds, mine...)
-			lost += myLost
-			failures += myErr
+			out.Holds = append(out.Holds, mine...)
+			out.Lost += myLost
+			out.Errors += myErr
 			mu.Unlock()
 		})
 	}
 	wg.Wait()
-	if err := ctx.Err(); err != nil {
-		return err
-	}
+	return out, ctx.Err()
+}
 
+// Judge fills r's saturated-run figures from every process's spans, the
+// run having begun at begin.
+func Judge(r *Result, all Spans, begin time.Time, opt Options) {
+	opt = opt.withDefaults()
 	from, to := begin.Add(opt.Warmup), begin.Add(opt.Duration)
 	var waits []time.Duration
 	var held time.Duration
-	ivs := make([][2]time.Time, 0, len(holds))
-	for _, h := range holds {
-		ivs = append(ivs, [2]time.Time{h.start, h.end})
-		if !h.start.Before(from) && h.start.Before(to) {
+	ivs := make([][2]time.Time, 0, len(all.Holds))
+	for _, h := range all.Holds {
+		ivs = append(ivs, [2]time.Time{h.Start, h.End})
+		if !h.Start.Before(from) && h.Start.Before(to) {
 			r.Holds++
-			waits = append(waits, h.wait)
-			held += h.end.Sub(h.start)
+			waits = append(waits, h.Start.Sub(h.Asked))
+			held += h.End.Sub(h.Start)
 		}
 	}
 	if r.Holds > 0 {
 		r.HoldMean = held / time.Duration(r.Holds)
 		r.Handoff = time.Duration(opt.Capacity)*(to.Sub(from))/time.Duration(r.Holds) - r.HoldMean
 	}
+	gaps := Handoffs(ivs, from, to)
+	slices.Sort(gaps)
+	r.HandoffP50, r.HandoffP99 = quantile(gaps, 0.50), quantile(gaps, 0.99)
 	r.Capacity, r.Callers, r.Hold = opt.Capacity, opt.Callers, opt.Hold
 	r.Window = to.Sub(from)
 	r.HoldsPerSec = float64(r.Holds) / r.Window.Seconds()
@@ -334,8 +388,34 @@ func saturate(ctx context.Context, clients []redis.UniversalClient, name string,
 	r.WaitP50, r.WaitP99 = quantile(waits, 0.50), quantile(waits, 0.99)
 	r.Intervals = len(ivs)
 	r.Peak, r.Violations = Overlap(ivs, opt.Capacity)
-	r.Lost, r.Errors = lost, failures
-	return nil
+	r.Lost, r.Errors = all.Lost, all.Errors
+}
+
+// Handoffs pairs each hold starting in [from, to) with the earliest
+// release not yet paired that precedes it (the place it got, on a
+// saturated semaphore where someone always waits) and returns the gaps
+// between them. A start with no earlier release free found a place no one
+// had just left, and is left out.
+func Handoffs(ivs [][2]time.Time, from, to time.Time) []time.Duration {
+	starts := make([]time.Time, 0, len(ivs))
+	ends := make([]time.Time, 0, len(ivs))
+	for _, iv := range ivs {
+		starts = append(starts, iv[0])
+		ends = append(ends, iv[1])
+	}
+	slices.SortFunc(starts, func(a, b time.Time) int { return a.Compare(b) })
+	slices.SortFunc(ends, func(a, b time.Time) int { return a.Compare(b) })
+	var gaps []time.Duration
+	next := 0 // the earliest release not yet paired
+	for _, st := range starts {
+		if next < len(ends) && !ends[next].After(st) {
+			if !st.Before(from) && st.Before(to) {
+				gaps = append(gaps, st.Sub(ends[next]))
+			}
+			next++
+		}
+	}
+	return gaps
 }
 
 func quantile(sorted []time.Duration, q float64) time.Duration {

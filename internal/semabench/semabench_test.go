@@ -79,3 +79,20 @@ func BenchmarkScenario(b *testing.B) {
 		b.ReportMetric(float64(r.Violations), "violations")
 	}
 }
+
+func TestHandoffs(t *testing.T) {
+	at := func(ms int) time.Time { return time.Unix(0, int64(ms)*int64(time.Millisecond)) }
+	iv := func(a, b int) [2]time.Time { return [2]time.Time{at(a), at(b)} }
+	// Two places: holds end at 10 and 12; the next start at 11 and 15
+	// (gaps 1 and 3); the first two starts found free places.
+	ivs := [][2]time.Time{iv(0, 10), iv(0, 12), iv(11, 20), iv(15, 30)}
+	got := semabench.Handoffs(ivs, at(0), at(100))
+	want := []time.Duration{time.Millisecond, 3 * time.Millisecond}
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("gaps %v, want %v", got, want)
+	}
+	// Starts outside the window are paired but not counted.
+	if got := semabench.Handoffs(ivs, at(12), at(100)); len(got) != 1 || got[0] != 3*time.Millisecond {
+		t.Fatalf("gaps from 12 ms: %v, want [3ms]", got)
+	}
+}
