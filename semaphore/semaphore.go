@@ -45,7 +45,7 @@ var (
 	// sluice.ErrConfigMismatch and sluice.ErrConfig, not sluice.ErrLimited:
 	// the deployment disagrees with itself, and retrying will not help
 	// until it agrees (or SetCapacity makes the capacity in force match).
-	ErrConfigMismatch error = &sentinel{msg: "semaphore: config differs from the one in force", parent: sluice.ErrConfigMismatch}
+	ErrConfigMismatch = groundwork.MismatchError("semaphore")
 
 	// ErrLeaseLost reports that a permit's lease ended before it was
 	// released: it could not be renewed in time (the process stalled or

@@ -63,13 +63,3 @@ func (s *Semaphore) parseStored(format, capacity interface{}) (n int, ok bool, e
 	}
 	return n, true, nil
 }
-
-// sentinel is an error with its own message that also matches a parent
-// (ErrConfigMismatch's "semaphore: …" matching sluice.ErrConfigMismatch).
-type sentinel struct {
-	msg    string
-	parent error
-}
-
-func (e *sentinel) Error() string { return e.msg }
-func (e *sentinel) Unwrap() error { return e.parent }
