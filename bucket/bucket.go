@@ -123,6 +123,17 @@ type Config struct {
 	// force only when a live change (SetLimits) replaced its own: a
 	// process started with the old policies during a rolling deploy.
 	Adopt bool
+	// Adapt lets the upstream's refusals (Feedback with a refused signal,
+	// as package transport sends) lower the rate in force for every
+	// process, and lets it creep back to the configured rate while the
+	// upstream stays quiet: each refusal multiplies every policy's refill
+	// rate by 0.7 (refusals within a second of a step down count once;
+	// never below 1/16 of the configured rate), and after 2 s without a
+	// step down, each second adds 5 % of the configured rate back (tried
+	// by this process's Enter and Feedback calls). The slowed policies
+	// are stored in Redis as a live change (SetLimits with AsIs), which
+	// every process follows; SetLimits ends the adaptation.
+	Adapt bool
 	// MaxLateness is how late after its slot a caller may still start. A
 	// caller that wakes later (its process was frozen or starved of CPU)
 	// does not start on its stale slot, which would bunch starts together
@@ -202,6 +213,10 @@ type Bucket struct {
 	rtt roundTrip
 	// syncs throttles Feedback's syncs (feedback.go).
 	syncs syncClock
+	// adapting: the policies in force are slowed by Adapt; adaptTried
+	// (unix ns, local clock) is this process's last try of a step up.
+	adapting   atomic.Bool
+	adaptTried atomic.Int64
 	// IDs are a random UUID drawn once per Bucket and a counter: fresh for
 	// every arrival, unique across processes, and far cheaper than a
 	// crypto-random UUID per Enter (which cost a third of the CPU of a
@@ -571,6 +586,9 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (Report, error) {
 		}
 		if !again {
 			rep.Wait = b.now().Sub(start)
+			if err == nil && b.cfg.Adapt {
+				b.maybeAdaptUp()
+			}
 			return rep, err
 		}
 		rep.Reentries++

@@ -3,6 +3,8 @@ package bucket
 import (
 	"context"
 	"fmt"
+	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -76,8 +78,20 @@ func (b *Bucket) Sync(ctx context.Context, q upstream.Quota) (bool, error) {
 // trip at most (upstream.Receiver): a RetryAfter holds every policy
 // (Hold); each quota syncs its policy (Sync), at most once every 50 ms
 // per policy from this process; quotas of units no policy counts are
-// ignored. A signal that asks for nothing costs nothing.
+// ignored. A signal that asks for nothing costs nothing. With
+// Config.Adapt, a refusal also lowers the rate in force (one more round
+// trip, at most once a second fleet-wide), and any other signal may raise
+// it back (see Config.Adapt).
 func (b *Bucket) Feedback(ctx context.Context, s upstream.Signal) error {
+	if b.cfg.Adapt {
+		if s.Refused {
+			if err := b.adaptStep(ctx, true); err != nil {
+				return err
+			}
+		} else {
+			b.maybeAdaptUp()
+		}
+	}
 	_, err := b.feedback(ctx, func(ps []Policy) (time.Duration, []int, []queue.Sync, error) {
 		var syncs []queue.Sync
 		for _, q := range s.Quotas {
@@ -155,4 +169,86 @@ func (c *syncClock) due(i, n int, now time.Time) bool {
 	}
 	c.last[i] = now
 	return true
+}
+
+// Adapt's rule (Config.Adapt): additive increase, multiplicative decrease
+// of every policy's refill rate, shared in Redis. The AWS SDK's adaptive
+// retry mode does the like inside one process; here the fleet adapts
+// together.
+const (
+	adaptDown  = 0.7             // a refusal multiplies the rate in force by this
+	adaptFloor = 1.0 / 16        // never below this share of the configured rate
+	adaptUp    = 0.05            // each quiet step adds this share of the configured rate
+	adaptEvery = time.Second     // at most one step (down or up) per this, fleet-wide
+	adaptQuiet = 2 * time.Second // steps up only this long after the last step down
+)
+
+// adaptStep lowers (down) or raises the rate in force for every process
+// by Adapt's rule, when the rule allows a step now on the Redis clock.
+func (b *Bucket) adaptStep(ctx context.Context, down bool) error {
+	r, err := b.q.Change(ctx, int(AsIs), func(old queue.Config, now time.Time) (queue.Config, bool) {
+		base, f := old.Base, old.Factor
+		if len(base) == 0 || f <= 0 {
+			base, f = old.Policies, 1
+		}
+		t := now.UnixMicro()
+		since := func(at int64) time.Duration { return time.Duration(t-at) * time.Microsecond }
+		if down {
+			if since(old.DownAt) < adaptEvery {
+				return old, false // the refusals of one episode count once
+			}
+			f = max(f*adaptDown, adaptFloor)
+			return queue.Config{Policies: slowed(base, f), Base: base, Factor: f, DownAt: t, UpAt: old.UpAt}, true
+		}
+		if f >= 1 || since(old.DownAt) < adaptQuiet || since(old.UpAt) < adaptEvery {
+			return old, false
+		}
+		if f += adaptUp; f >= 1 {
+			return queue.Config{Policies: base}, true // back at the configured rate
+		}
+		return queue.Config{Policies: slowed(base, f), Base: base, Factor: f, DownAt: old.DownAt, UpAt: t}, true
+	})
+	if err != nil {
+		return b.redisErr(ctx, err)
+	}
+	b.noteFactor(r.New)
+	if r.Changed && r.Queued > 0 {
+		b.sched.Ensure()
+	}
+	return nil
+}
+
+// slowed is ps with every refill f times as fast (f ≤ 1): the period
+// divided by f, rounded up to a whole microsecond.
+func slowed(ps []queue.Policy, f float64) []queue.Policy {
+	out := slices.Clone(ps)
+	for i, p := range out {
+		us := float64(p.Every.Microseconds()) / f
+		out[i].Every = time.Duration(math.Ceil(us)) * time.Microsecond
+	}
+	return out
+}
+
+// noteFactor records whether the configuration in force is slowed by
+// Adapt, so that this process knows to try steps up.
+func (b *Bucket) noteFactor(c queue.Config) {
+	b.adapting.Store(len(c.Base) > 0 && c.Factor > 0 && c.Factor < 1)
+}
+
+// maybeAdaptUp tries a step up in the background, at most once per
+// adaptEvery from this process, while the rate in force is slowed.
+func (b *Bucket) maybeAdaptUp() {
+	if !b.cfg.Adapt || !b.adapting.Load() {
+		return
+	}
+	now := b.now().UnixNano()
+	last := b.adaptTried.Load()
+	if now-last < int64(adaptEvery) || !b.adaptTried.CompareAndSwap(last, now) {
+		return
+	}
+	b.bg.Go(func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, b.cfg.LockTTL)
+		defer cancel()
+		_ = b.adaptStep(ctx, false) // a failure only delays the step up
+	})
 }

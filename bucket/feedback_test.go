@@ -3,6 +3,7 @@ package bucket_test
 import (
 	"context"
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -149,5 +150,63 @@ func TestFeedbackHoldsEveryProcess(t *testing.T) {
 	}
 	if err := c.Feedback(ctx, upstream.Signal{Status: 429, Refused: true, RetryAfter: time.Second}); err == nil || !errors.Is(err, redis.ErrClosed) {
 		t.Errorf("Feedback of a hold on a closed client = %v, want its error", err)
+	}
+}
+
+// TestAdapt: with Adapt, a refusal slows every policy's refills by 0.7
+// for every process (another process, without Adapt, follows), the
+// refusals of one episode count once, and after a quiet spell the rate
+// creeps back by 5 % of the configured rate a step.
+func TestAdapt(t *testing.T) {
+	srv := redistest.New(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	cfg := bucket.Config{Name: t.Name(), Capacity: 5, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond, Adapt: true}
+	a := newBucket(t, rdb, cfg)
+	plain := cfg
+	plain.Adapt = false
+	other := srv.Client()
+	defer other.Close()
+	b := newBucket(t, other, plain)
+	ctx := withTimeout(t, 20*time.Second)
+	if err := b.Enter(ctx); err != nil {
+		t.Fatal(err)
+	}
+	refused := upstream.Signal{Status: 429, Refused: true}
+	for range 3 { // one episode: counts once
+		if err := a.Feedback(ctx, refused); err != nil {
+			t.Fatal(err)
+		}
+	}
+	every := func() time.Duration {
+		ps, err := b.Limits(ctx)
+		if err != nil || len(ps) != 1 {
+			t.Fatalf("Limits = %v, %v", ps, err)
+		}
+		return ps[0].RefillFrequency
+	}
+	period := func(f float64) time.Duration { return time.Duration(math.Ceil(10_000/f)) * time.Microsecond }
+	if got, want := every(), period(0.7); got < want-time.Microsecond || got > want+time.Microsecond {
+		t.Fatalf("after a refusal the period is %v, want %v (the rate × 0.7)", got, want)
+	}
+	if err := b.Enter(ctx); err != nil {
+		t.Fatalf("the process without Adapt, started with the configured policies: %v", err)
+	}
+	// Quiet: after 2 s, each step (tried by Enter, at most once a second)
+	// adds 5 % of the configured rate: 0.75, then 0.8, ...
+	want := period(0.75)
+	waitFor(t, 10*time.Second, "the rate to creep back a step", func() bool {
+		_ = a.Enter(ctx)
+		return every() <= want+time.Microsecond
+	})
+	if got := every(); got < period(0.85) {
+		t.Errorf("period %v: crept back faster than 5 %% a second", got)
+	}
+	// SetLimits ends the adaptation.
+	if err := a.SetLimits(ctx, bucket.AsIs, bucket.Policy{Capacity: 5, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	if got := every(); got != 10*time.Millisecond {
+		t.Errorf("after SetLimits the period is %v, want 10ms", got)
 	}
 }

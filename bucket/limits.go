@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/queue"
@@ -81,7 +82,10 @@ func (b *Bucket) SetLimits(ctx context.Context, tokens Tokens, policies ...Polic
 	if tokens < Proportionally || tokens > Reset {
 		return groundwork.Invalid(ErrConfig, "Tokens %d, want Proportionally, AsIs or Reset", tokens)
 	}
-	r, err := b.q.Change(ctx, toQueue(policies), int(tokens))
+	ps := toQueue(policies)
+	r, err := b.q.Change(ctx, int(tokens), func(queue.Config, time.Time) (queue.Config, bool) {
+		return queue.Config{Policies: ps}, true
+	})
 	if err != nil {
 		return b.redisErr(ctx, err)
 	}
@@ -133,6 +137,7 @@ func (b *Bucket) follow(c queue.Config) bool {
 		return false
 	}
 	b.q.Follow(c)
+	b.noteFactor(c)
 	return true
 }
 

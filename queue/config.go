@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -156,24 +157,29 @@ const (
 
 // ChangeResult is what Change did.
 type ChangeResult struct {
+	Changed bool   // false: next declined, or the policies were the same
 	Old     Config // the configuration it replaced
-	Dropped int    // queued callers whose costs the new policies can never grant
-	Queued  int    // callers queued under the new policies
+	New     Config
+	Dropped int // queued callers whose costs the new policies can never grant
+	Queued  int // callers queued under the new policies
 }
 
-// Change makes ps the bucket's policies for every process, atomically,
-// carrying the tokens over by rule (Proportionally, AsIs, Reset), and q
-// runs under them from then on. A new policy inherits the tokens of the
-// old policy of its unit at the same rank among that unit's policies (the
+// Change makes next(the configuration in force, the Redis clock now) the
+// bucket's configuration for every process, atomically, carrying the
+// tokens over by rule (Proportionally, AsIs, Reset), and q runs under it
+// from then on. next declines with false; it may be called again when the
+// configuration in force changed meanwhile, and the ids of the ones
+// replaced are kept for it. A new policy inherits the tokens of the old
+// policy of its unit at the same rank among that unit's policies (the
 // first of unit "pu" from the first of "pu"), and starts full when there
 // is none. Callers queued are scheduled under the new policies; those
 // with costs of their own keep their cost of each unit, and those whose
 // cost a new policy can never grant are dropped (they find themselves
 // lost and enter again). When no configuration is stored, q's is stored
 // first.
-func (q *Queue) Change(ctx context.Context, ps []Policy, rule int) (ChangeResult, error) {
+func (q *Queue) Change(ctx context.Context, rule int, next func(old Config, now time.Time) (Config, bool)) (ChangeResult, error) {
 	for try := 0; try < 10; try++ {
-		old, ok, err := q.ReadConfig(ctx)
+		old, ok, now, err := q.readConfigNow(ctx)
 		if err != nil {
 			return ChangeResult{}, err
 		}
@@ -184,16 +190,16 @@ func (q *Queue) Change(ctx context.Context, ps []Policy, rule int) (ChangeResult
 			}
 			continue
 		}
-		next := protocol.Config{Policies: ps, Replaced: append([]string{old.ID()}, old.Replaced...)}
-		if next.ID() == old.ID() {
+		nc, ok := next(old, now)
+		if !ok || nc.ID() == old.ID() {
 			q.Follow(old)
-			return ChangeResult{Old: old, Queued: -1}, nil
+			return ChangeResult{Old: old, New: old}, nil
 		}
-		next.Replaced = slices.DeleteFunc(next.Replaced, func(id string) bool { return id == next.ID() })
-		args := []any{protocol.FormatConfig(next), rule, groundwork.Micros(q.opt.Grace), q.keys.Wake}
+		nc.Replaced = slices.DeleteFunc(append([]string{old.ID()}, old.Replaced...), func(id string) bool { return id == nc.ID() })
+		args := []any{protocol.FormatConfig(nc), rule, groundwork.Micros(q.opt.Grace), q.keys.Wake}
 		args = append(args, protocol.PolicyArgs(old.Policies)...)
-		args = append(args, protocol.PolicyArgs(ps)...)
-		for _, m := range inherit(old.Policies, ps) {
+		args = append(args, protocol.PolicyArgs(nc.Policies)...)
+		for _, m := range inherit(old.Policies, nc.Policies) {
 			args = append(args, m[0], m[1])
 		}
 		v, err := groundwork.Ints(changeScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.State, q.keys.Config, q.keys.Lock}, args...).Result())
@@ -206,10 +212,36 @@ func (q *Queue) Change(ctx context.Context, ps []Policy, rule int) (ChangeResult
 		if len(v) != 3 || v[0] != 1 {
 			return ChangeResult{}, fmt.Errorf("%w: change %v", groundwork.ErrReply, v)
 		}
-		q.Follow(next)
-		return ChangeResult{Old: old, Dropped: int(v[1]), Queued: int(v[2])}, nil
+		q.Follow(nc)
+		return ChangeResult{Changed: true, Old: old, New: nc, Dropped: int(v[1]), Queued: int(v[2])}, nil
 	}
 	return ChangeResult{}, errors.New("queue: the configuration in force kept changing during Change")
+}
+
+// readConfigNow is ReadConfig with the Redis clock's now, in one round
+// trip. On Cluster, TIME may come from another node than the bucket's:
+// good to a few ms, which is all Change's callers need.
+func (q *Queue) readConfigNow(ctx context.Context) (c Config, ok bool, now time.Time, err error) {
+	var t *redis.TimeCmd
+	var g *redis.StringCmd
+	_, err = q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		t = p.Time(ctx)
+		g = p.Get(ctx, q.keys.Config)
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return Config{}, false, time.Time{}, err
+	}
+	now = t.Val()
+	raw, err := g.Result()
+	if errors.Is(err, redis.Nil) {
+		return Config{}, false, now, nil
+	}
+	if err != nil {
+		return Config{}, false, now, err
+	}
+	c, err = protocol.ParseConfig(raw)
+	return c, err == nil, now, err
 }
 
 // inherit pairs each new policy with two old ones (1-based, 0: none): the

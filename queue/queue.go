@@ -43,6 +43,7 @@ type Client interface {
 	redis.Scripter
 	Get(ctx context.Context, key string) *redis.StringCmd
 	SetNX(ctx context.Context, key string, value any, expiration time.Duration) *redis.BoolCmd
+	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
 }
 
 // Queue runs the scripts of one bucket. It is safe for concurrent use.

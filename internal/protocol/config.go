@@ -39,6 +39,13 @@ type Config struct {
 	// replaced, newest first (at most 8): a process still started with
 	// one of them follows the one in force instead of failing.
 	Replaced []string
+	// Adapting (bucket.Config.Adapt): Policies are Base with their
+	// refills slowed by Factor (in (0, 1); 0 means 1, not adapting),
+	// last lowered at DownAt and last raised at UpAt (µs, Redis clock).
+	// A process started with Base follows.
+	Base         []Policy
+	Factor       float64
+	DownAt, UpAt int64
 }
 
 // ConfigID names a list of policies: "c" and 16 hex digits of a hash of
@@ -65,16 +72,33 @@ type jsonPolicy struct {
 type jsonConfig struct {
 	Policies []jsonPolicy `json:"policies"`
 	Replaced []string     `json:"replaced,omitempty"`
+	Base     []jsonPolicy `json:"base,omitempty"`
+	Factor   float64      `json:"factor,omitempty"`
+	DownAt   int64        `json:"down_at,omitempty"`
+	UpAt     int64        `json:"up_at,omitempty"`
+}
+
+func toJSON(ps []Policy) []jsonPolicy {
+	var out []jsonPolicy
+	for _, p := range ps {
+		out = append(out, jsonPolicy{Unit: p.Unit, Capacity: p.Capacity, Amount: p.Amount, EveryUS: p.Every.Microseconds()})
+	}
+	return out
+}
+
+func fromJSON(js []jsonPolicy) []Policy {
+	var out []Policy
+	for _, p := range js {
+		out = append(out, Policy{Unit: p.Unit, Capacity: p.Capacity, Amount: p.Amount, Every: time.Duration(p.EveryUS) * time.Microsecond})
+	}
+	return out
 }
 
 // FormatConfig is the config key's value for c.
 func FormatConfig(c Config) string {
-	j := jsonConfig{Replaced: c.Replaced}
+	j := jsonConfig{Policies: toJSON(c.Policies), Replaced: c.Replaced, Base: toJSON(c.Base), Factor: c.Factor, DownAt: c.DownAt, UpAt: c.UpAt}
 	if len(j.Replaced) > replacedKept {
 		j.Replaced = j.Replaced[:replacedKept]
-	}
-	for _, p := range c.Policies {
-		j.Policies = append(j.Policies, jsonPolicy{Unit: p.Unit, Capacity: p.Capacity, Amount: p.Amount, EveryUS: p.Every.Microseconds()})
 	}
 	b, _ := json.Marshal(j) // plain strings and integers: it cannot fail
 	return strconv.Itoa(ConfigFormat) + " " + c.ID() + " " + string(b)
@@ -96,10 +120,7 @@ func ParseConfig(raw string) (Config, error) {
 	if err := json.Unmarshal([]byte(js), &j); err != nil || len(j.Policies) == 0 {
 		return Config{}, fmt.Errorf("%w: bucket config %q", groundwork.ErrReply, raw)
 	}
-	c := Config{Replaced: j.Replaced}
-	for _, p := range j.Policies {
-		c.Policies = append(c.Policies, Policy{Unit: p.Unit, Capacity: p.Capacity, Amount: p.Amount, Every: time.Duration(p.EveryUS) * time.Microsecond})
-	}
+	c := Config{Policies: fromJSON(j.Policies), Replaced: j.Replaced, Base: fromJSON(j.Base), Factor: j.Factor, DownAt: j.DownAt, UpAt: j.UpAt}
 	if c.ID() != id {
 		return Config{}, fmt.Errorf("%w: bucket config %q: id %s does not match its policies (%s)", groundwork.ErrReply, raw, id, c.ID())
 	}
@@ -107,9 +128,9 @@ func ParseConfig(raw string) (Config, error) {
 }
 
 // Follows reports whether a process started with the configuration id
-// follows c rather than failing: id is c's, or one c replaced.
+// follows c rather than failing: id is c's, its Base's, or one c replaced.
 func (c Config) Follows(id string) bool {
-	if id == c.ID() {
+	if id == c.ID() || (len(c.Base) > 0 && id == ConfigID(c.Base)) {
 		return true
 	}
 	for _, r := range c.Replaced {
