@@ -15,8 +15,10 @@ import (
 // dial (DialerRetries, MaxRetries) and, when the ctx ends during a
 // backoff, returns only the ctx's error. It returns nil when the dial
 // succeeds (the server is there but did not answer in time) or when rdb's
-// address cannot be read (a wrapper). A custom Dialer is not used: the
-// probe dials Options().Network and Addr, as go-redis's default does.
+// address cannot be read (a wrapper, or a Sentinel failover client, whose
+// Addr is a placeholder: its master's address is the sentinels' to say).
+// A custom Dialer is not used: the probe dials Options().Network and
+// Addr, as go-redis's default does.
 func Probe(ctx context.Context, rdb redis.UniversalClient) error {
 	var network, addr string
 	switch c := rdb.(type) {
@@ -34,6 +36,11 @@ func Probe(ctx context.Context, rdb redis.UniversalClient) error {
 	}
 	if network == "" {
 		network = "tcp"
+	}
+	if network == "tcp" {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return nil // not an address: "FailoverClient"
+		}
 	}
 	key := network + " " + addr
 	if v, ok := probes.Load(key); ok {
