@@ -58,6 +58,10 @@ var (
 	// force in Redis (see Config.Adopt). It matches
 	// sluice.ErrConfigMismatch and ErrConfig, and its message names both.
 	ErrConfigMismatch = groundwork.MismatchError("bucket")
+	// ErrNotReplicated: with Config.ReplicaAcks, the writes of the
+	// caller's grant were not acknowledged by that many replicas in time.
+	// The caller must not start; its token is spent.
+	ErrNotReplicated = errors.New("bucket: grant not acknowledged by the replicas")
 )
 
 // Defaults of the optional Config fields.
@@ -134,6 +138,17 @@ type Config struct {
 	// are stored in Redis as a live change (SetLimits with AsIs), which
 	// every process follows; SetLimits ends the adaptation.
 	Adapt bool
+	// ReplicaAcks, when above 0, closes the gap a failover leaves
+	// (docs/guarantees.md, "Failover"): a caller learns its grant only
+	// once that many replicas acknowledged its writes (WAIT after the
+	// script, on the same connection), or else fails with
+	// ErrNotReplicated. It costs a replica round trip per arrival and per
+	// poll, and needs a client of one master (*redis.Client, which
+	// redis.NewFailoverClient returns): New refuses it with others. 0
+	// means off.
+	ReplicaAcks int
+	// ReplicaTimeout bounds each wait for ReplicaAcks. 0 means 100 ms.
+	ReplicaTimeout time.Duration
 	// MaxLateness is how late after its slot a caller may still start. A
 	// caller that wakes later (its process was frozen or starved of CPU)
 	// does not start on its stale slot, which would bunch starts together
@@ -244,20 +259,25 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 	if err != nil {
 		return nil, err
 	}
+	if _, ok := rdb.(*redis.Client); cfg.ReplicaAcks > 0 && !ok {
+		return nil, groundwork.Invalid(ErrConfig, "ReplicaAcks %d needs a client of one master (*redis.Client, as redis.NewClient and redis.NewFailoverClient return), not %T: WAIT must follow the grant on its connection", cfg.ReplicaAcks, rdb)
+	}
 	policies := cfg.Policies
 	if cfg.Capacity != 0 {
 		policies = append([]Policy{{Capacity: cfg.Capacity, RefillAmount: cfg.RefillAmount, RefillFrequency: cfg.RefillFrequency}}, policies...)
 	}
 	qps := toQueue(policies)
 	q := queue.New(rdb, cfg.KeyPrefix, cfg.Name, queue.Options{
-		Policies:    qps,
-		Lookahead:   cfg.Lookahead,
-		LockTTL:     cfg.LockTTL,
-		Grace:       grace(cfg),
-		MaxLateness: cfg.MaxLateness,
-		Lead:        cfg.Lookahead / 4,
-		MaxQueue:    cfg.MaxQueue,
-		MaxWait:     cfg.MaxWait,
+		Policies:       qps,
+		Lookahead:      cfg.Lookahead,
+		LockTTL:        cfg.LockTTL,
+		Grace:          grace(cfg),
+		MaxLateness:    cfg.MaxLateness,
+		Lead:           cfg.Lookahead / 4,
+		MaxQueue:       cfg.MaxQueue,
+		MaxWait:        cfg.MaxWait,
+		Replicas:       cfg.ReplicaAcks,
+		ReplicaTimeout: cfg.ReplicaTimeout,
 	})
 	bg := background.NewGroup()
 	b := &Bucket{
@@ -331,6 +351,16 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxLateness == 0 {
 		c.MaxLateness = defaultMaxLateness
+	}
+	switch {
+	case c.ReplicaAcks < 0:
+		return bad("ReplicaAcks %d, want ≥ 0", c.ReplicaAcks)
+	case c.ReplicaTimeout < 0:
+		return bad("ReplicaTimeout %v, want ≥ 0", c.ReplicaTimeout)
+	case c.ReplicaTimeout == 0:
+		c.ReplicaTimeout = 100 * time.Millisecond
+	case c.ReplicaTimeout < time.Millisecond:
+		return bad("ReplicaTimeout %v, want 0 (default) or ≥ 1ms (WAIT counts whole milliseconds)", c.ReplicaTimeout)
 	}
 	return c, nil
 }
@@ -606,7 +636,7 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report) (aga
 		return false, err // nothing was written: settle it
 	}
 	if err != nil {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || errors.Is(err, queue.ErrNotReplicated) {
 			b.cancel(id) // it may have arrived before the caller gave up
 		}
 		return false, b.redisErr(ctx, err)
@@ -755,6 +785,9 @@ func (b *Bucket) redisErr(ctx context.Context, err error) error {
 	case <-b.bg.Done(): // Close cut the call short
 		return ErrClosed
 	default:
+	}
+	if errors.Is(err, queue.ErrNotReplicated) {
+		return fmt.Errorf("%w: %v", ErrNotReplicated, err)
 	}
 	return groundwork.RedisError(ctx, "bucket", b.rdb, err)
 }

@@ -94,13 +94,19 @@ func configReply(err error) (stored string, ok bool) {
 // another process was first) and runs the script again; when another is
 // in force, it returns a *ConfigError.
 func (q *Queue) run(ctx context.Context, s *redis.Script, keys []string, args func(*conf) ([]any, error)) (any, error) {
+	return q.runFor(ctx, s, keys, false, args)
+}
+
+// runFor is run; grants says the script's reply may grant callers their
+// slots, whose writes then must reach Replicas replicas (replicas.go).
+func (q *Queue) runFor(ctx context.Context, s *redis.Script, keys []string, grants bool, args func(*conf) ([]any, error)) (any, error) {
 	for try := 0; ; try++ {
 		c := q.conf.Load()
 		a, err := args(c)
 		if err != nil {
 			return nil, err
 		}
-		reply, err := s.Run(ctx, q.rdb, keys, a...).Result()
+		reply, err := q.eval(ctx, s, keys, a, grants)
 		stored, refused := configReply(err)
 		switch {
 		case !refused:

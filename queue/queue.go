@@ -28,6 +28,11 @@ type Options struct {
 	MaxQueue    int           // refuse new callers when this many wait; 0: unbounded
 	MaxWait     time.Duration // refuse new callers whose estimated wait exceeds it; 0: unbounded
 	MaxBatch    int           // most callers one scheduler step schedules; 0: 1000
+	// Replicas, when above 0, is how many replicas must acknowledge the
+	// writes of a grant (WAIT, within ReplicaTimeout) before a caller
+	// learns it: replicas.go. It needs one master (*redis.Client).
+	Replicas       int
+	ReplicaTimeout time.Duration
 }
 
 // Refusals of Enqueue, reported per caller in Arrival.Err. A refused caller
@@ -148,7 +153,7 @@ func (q *Queue) enqueueScript(ctx context.Context, ids []string, costs [][]int64
 			cs[i] = protocol.Costs(costs[i])
 		}
 	}
-	reply, err := q.run(ctx, enqueueScript, q.keys.arrival(), func(c *conf) ([]any, error) {
+	reply, err := q.runFor(ctx, enqueueScript, q.keys.arrival(), true, func(c *conf) ([]any, error) {
 		if costs != nil && len(costs[0]) != len(c.policies) {
 			return nil, &ConfigError{Mine: c.id} // costs of a configuration Follow replaced
 		}
@@ -244,7 +249,7 @@ func (q *Queue) Poll(ctx context.Context, entry string) (PollReply, error) {
 			return r, err
 		}
 	}
-	r, err := parsePoll(q.run(ctx, pollScript, q.keys.list(), func(c *conf) ([]any, error) {
+	r, err := parsePoll(q.runFor(ctx, pollScript, q.keys.list(), true, func(c *conf) ([]any, error) {
 		return append([]any{entry, tol}, c.args...), nil
 	}))
 	r.RoundTrips = trips + 1
@@ -258,9 +263,11 @@ func (q *Queue) Poll(ctx context.Context, entry string) (PollReply, error) {
 func (q *Queue) pollDirect(ctx context.Context, entry string, tol int64) (PollReply, bool, error) {
 	var now *redis.TimeCmd
 	var slot *redis.StringCmd
+	var acks *redis.Cmd
 	_, err := q.direct.Pipelined(ctx, func(p redis.Pipeliner) error {
 		now = p.Time(ctx)
 		slot = p.GetDel(ctx, q.keys.slotKey(entry))
+		acks = q.wait(ctx, p)
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
@@ -268,6 +275,9 @@ func (q *Queue) pollDirect(ctx context.Context, entry string, tol int64) (PollRe
 	}
 	if errors.Is(slot.Err(), redis.Nil) {
 		return PollReply{}, false, nil
+	}
+	if err := q.acked(acks); err != nil {
+		return PollReply{}, true, err // the slot was found, and is spent
 	}
 	s, err := slot.Int64()
 	if err != nil {

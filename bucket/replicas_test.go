@@ -1,0 +1,125 @@
+package bucket_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// waits is how many WAIT commands srv has run (INFO commandstats).
+func waits(t *testing.T, rdb *redis.Client) int {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_wait:calls="); ok {
+			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+			return n
+		}
+	}
+	return 0
+}
+
+// TestReplicaAcks: with ReplicaAcks, a saturated bucket's callers are
+// granted only after their writes reached the replica (every grant keeps
+// the limit, and WAIT ran), and with the replica frozen, Enter fails with
+// ErrNotReplicated within about ReplicaTimeout instead of starting a
+// caller whose token a promoted replica would not know of.
+func TestReplicaAcks(t *testing.T) {
+	master := redistest.New(t)
+	master.RequireReal(t)
+	replica := redistest.NewReplica(t, master)
+	rdb := master.Client()
+	defer rdb.Close()
+	cfg := bucket.Config{Name: t.Name(), Capacity: 5, RefillAmount: 1, RefillFrequency: 5 * time.Millisecond,
+		ReplicaAcks: 1, ReplicaTimeout: 500 * time.Millisecond} // generous: a loaded machine delays the replica's ack
+	b := newBucket(t, rdb, cfg)
+	ctx := withTimeout(t, 20*time.Second)
+	before := waits(t, rdb)
+	run, stop := context.WithTimeout(ctx, time.Second)
+	grants, errs := saturate(run, b, 10)
+	stop()
+	if len(errs) > 0 {
+		t.Fatalf("%d Enters failed with the replica up, first: %v", len(errs), errs[0])
+	}
+	checkGrants(t, grants, cfg)
+	if n := waits(t, rdb) - before; n < len(grants)/2 {
+		t.Errorf("%d WAITs for %d grants", n, len(grants))
+	}
+	if err := replica.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err := b.Enter(ctx)
+	if !errors.Is(err, bucket.ErrNotReplicated) {
+		t.Errorf("Enter with the replica frozen = %v, want ErrNotReplicated", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("Enter with the replica frozen took %v, want about the 500ms ReplicaTimeout", d)
+	}
+	if err := replica.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "grants once the replica is back", func() bool { return b.Enter(ctx) == nil })
+}
+
+// TestReplicaAcksNeedsOneMaster: New refuses ReplicaAcks with a client
+// that may send WAIT to another node than the grant's, and bad values.
+func TestReplicaAcksNeedsOneMaster(t *testing.T) {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}, ContextTimeoutEnabled: true})
+	defer cc.Close()
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	defer c.Close()
+	base := bucket.Config{Name: "x", Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}
+	for _, tc := range []struct {
+		rdb  redis.UniversalClient
+		edit func(*bucket.Config)
+		want string
+	}{
+		{cc, func(c *bucket.Config) { c.ReplicaAcks = 1 }, "one master"},
+		{c, func(c *bucket.Config) { c.ReplicaAcks = -1 }, "ReplicaAcks -1"},
+		{c, func(c *bucket.Config) { c.ReplicaAcks = 1; c.ReplicaTimeout = time.Microsecond }, "ReplicaTimeout 1µs"},
+	} {
+		cfg := base
+		tc.edit(&cfg)
+		if _, err := bucket.New(tc.rdb, cfg); !errors.Is(err, bucket.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New(%T, %+v) = %v, want ErrConfig naming %q", tc.rdb, cfg, err, tc.want)
+		}
+	}
+}
+
+// BenchmarkReplicaAcks is one uncontended Enter with and without
+// ReplicaAcks, against a master and a replica on loopback: the price of
+// closing the failover gap.
+func BenchmarkReplicaAcks(b *testing.B) {
+	master := redistest.New(b)
+	master.RequireReal(b)
+	redistest.NewReplica(b, master)
+	rdb := master.Client()
+	defer rdb.Close()
+	for _, acks := range []int{0, 1} {
+		b.Run("acks="+strconv.Itoa(acks), func(b *testing.B) {
+			bk, err := bucket.New(rdb, bucket.Config{Name: b.Name(), Capacity: 1 << 30, RefillAmount: 1 << 30, RefillFrequency: time.Millisecond, ReplicaAcks: acks})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer bk.Close()
+			ctx := context.Background()
+			for b.Loop() {
+				if err := bk.Enter(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
