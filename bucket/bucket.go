@@ -25,6 +25,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -149,6 +150,15 @@ type Config struct {
 	ReplicaAcks int
 	// ReplicaTimeout bounds each wait for ReplicaAcks. 0 means 100 ms.
 	ReplicaTimeout time.Duration
+	// Observer, when set, is told of every call to enter once it returns
+	// (sluice.Observer): the metrics packages implement it. nil costs
+	// nothing.
+	Observer sluice.Observer
+	// Logger, when set, receives what an operator must know: a scheduler
+	// fenced by another process, the push lane turned off, this process
+	// following a live change or refusing the policies in force. nil logs
+	// nothing.
+	Logger *slog.Logger
 	// MaxLateness is how late after its slot a caller may still start. A
 	// caller that wakes later (its process was frozen or starved of CPU)
 	// does not start on its stale slot, which would bunch starts together
@@ -226,6 +236,8 @@ type Bucket struct {
 	// from it is ever compared with Redis time. Tests skew it.
 	now func() time.Time
 	rtt roundTrip
+	// tally counts the calls for Stats and tells the Observer.
+	tally groundwork.Tally
 	// syncs throttles Feedback's syncs (feedback.go).
 	syncs syncClock
 	// adapting: the policies in force are slowed by Adapt; adaptTried
@@ -278,6 +290,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 		MaxWait:        cfg.MaxWait,
 		Replicas:       cfg.ReplicaAcks,
 		ReplicaTimeout: cfg.ReplicaTimeout,
+		Logger:         cfg.Logger,
 	})
 	bg := background.NewGroup()
 	b := &Bucket{
@@ -293,6 +306,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 		sleeper:  &sleeper{group: bg},
 		now:      time.Now,
 	}
+	b.tally.Limiter, b.tally.Name, b.tally.Observer = "bucket", cfg.Name, cfg.Observer
 	b.comings.init(bg, q, batchTimeout, cfg.LockTTL, func() time.Time { return b.now() })
 	b.notices.changed = b.changed
 	u := uuid.New()
@@ -445,17 +459,18 @@ func describe(p Policy) string {
 // Config returns the bucket's configuration with defaults filled in.
 func (b *Bucket) Config() Config { return b.cfg }
 
-// Stats are counters of this process's scheduler for one Bucket, since New.
-type Stats struct {
-	Steps  int64 // scheduler steps run (each one atomic script)
-	Fenced int64 // steps refused because another process had taken the lock
-	Errors int64 // steps or lock requests that failed (Redis unreachable or slow)
-}
+// Stats are this process's figures for one Bucket (sluice.Stats): callers
+// waiting now, the results of its calls and re-entries since New, and its
+// scheduler's steps, fenced steps and errors. Inspect reads the bucket's
+// figures across every process.
+type Stats = sluice.Stats
 
-// Stats returns the counters. It does no I/O.
+// Stats returns this process's figures. It does no I/O.
 func (b *Bucket) Stats() Stats {
-	s := b.sched.Stats()
-	return Stats{Steps: s.Steps, Fenced: s.Fenced, Errors: s.Errors}
+	s := b.tally.Stats()
+	ss := b.sched.Stats()
+	s.Steps, s.Fenced, s.Errors = ss.Steps, ss.Fenced, ss.Errors
+	return s
 }
 
 // Close stops this process's goroutines for the bucket, waits for them and
@@ -478,6 +493,14 @@ func (b *Bucket) Do(ctx context.Context, fn func(ctx context.Context) error) err
 }
 
 var _ sluice.RateLimiter = (*Bucket)(nil)
+
+// reasons are the bucket's errors as Events name them.
+var reasons = []groundwork.Reason{
+	{Err: ErrQueueFull, Result: sluice.Refused, Name: "queue_full"},
+	{Err: ErrWaitTooLong, Result: sluice.Refused, Name: "wait_too_long"},
+	{Err: ErrNotReplicated, Result: sluice.Failed, Name: "not_replicated"},
+	{Err: ErrClosed, Result: sluice.Failed, Name: "closed"},
+}
 
 // Enter returns when the caller may start one unit of work, in its turn.
 // It returns an error matching ctx.Err() when ctx ends first, ErrQueueFull
@@ -584,9 +607,13 @@ func (b *Bucket) EnterReport(ctx context.Context, cost ...Cost) (Report, error) 
 // enter enters a caller of cost c (nil: Enter's). Its costs per policy are
 // taken anew for each arrival: a live change may have changed the
 // policies in force meanwhile.
-func (b *Bucket) enter(ctx context.Context, c Cost) (Report, error) {
-	var rep Report
+func (b *Bucket) enter(ctx context.Context, c Cost) (rep Report, err error) {
 	start := b.now()
+	b.tally.Begin()
+	defer func() {
+		res, why := groundwork.Classify(ctx, err, reasons...)
+		b.tally.End(sluice.Event{Result: res, Reason: why, Wait: b.now().Sub(start), Queued: rep.Position > 0, Late: rep.Late, Reentries: rep.Reentries})
+	}()
 	for settled := 0; ; {
 		select {
 		case <-b.bg.Done():

@@ -125,6 +125,10 @@ func (b *Bucket) settle(ctx context.Context, err error, settled int) (retry bool
 	if !ok || b.follow(c) {
 		return true, nil
 	}
+	if l := b.cfg.Logger; l != nil {
+		l.Warn("sluice: this process's policies differ from the ones in force; refusing them (set Config.Adopt to follow)",
+			"bucket", b.cfg.Name, "mine", describeAll(b.policies), "in_force", describeAll(fromQueue(c.Policies)))
+	}
 	return false, fmt.Errorf("%w: bucket %q: this process has %s, Redis has %s (stored by the first process to use the bucket, or by SetLimits); set Config.Adopt to follow the policies in force",
 		ErrConfigMismatch, b.cfg.Name, describeAll(b.policies), describeAll(fromQueue(c.Policies)))
 }
@@ -135,6 +139,9 @@ func (b *Bucket) follow(c queue.Config) bool {
 	cur, _ := b.q.Policies()
 	if !b.cfg.Adopt && !c.Follows(b.ownID) && !c.Follows(cur) {
 		return false
+	}
+	if l := b.cfg.Logger; l != nil && cur != c.ID() {
+		l.Info("sluice: following the policies in force", "bucket", b.cfg.Name, "policies", describeAll(fromQueue(c.Policies)))
 	}
 	b.q.Follow(c)
 	b.noteFactor(c)

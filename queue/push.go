@@ -103,6 +103,9 @@ func (q *Queue) push(ctx context.Context, ids []string) ([]Arrival, error) {
 		if errors.As(err, &rerr) {
 			// The server refused the transaction: scripts from now on.
 			q.lane.off.Store(true)
+			if q.opt.Logger != nil {
+				q.opt.Logger.Warn("sluice: the push lane is off: the server refused its transaction; arrivals take the enqueue script from now on", "bucket", q.keys.State, "err", err)
+			}
 			if strings.HasPrefix(err.Error(), "EXECABORT") {
 				// Refused as a whole (Redis < 7.0 has no PEXPIRE NX):
 				// nothing ran, the callers may enqueue by script.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -33,6 +34,9 @@ type Options struct {
 	// learns it: replicas.go. It needs one master (*redis.Client).
 	Replicas       int
 	ReplicaTimeout time.Duration
+	// Logger, when set, is told what an operator must know (the push
+	// lane turned off; the scheduler fenced); nil logs nothing.
+	Logger *slog.Logger
 }
 
 // Refusals of Enqueue, reported per caller in Arrival.Err. A refused caller

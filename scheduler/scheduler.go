@@ -16,6 +16,9 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,6 +51,24 @@ type Scheduler struct {
 	steps  atomic.Int64
 	fenced atomic.Int64
 	errs   atomic.Int64
+}
+
+// holder names this process in the lock's value, after the token (a
+// redislock Metadata): " <host>:<pid>", so that an operator can tell which
+// process runs a bucket's scheduler (bucket.Inspect).
+var holder = func() string {
+	h, err := os.Hostname()
+	if err != nil {
+		h = "?"
+	}
+	return " " + h + ":" + strconv.Itoa(os.Getpid())
+}()
+
+// Holder reads the process a lock's value names (see holder): "" when it
+// names none.
+func Holder(lockValue string) string {
+	_, h, _ := strings.Cut(lockValue, " ")
+	return h
 }
 
 // New returns a Scheduler for q, on the same Redis. q's LockTTL bounds how
@@ -145,7 +166,7 @@ func (s *Scheduler) lead() {
 	s.mu.Lock()
 	s.kicked = false
 	s.mu.Unlock()
-	lock, err := s.locker.Obtain(s.ctx, s.q.Keys().Lock, s.lockTTL, nil)
+	lock, err := s.locker.Obtain(s.ctx, s.q.Keys().Lock, s.lockTTL, &redislock.Options{Metadata: holder})
 	if err != nil {
 		if !errors.Is(err, redislock.ErrNotObtained) {
 			s.errs.Add(1)
@@ -163,7 +184,7 @@ func (s *Scheduler) lead() {
 	lastOK := time.Now()
 	backoff := time.Millisecond
 	for {
-		r, err := step(s.ctx, s.rdb, s.q, lock.Token())
+		r, err := step(s.ctx, s.rdb, s.q, lock.Token()+lock.Metadata())
 		if err != nil {
 			if s.ctx.Err() != nil {
 				return
@@ -185,6 +206,9 @@ func (s *Scheduler) lead() {
 		switch r.status {
 		case fenced:
 			s.fenced.Add(1)
+			if l := s.q.Options().Logger; l != nil {
+				l.Info("sluice: scheduler fenced: another process took the lock (this one was too slow to renew it, or a live change released it)", "lock", s.q.Keys().Lock)
+			}
 			return
 		case released:
 			return

@@ -1,0 +1,97 @@
+package bucket
+
+import (
+	"context"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/scheduler"
+)
+
+// Inspection is a bucket as every process sees it, read from Redis by
+// Inspect.
+type Inspection struct {
+	// Now is the Redis clock when it was read.
+	Now time.Time
+	// Policies are the policies in force; this process's own when none
+	// are stored yet (Stored false).
+	Policies []Policy
+	Stored   bool
+	// Adapting is the share of the configured rate in force while
+	// Config.Adapt has slowed it (0.7, 0.75, ...); 0 when it has not.
+	Adapting float64
+	// Levels are each policy's tokens, refilled to Now.
+	Levels []Level
+	// Queued is the callers waiting in the queue, in every process.
+	Queued int
+	// Wait is how long a new caller of Enter's cost would wait for its
+	// slot (Estimate's answer for it).
+	Wait time.Duration
+	// Scheduler names the process running the scheduler ("host:pid"),
+	// "" when none runs; SchedulerTTL is how long its lock lasts unless
+	// renewed.
+	Scheduler    string
+	SchedulerTTL time.Duration
+	// Format is the state's format version (0: no state, the bucket is
+	// full and idle, or written before versions).
+	Format int
+}
+
+// Level is one policy's tokens at an Inspection.
+type Level struct {
+	// Tokens are free now; negative: owed to slots already handed out.
+	Tokens int64
+	// NextRefill is how long until the next refill (0 when full).
+	NextRefill time.Duration
+}
+
+// Inspect reads the bucket's state across every process: the policies in
+// force and each one's tokens, the callers queued, the wait a new caller
+// would have, and which process runs the scheduler. One round trip of
+// plain reads; it changes nothing and never fails for a configuration
+// this process does not follow.
+func (b *Bucket) Inspect(ctx context.Context) (Inspection, error) {
+	s, err := b.q.Inspect(ctx)
+	if err != nil {
+		return Inspection{}, b.redisErr(ctx, err)
+	}
+	qps := s.Config.Policies
+	if !s.Stored {
+		_, qps = b.q.Policies()
+	}
+	in := Inspection{
+		Now:       time.UnixMicro(s.Now),
+		Policies:  fromQueue(qps),
+		Stored:    s.Stored,
+		Queued:    int(s.Queued),
+		Scheduler: scheduler.Holder(s.Lock),
+		Format:    int(s.State.Format),
+	}
+	if len(s.Config.Base) > 0 && s.Config.Factor > 0 && s.Config.Factor < 1 {
+		in.Adapting = s.Config.Factor
+	}
+	if s.LockTTL > 0 {
+		in.SchedulerTTL = s.LockTTL
+	}
+	slot := s.Now
+	for i, p := range qps {
+		level, anchor := p.Capacity, s.Now
+		var extra int64
+		if s.HasState && i < len(s.State.Levels) {
+			l := s.State.Levels[i]
+			level, anchor = protocol.Refill(l.Level, l.Anchor, s.Now, p)
+			if s.Queued > 0 && i < len(s.State.Extra) {
+				extra = s.State.Extra[i]
+			}
+		}
+		lv := Level{Tokens: level}
+		if level < p.Capacity {
+			lv.NextRefill = time.Duration(anchor+p.Every.Microseconds()-s.Now) * time.Microsecond
+		}
+		in.Levels = append(in.Levels, lv)
+		k := s.Queued*p.Call() + extra + p.Call()
+		slot = max(slot, protocol.SlotFor(level, anchor, s.Now, k, p))
+	}
+	in.Wait = time.Duration(slot-s.Now) * time.Microsecond
+	return in, nil
+}

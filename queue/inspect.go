@@ -1,0 +1,70 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/protocol"
+)
+
+// Snapshot is a bucket as every process sees it, read in one round trip.
+type Snapshot struct {
+	Now      int64  // the Redis clock, µs
+	Config   Config // in force; no policies when none is stored
+	Stored   bool   // a configuration is stored
+	State    protocol.BucketState
+	HasState bool  // the state key exists (else the bucket is full and idle)
+	Queued   int64 // callers queued, in every process
+	Lock     string
+	LockTTL  time.Duration // < 0: no lock
+}
+
+// Inspect reads the bucket's configuration, state, queue length and
+// scheduler lock in one round trip (a pipeline of plain reads; on Cluster
+// TIME may come from another node than the bucket's, good to a few ms).
+// It changes nothing.
+func (q *Queue) Inspect(ctx context.Context) (Snapshot, error) {
+	var (
+		now        *redis.TimeCmd
+		state, cfg *redis.StringCmd
+		lock       *redis.StringCmd
+		qlen       *redis.IntCmd
+		ttl        *redis.DurationCmd
+	)
+	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		now = p.Time(ctx)
+		cfg = p.Get(ctx, q.keys.Config)
+		state = p.Get(ctx, q.keys.State)
+		qlen = p.LLen(ctx, q.keys.Queue)
+		lock = p.Get(ctx, q.keys.Lock)
+		ttl = p.PTTL(ctx, q.keys.Lock)
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return Snapshot{}, err
+	}
+	s := Snapshot{Now: now.Val().UnixMicro(), Queued: qlen.Val(), Lock: lock.Val(), LockTTL: -1}
+	if ttl.Val() > 0 {
+		s.LockTTL = ttl.Val()
+	}
+	if raw, err := cfg.Result(); err == nil {
+		if s.Config, err = protocol.ParseConfig(raw); err != nil {
+			return Snapshot{}, err
+		}
+		s.Stored = true
+	}
+	n := len(s.Config.Policies)
+	if !s.Stored {
+		n = len(q.conf.Load().policies)
+	}
+	if raw, err := state.Result(); err == nil {
+		if s.State, err = protocol.ParseState(raw, n); err != nil {
+			return Snapshot{}, err
+		}
+		s.HasState = true
+	}
+	return s, nil
+}
