@@ -18,6 +18,21 @@
 // scheduler (package scheduler), which pops IDs in arrival order and writes
 // each one's slot (package queue); the caller wakes, polls once, finds its
 // slot and sleeps until it. Redis TIME is the only clock. See docs/design.md.
+//
+// The limit lives in Redis: the first process stores its policies, every
+// process enforces the ones stored, and a process whose policies differ
+// fails with ErrConfigMismatch (or follows them: Config.Adopt). SetLimits
+// changes them for every process at once, re-timing the callers queued;
+// Limits reads them. See docs/limits.md.
+//
+// The upstream has the last word: Feedback (an upstream.Receiver, which
+// package transport calls after every response), Hold and Sync apply its
+// Retry-After and "remaining" counters to every process at once, and
+// Config.Adapt lets its refusals lower the rate. See docs/upstream.md.
+//
+// Seeing what it does: Stats (this process, no I/O), Inspect (every
+// process, one round trip), Config.Observer (each call, for metrics) and
+// Config.Logger. See docs/observability.md.
 package bucket
 
 import (
