@@ -471,7 +471,9 @@ func describe(p Policy) string {
 	return fmt.Sprintf("%d %s, %d every %v", p.Capacity, unitName(p.Unit), p.RefillAmount, p.RefillFrequency)
 }
 
-// Config returns the bucket's configuration with defaults filled in.
+// Config returns this process's configuration with defaults filled in.
+// Its policies are the ones this process started with; Limits reads the
+// ones in force, which this process may follow instead (SetLimits, Adopt).
 func (b *Bucket) Config() Config { return b.cfg }
 
 // Stats are this process's figures for one Bucket (sluice.Stats): callers
