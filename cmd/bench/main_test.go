@@ -142,7 +142,7 @@ func TestAllTable(t *testing.T) {
 		{"", []string{"OVERHEAD", "SCRIPTS", "SATURATE", "QUOTA", "PING round trip", "utilization", "grants overtaken, by slot", "one-line script, same pace"}},
 		{"--gobench", []string{"BenchmarkOverhead/enter ", "BenchmarkScripts/poll-slot-found ", "BenchmarkSaturate ", " utilization ", " round-trips/op"}},
 	} {
-		args := []string{"--redis", srv.URL(), "--duration", "500ms", "--callers", "20", "--procs", "1", "--quota-duration", "500ms", "--quota-callers", "20", "--quota-procs", "1", "--compare-duration", "500ms"}
+		args := []string{"--redis", srv.URL(), "--duration", "500ms", "--callers", "20", "--procs", "1", "--quota-duration", "500ms", "--quota-callers", "20", "--quota-procs", "1", "--compare-duration", "500ms", "--limits-phase", "300ms", "--limits-callers", "20", "--limits-procs", "1"}
 		if tc.flag != "" {
 			args = append(args, tc.flag)
 		}
