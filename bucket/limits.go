@@ -61,7 +61,9 @@ func (b *Bucket) Limits(ctx context.Context) ([]Policy, error) {
 // of its unit at the same rank among that unit's policies (the first
 // policy counting "pu" from the first one counting "pu"); one without
 // such a predecessor starts full. Slots already assigned (due within the
-// lookahead) keep their times. A queued caller with a cost of its own
+// lookahead) keep their times and their tokens stay owed: after a change
+// down, a window shorter than the lookahead may hold those old-rate slots
+// beyond the new burst (docs/limits.md). A queued caller with a cost of its own
 // keeps its cost of each unit; one whose cost a new policy could never
 // grant fails with ErrCostExceedsCapacity. Processes started with the
 // replaced policies follow the new ones (they learn them at their next

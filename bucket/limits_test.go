@@ -277,3 +277,28 @@ func TestMigrateFormat1(t *testing.T) {
 		t.Errorf("config key %q", conf)
 	}
 }
+
+// TestConfigRenewedInUse: a bucket in steady use, whose callers are all
+// granted on arrival (no scheduler, no read of the config key), still
+// renews the config key's 30 days: every 64 grants.
+func TestConfigRenewedInUse(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	b := newBucket(t, rdb, bucket.Config{Name: t.Name(), Capacity: 1000, RefillAmount: 1000, RefillFrequency: time.Millisecond})
+	ctx := withTimeout(t, 10*time.Second)
+	if err := b.Enter(ctx); err != nil {
+		t.Fatal(err)
+	}
+	key := bucket.Keys(b).Config
+	if err := rdb.PExpire(ctx, key, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for range 64 {
+		if err := b.Enter(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ttl, err := rdb.PTTL(ctx, key).Result(); err != nil || ttl < 29*24*time.Hour {
+		t.Errorf("config key's TTL %v (%v) after 64 grants, want renewed to 30 days", ttl, err)
+	}
+}

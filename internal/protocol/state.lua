@@ -24,8 +24,11 @@
 local FORMAT = 2
 
 -- CONFIG_TTL_MS is the config key's lifetime (config.go's ConfigTTL), renewed
--- whenever a script reads the key or saves the levels: the limit outlives
--- any idle spell of the bucket shorter than that.
+-- whenever a script reads the key, and by the save that counts every 64th
+-- ticket done (a PEXPIRE on every save cost the scripts that save a
+-- fifth more Redis time): the limit outlives any idle spell of the bucket
+-- shorter than that, and a bucket in steady use renews it every 64 grants.
+local CONFIG_RENEW_EVERY = 64
 local CONFIG_TTL_MS = 2592000000
 
 -- check_format refuses a state of a format this code does not know.
@@ -78,7 +81,7 @@ end
 -- older one): see save_extras. The state table carries id, for save.
 local function load(state_key, ps, now, config_key, id)
   local raw = redis.call('GET', state_key)
-  local st = {id = id}
+  local st = {id = id, done0 = 0}
   if not raw then
     config_check(config_key, id)
     for i = 1, #ps do
@@ -100,7 +103,8 @@ local function load(state_key, ps, now, config_key, id)
     local level, anchor = refill(tonumber(l), tonumber(a), now, p.cap, p.amount, p.freq)
     st[1] = {level = level, anchor = anchor, extra = tonumber(x) or 0}
     st.costed = tonumber(c) or 0
-    return st, tonumber(done) or 0, tonumber(till) or 0, false, raw
+    st.done0 = tonumber(done) or 0
+    return st, st.done0, tonumber(till) or 0, false, raw
   end
   local vals = {}
   for v in string.gmatch(raw, '%S+') do
@@ -121,7 +125,8 @@ local function load(state_key, ps, now, config_key, id)
     st[i] = {level = level, anchor = anchor, extra = tonumber(vals[at + 1 + i]) or 0}
   end
   st.costed = tonumber(vals[at + 1]) or 0
-  return st, tonumber(vals[1]) or 0, tonumber(vals[2]) or 0, false, raw
+  st.done0 = tonumber(vals[1]) or 0
+  return st, st.done0, tonumber(vals[2]) or 0, false, raw
 end
 
 -- full_in is how long, from now, until every policy is full again: the state
@@ -142,7 +147,9 @@ end
 -- save writes done, until and every policy's state, the format and the
 -- configuration's id (and extras, when there are any), with a TTL that
 -- outlives the time to full by grace, and renews the config key's TTL
--- (config_key, which names st.id).
+-- (config_key, which names st.id) when done passed a multiple of
+-- CONFIG_RENEW_EVERY since load (st.done0; always for a state load did not
+-- read).
 local function save(state_key, st, ps, now, grace, done, till, config_key)
   local value
   local x = (st.costed or 0) > 0
@@ -166,7 +173,9 @@ local function save(state_key, st, ps, now, grace, done, till, config_key)
     end
   end
   redis.call('SET', state_key, value, 'PX', ceil_ms(full_in(st, ps, now) + grace))
-  redis.call('PEXPIRE', config_key, CONFIG_TTL_MS)
+  if math.floor(done / CONFIG_RENEW_EVERY) ~= math.floor((st.done0 or -1) / CONFIG_RENEW_EVERY) then
+    redis.call('PEXPIRE', config_key, CONFIG_TTL_MS)
+  end
 end
 
 -- save_extras writes a state whose levels, done and until did not change
