@@ -1,0 +1,101 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/guarantee"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/upstreamtest"
+)
+
+// TestUpstreamScenario runs the upstream scenario briefly in two worker
+// processes and checks what must hold on any machine: every case and mode
+// ran without errors, the upstream saw requests in each, a fed-back fleet
+// sent nothing during the outage's hold beyond what was already on its
+// way, and the table carries the goals. Speeds are not judged here.
+func TestUpstreamScenario(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	var stdout, stderr bytes.Buffer
+	args := []string{"--redis", srv.URL(), "--scenario", "upstream", "--upstream-duration", "1s",
+		"--upstream-procs", "2", "--upstream-callers", "8", "--json"}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // a bound on a hang, not a speed goal
+	defer cancel()
+	if err := run(ctx, args, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	var rep struct {
+		Upstream *Upstream `json:"upstream"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || rep.Upstream == nil {
+		t.Fatalf("no upstream figures (%v): %s", err, stdout.String())
+	}
+	u := rep.Upstream
+	if len(u.Rows) != 10 {
+		t.Fatalf("%d rows, want 10: %+v", len(u.Rows), u.Rows)
+	}
+	for _, r := range u.Rows {
+		if r.Errors > 0 || r.Accepted == 0 {
+			t.Errorf("%s, feedback %s: %d accepted, %d errors (%s)", r.Case, r.Feedback, r.Accepted, r.Errors, r.Err)
+		}
+		o := r.Outage
+		if r.Case != "outage" {
+			continue
+		}
+		if o == nil || o.Unavailable == 0 {
+			t.Errorf("outage, feedback %s: the outage refused nothing", r.Feedback)
+			continue
+		}
+		// Under a loaded CI machine a request granted before the hold
+		// may cross loopback late: allow it 100 ms, not the 2 s hold.
+		if r.Feedback != fbOff && o.DuringHold > o.InFlight+2 {
+			t.Errorf("outage, feedback %s: %d requests during the hold, %d of them on their way", r.Feedback, o.DuringHold, o.InFlight)
+		}
+	}
+
+	var table bytes.Buffer
+	tw := newTable(&table)
+	u.table(tw, Limit{})
+	tw.Flush()
+	for _, w := range []string{"UPSTREAM", "at-limit", "25pct-over", "requests during the 2s hold", "goal 429s ≤ 0.1 %", "goal utilization ≥ 0.9"} {
+		if !strings.Contains(table.String(), w) {
+			t.Errorf("table lacks %q:\n%s", w, table.String())
+		}
+	}
+}
+
+// judgeOutage on made-up arrivals: the hold starts at the first 503,
+// arrivals inside it are counted, those within upstreamInFlight apart.
+func TestJudgeOutage(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(d time.Duration, status int) upstreamtest.Arrival {
+		return upstreamtest.Arrival{At: t0.Add(d), Status: status}
+	}
+	arrivals := []upstreamtest.Arrival{
+		at(0, 200),
+		at(100*time.Millisecond, 200),
+		at(200*time.Millisecond, 503), // the hold: until 2.2 s
+		at(210*time.Millisecond, 503), // on its way
+		at(900*time.Millisecond, 503), // during the hold
+		at(2200*time.Millisecond, 200),
+		at(2300*time.Millisecond, 200),
+	}
+	lim := guarantee.Limit{Capacity: 1, Amount: 1, Every: 100 * time.Millisecond}
+	o := judgeOutage(arrivals, 2*time.Second, lim, 0)
+	want := UpstreamOutage{RetryAfter: 2 * time.Second, Unavailable: 3, DuringHold: 2, InFlight: 1, After: 2, Excess: o.Excess}
+	if *o != want {
+		t.Errorf("got %+v, want %+v", *o, want)
+	}
+	if o.Excess > 0 {
+		t.Errorf("excess %d over a limit of 1 every 100 ms with capacity 1", o.Excess)
+	}
+	r := judgeUpstream(arrivals, 10, 1)
+	if r.Accepted != 4 || r.Refused != 0 || r.Arrivals != 7 || r.Span != 2300*time.Millisecond {
+		t.Errorf("judgeUpstream: %+v", r)
+	}
+}
