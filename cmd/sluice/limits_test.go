@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/bucket"
+)
+
+// TestSetLimits: set-limits changes the policies in force, which the
+// bucket's own handle then reports, with --rate/--burst and with
+// --policy; each --tokens rule carries the tokens over as it says.
+func TestSetLimits(t *testing.T) {
+	url, rdb := server(t)
+	cfg := bucket.Config{Name: t.Name(), Policies: []bucket.Policy{bucket.Rate(20, time.Second, 10)}}
+	b := newBucket(t, rdb, cfg)
+	ctx := context.Background()
+	if err := b.EnterN(ctx, 5); err != nil { // half full
+		t.Fatal(err)
+	}
+
+	out := sluice(t, "set-limits", "--redis", url, cfg.Name, "--rate", "200/1s", "--burst", "50").ok(t).stdout
+	for _, want := range []string{"tokens carried over: proportional", "before:\n  calls: capacity 10, 1 every 50ms (20/s)", "now:\n  calls: capacity 50, 1 every 5ms (200/s)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("set-limits lacks %q:\n%s", want, out)
+		}
+	}
+	if got, want := mustLimits(t, b), []bucket.Policy{bucket.Rate(200, time.Second, 50)}; !slices.Equal(got, want) {
+		t.Errorf("Limits after set-limits = %+v, want %+v", got, want)
+	}
+	r := decodeReport(t, sluice(t, "inspect", "--json", "--redis", url, cfg.Name).ok(t).stdout)
+	if tok := r.Policies[0].Tokens; tok < 25 || tok > 35 {
+		t.Errorf("proportionally: %d tokens of 50, want about half (5 of 10 before, a few refills since)", tok)
+	}
+
+	pu := bucket.Policy{Unit: "pu", Capacity: 1000, RefillAmount: 1, RefillFrequency: 60 * time.Millisecond}
+	sluice(t, "set-limits", "--redis", url, "--tokens", "reset",
+		"--policy", "unit=calls,rate=1000/min,burst=100",
+		"--policy", "unit=pu,capacity=1000,amount=1,every=60ms", cfg.Name).ok(t)
+	calls := bucket.Rate(1000, time.Minute, 100)
+	if got, want := mustLimits(t, b), []bucket.Policy{calls, pu}; !slices.Equal(got, want) {
+		t.Errorf("Limits after set-limits --policy ... = %+v, want %+v", got, want)
+	}
+	r = decodeReport(t, sluice(t, "inspect", "--json", "--redis", url, cfg.Name).ok(t).stdout)
+	if r.Policies[0].Tokens != 100 || r.Policies[1].Tokens != 1000 {
+		t.Errorf("reset: tokens %d and %d, want both full (100, 1000)", r.Policies[0].Tokens, r.Policies[1].Tokens)
+	}
+	if err := b.EnterCost(ctx, bucket.Cost{"": 1, "pu": 60}); err != nil { // the bucket's own handle follows
+		t.Fatal(err)
+	}
+}
+
+// TestSetLimitsNeverUsed: on a bucket nobody used, set-limits stores the
+// policies it is given, and nothing else.
+func TestSetLimitsNeverUsed(t *testing.T) {
+	url, rdb := server(t)
+	out := sluice(t, "set-limits", "--redis", url, "--rate", "10/1s", "--burst", "1", t.Name()).ok(t).stdout
+	if !strings.Contains(out, "before: none stored") {
+		t.Errorf("set-limits said:\n%s", out)
+	}
+	b := newBucket(t, rdb, bucket.Config{Name: t.Name(), Policies: []bucket.Policy{bucket.Rate(1, time.Hour, 1)}, Adopt: true})
+	if got, want := mustLimits(t, b), []bucket.Policy{bucket.Rate(10, time.Second, 1)}; !slices.Equal(got, want) {
+		t.Errorf("Limits = %+v, want %+v", got, want)
+	}
+}
