@@ -26,14 +26,15 @@ var _ upstream.Receiver = (*Bucket)(nil)
 const syncEvery = 50 * time.Millisecond
 
 // Hold stops every process's grants for d from now, on the Redis clock:
-// of every policy, or of the policies counting units when some are given
-// (those of other units are then left alone). Callers already queued are
-// re-timed after the hold, in their order; after it the bucket grants as
-// if it had been empty when the hold ended (the first refill comes at its
-// end), never a burst of what would have accrued during it. A hold never
-// shortens a wait: a policy already in debt past the hold's end keeps it.
-// The one exception: slots already handed out (due within the lookahead,
-// 20 ms by default) keep their times; Hold returns how many such slots it
+// of every caller, or, when units are given, of the callers whose cost
+// takes from a policy counting one of them. Callers already queued are
+// re-timed after the hold, in their order. The levels are untouched: after
+// the hold each policy grants what it holds, so a policy that refills
+// within the hold starts full (as if it had been empty when the hold
+// began) and a long one, such as a monthly quota, keeps its budget. A
+// hold never shortens a wait, and a second hold extends the first. The
+// one exception: slots already handed out (due within the lookahead, 20
+// ms by default) keep their times; Hold returns how many such slots it
 // left standing. A unit no policy counts is an error.
 func (b *Bucket) Hold(ctx context.Context, d time.Duration, units ...string) (int, error) {
 	if d <= 0 {

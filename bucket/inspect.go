@@ -20,7 +20,8 @@ type Inspection struct {
 	// Adapting is the share of the configured rate in force while
 	// Config.Adapt has slowed it (0.7, 0.75, ...); 0 when it has not.
 	Adapting float64
-	// Levels are each policy's tokens, refilled to Now.
+	// Levels are each policy's tokens, refilled to Now (during a hold, a
+	// held policy's tokens at the hold's end).
 	Levels []Level
 	// Queued is the callers waiting in the queue, in every process.
 	Queued int
@@ -35,6 +36,9 @@ type Inspection struct {
 	// Format is the state's format version (0: no state, the bucket is
 	// full and idle, or written before versions).
 	Format int
+	// HeldUntil is the end of a hold (Hold, Feedback) still in force; the
+	// zero time when none.
+	HeldUntil time.Time
 }
 
 // Level is one policy's tokens at an Inspection.
@@ -91,6 +95,12 @@ func (b *Bucket) Inspect(ctx context.Context) (Inspection, error) {
 		in.Levels = append(in.Levels, lv)
 		k := s.Queued*p.Call() + extra + p.Call()
 		slot = max(slot, protocol.SlotFor(level, anchor, s.Now, k, p))
+		if k > 0 && s.State.Holds(i, s.Now) { // tokens.lua's slot_k: held back to the hold
+			slot = max(slot, s.State.Hold)
+		}
+	}
+	if s.State.Hold > s.Now {
+		in.HeldUntil = time.UnixMicro(s.State.Hold)
 	}
 	in.Wait = time.Duration(slot-s.Now) * time.Microsecond
 	return in, nil

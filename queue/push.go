@@ -147,20 +147,23 @@ func pushReplies(ids []string, now int64, raw string, length int64, p Policy, id
 	if length < k {
 		return nil, false, fmt.Errorf("%w: RPUSH of %d gave length %d", groundwork.ErrReply, k, length)
 	}
-	done, until, level, anchor := int64(0), int64(0), p.Capacity, now
+	done, until, level, anchor, hold := int64(0), int64(0), p.Capacity, now, int64(0)
 	if raw != "" {
 		st, err := protocol.ParseState(raw, 1)
 		if err == nil {
 			done, until = st.Done, st.Until
 			if ours = st.ID == id; ours {
 				level, anchor = protocol.Refill(st.Levels[0].Level, st.Levels[0].Anchor, now, p)
+				if st.Holds(0, now) { // tokens.lua's slot_all: held back to the hold
+					hold = st.Hold
+				}
 			}
 		}
 	}
 	out := make([]Arrival, k)
 	for i := range out {
 		pos := length - k + int64(i) + 1
-		est := protocol.SlotFor(level, anchor, now, pos, p)
+		est := max(protocol.SlotFor(level, anchor, now, pos, p), hold)
 		out[i] = Arrival{
 			Delay:            dur(est-now, time.Microsecond),
 			Position:         int(pos),

@@ -41,7 +41,7 @@ func TestPushMatchesEnqueue(t *testing.T) {
 		level := -rng.Int64N(5 * p.Capacity)
 		anchor := now.UnixMicro() - rng.Int64N(p.Every.Microseconds())
 		until := now.UnixMicro() + (rng.Int64N(3)-1)*int64(time.Minute/time.Microsecond)
-		state := fmt.Sprintf("%d %d %d %d %d %s", rng.Int64N(1000), until, level, anchor, protocol.StateFormat, protocol.ConfigID([]Policy{p}))
+		state := fmt.Sprintf("%d %d %d %d %d %s 0 0", rng.Int64N(1000), until, level, anchor, protocol.StateFormat, protocol.ConfigID([]Policy{p}))
 		waiting := rng.IntN(4)
 		for _, q := range []*Queue{viaScript, viaPush} {
 			if err := rdb.Set(ctx, q.Keys().State, state, time.Minute).Err(); err != nil {

@@ -13,8 +13,8 @@ import (
 const StateFormat = 2
 
 // BucketState is the state key of a bucket (load and save in state.lua):
-// "done until level1 anchor1 ... format id [costed extra1 ...]", integers
-// separated by spaces but for id. Done counts the tickets no longer
+// "done until level1 anchor1 ... format id hold held [costed extra1 ...]",
+// integers separated by spaces but for id. Done counts the tickets no longer
 // queued; Until is the Redis instant (µs) to which the scheduler's lock
 // was last renewed, 0 once released; then each policy's level (may be
 // negative: tokens promised to slots in the future) and anchor (µs, its
@@ -28,11 +28,20 @@ type BucketState struct {
 	// ID names the configuration the levels were written under
 	// (ConfigID); "" before format 2.
 	ID string
+	// Hold is until when (µs, Redis clock; 0: none) no slot comes that
+	// takes from a held policy: Held is their bitmask (bit 0 the first),
+	// 0 meaning every policy. Format 2 only.
+	Hold, Held int64
 	// Costed counts the queued callers with costs of their own; Extra is,
 	// per policy, the tokens they need beyond the policy's Call each (nil
 	// when Costed is 0).
 	Costed int64
 	Extra  []int64
+}
+
+// Holds reports whether the state's hold keeps policy i's slots at now.
+func (s BucketState) Holds(i int, now int64) bool {
+	return s.Hold > now && (s.Held == 0 || s.Held&(1<<i) != 0)
 }
 
 // Level is one policy's part of the state.
@@ -59,6 +68,10 @@ func (s BucketState) String() string {
 	if s.Format >= 2 {
 		b.WriteByte(' ')
 		b.WriteString(s.ID)
+		b.WriteByte(' ')
+		b.WriteString(strconv.FormatInt(s.Hold, 10))
+		b.WriteByte(' ')
+		b.WriteString(strconv.FormatInt(s.Held, 10))
 	}
 	if s.Costed > 0 {
 		b.WriteByte(' ')
@@ -72,8 +85,8 @@ func (s BucketState) String() string {
 }
 
 // ParseState reads a state string as state.lua's load does, for n
-// policies: then the format, the id (format 2) and, if present, the
-// costed callers and n extras. A format above StateFormat is an error
+// policies: then the format, the id and the hold (format 2) and, if
+// present, the costed callers and n extras. A format above StateFormat is an error
 // naming it.
 func ParseState(raw string, n int) (BucketState, error) {
 	f := strings.Fields(raw)
@@ -112,11 +125,17 @@ func ParseState(raw string, n int) (BucketState, error) {
 	case s.Format > StateFormat:
 		return BucketState{}, fmt.Errorf("%w: the bucket state has format %d, this process knows up to %d: upgrade it", groundwork.ErrReply, s.Format, StateFormat)
 	case s.Format == StateFormat:
-		if len(f) == at {
-			return BucketState{}, fmt.Errorf("%w: state %q has no configuration id", groundwork.ErrReply, raw)
+		if len(f) < at+3 {
+			return BucketState{}, fmt.Errorf("%w: state %q has no configuration id or hold", groundwork.ErrReply, raw)
 		}
 		s.ID = f[at]
-		at++
+		if s.Hold, err = num(at + 1); err != nil {
+			return BucketState{}, err
+		}
+		if s.Held, err = num(at + 2); err != nil {
+			return BucketState{}, err
+		}
+		at += 3
 	}
 	if len(f) >= at+1+n {
 		x := make([]int64, 1+n)

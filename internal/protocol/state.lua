@@ -3,14 +3,17 @@
 -- in force (config.go). Needs tokens.lua before it.
 --
 -- The state key is one string of fields separated by spaces: "done until
--- l1 a1 ... ln an format id [costed x1 ... xn]". done counts the tickets no
+-- l1 a1 ... ln an format id hold held [costed x1 ... xn]". done counts the tickets no
 -- longer in the queue (granted at once, popped by the scheduler, or
 -- cancelled while queued), so a caller pushed to position p of the queue
 -- has ticket done + p; until is the Redis instant (µs) to which the last
 -- step renewed the scheduler lock, 0 once released; then level and anchor
 -- of each policy; then the format version (FORMAT) and the id of the
 -- configuration the levels were written under (config.go: the config key
--- holds "<format> <id> <json>"); then, only while callers with costs of
+-- holds "<format> <id> <json>"); then the hold: until when (µs, 0: none)
+-- no slot comes that takes from the held policies (held: a bitmask of
+-- policy indexes, bit 0 the first; 0 means every policy), written by
+-- feedback.lua; then, only while callers with costs of
 -- their own are queued, how many and each policy's extra: the tokens the
 -- queued callers need beyond call each (written by whoever queues, pops or
 -- removes such a caller; absent means none and all 0).
@@ -81,7 +84,7 @@ end
 -- older one): see save_extras. The state table carries id, for save.
 local function load(state_key, ps, now, config_key, id)
   local raw = redis.call('GET', state_key)
-  local st = {id = id, done0 = 0}
+  local st = {id = id, done0 = 0, hold = 0, held = 0}
   if not raw then
     config_check(config_key, id)
     for i = 1, #ps do
@@ -92,18 +95,20 @@ local function load(state_key, ps, now, config_key, id)
   end
   if #ps == 1 then -- the common case, without a loop or a table of values
     local p = ps[1]
-    local done, till, l, a, v, sid, c, x = string.match(raw, '^(%S+) (%S+) (%S+) (%S+) ?(%S*) ?(%S*) ?(%S*) ?(%S*)')
+    local done, till, l, a, v, sid, h, m, c, x = string.match(raw, '^(%S+) (%S+) (%S+) (%S+) ?(%S*) ?(%S*) ?(%S*) ?(%S*) ?(%S*) ?(%S*)')
     if sid ~= id then
       config_check(config_key, id)
       v = tonumber(v)
       check_format(v)
       if v == FORMAT then stale_state(sid, id) end
-      c, x, raw = sid, c, nil -- format 1 or 0: no id
+      c, x, h, m, raw = sid, h, 0, 0, nil -- format 1 or 0: no id, no hold
     end
     local level, anchor = refill(tonumber(l), tonumber(a), now, p.cap, p.amount, p.freq)
     st[1] = {level = level, anchor = anchor, extra = tonumber(x) or 0}
     st.costed = tonumber(c) or 0
     st.done0 = tonumber(done) or 0
+    h = tonumber(h) or 0
+    if h > now then st.hold, st.held = h, tonumber(m) or 0 end
     return st, st.done0, tonumber(till) or 0, false, raw
   end
   local vals = {}
@@ -111,13 +116,16 @@ local function load(state_key, ps, now, config_key, id)
     vals[#vals + 1] = v
   end
   local n = #ps
-  local at = 2 * n + 4 -- where costed and the extras start, after the id
+  local at = 2 * n + 6 -- where costed and the extras start, after the id and the hold
   if vals[2 * n + 4] ~= id then
     config_check(config_key, id)
     local v = tonumber(vals[2 * n + 3])
     check_format(v)
     if v == FORMAT then stale_state(vals[2 * n + 4], id) end
     at, raw = 2 * n + 3, nil
+  else
+    local h = tonumber(vals[2 * n + 5]) or 0
+    if h > now then st.hold, st.held = h, tonumber(vals[2 * n + 6]) or 0 end
   end
   for i = 1, n do
     local p = ps[i]
@@ -154,7 +162,7 @@ local function save(state_key, st, ps, now, grace, done, till, config_key)
   local value
   local x = (st.costed or 0) > 0
   if #st == 1 and not x then
-    value = string.format('%d %d %d %d %d ', done, till, st[1].level, st[1].anchor, FORMAT) .. st.id
+    value = string.format('%d %d %d %d %d ', done, till, st[1].level, st[1].anchor, FORMAT) .. st.id .. string.format(' %d %d', st.hold or 0, st.held or 0)
   else
     -- One string.format for every number: far cheaper than one each.
     local parts = {done, till}
@@ -163,7 +171,7 @@ local function save(state_key, st, ps, now, grace, done, till, config_key)
       parts[#parts + 1] = st[i].anchor
     end
     parts[#parts + 1] = FORMAT
-    value = string.format(string.rep('%d ', #parts), unpack(parts)) .. st.id
+    value = string.format(string.rep('%d ', #parts), unpack(parts)) .. st.id .. string.format(' %d %d', st.hold or 0, st.held or 0)
     if x then
       parts = {st.costed}
       for i = 1, #st do
@@ -180,12 +188,12 @@ end
 
 -- save_extras writes a state whose levels, done and until did not change
 -- since load (a caller with costs queued): raw, the string load read, up to
--- its configuration's id, then the callers with costs and each policy's
--- extra, keeping the TTL. Levels as stored, before load refilled them, are
+-- its hold, then the callers with costs and each policy's extra, keeping
+-- the TTL. Levels as stored, before load refilled them, are
 -- as good as refilled ones: refill brings them to the same values at any
 -- later instant.
 local function save_extras(state_key, raw, st)
-  local value = string.match(raw, '^' .. string.rep('%S+ ', 2 * #st + 3) .. '%S+')
+  local value = string.match(raw, '^' .. string.rep('%S+ ', 2 * #st + 5) .. '%S+')
   if (st.costed or 0) > 0 then
     local parts = {st.costed}
     for i = 1, #st do
@@ -217,13 +225,14 @@ local function add_done(state_key, n, less, config_key, id)
   end
   local np = #less
   if #vals < 2 + 2 * np then return end
-  local at = 2 * np + 4 -- where costed starts, after the id
+  local at = 2 * np + 6 -- where costed starts, after the id and the hold
+  local hold, held = vals[2 * np + 5] or '0', vals[2 * np + 6] or '0'
   if vals[2 * np + 4] ~= id then
     config_check(config_key, id)
     local v = tonumber(vals[2 * np + 3])
     check_format(v)
     if v == FORMAT then stale_state(vals[2 * np + 4], id) end
-    at = 2 * np + 3
+    at, hold, held = 2 * np + 3, '0', '0'
   end
   local parts = {int(tonumber(vals[1]) + n)}
   for i = 2, 2 + 2 * np do
@@ -231,11 +240,13 @@ local function add_done(state_key, n, less, config_key, id)
   end
   parts[3 + 2 * np] = int(FORMAT)
   parts[4 + 2 * np] = id
+  parts[5 + 2 * np] = hold
+  parts[6 + 2 * np] = held
   local costed = (tonumber(vals[at + 1]) or 0) - less.costed
   if costed > 0 then
-    parts[5 + 2 * np] = int(costed)
+    parts[7 + 2 * np] = int(costed)
     for i = 1, np do
-      parts[5 + 2 * np + i] = int((tonumber(vals[at + 1 + i]) or 0) - less[i])
+      parts[7 + 2 * np + i] = int((tonumber(vals[at + 1 + i]) or 0) - less[i])
     end
   end
   redis.call('SET', state_key, table.concat(parts, ' '), 'KEEPTTL')

@@ -80,21 +80,44 @@ local function slot_for(level, anchor, now, k, amount, freq)
   return anchor + math.ceil((k - level) / amount) * freq
 end
 
--- slot_all is the slot of the k-th token across every policy.
+-- A hold (st.hold, µs; state.lua) keeps every slot that takes from a held
+-- policy at or after it: st.held is a bitmask of the held policies (bit 0
+-- the first), 0 meaning all. feedback.lua, which sets it, also brings each
+-- held policy forward to the hold's end (refilled to it, at most its cap,
+-- its anchor on its last refill before it): tokens cannot be spent during
+-- the hold, so what would refill beyond the cap is lost, and the slots
+-- after it come at the policy's pace, never bunched at its end. Until then
+-- the level does not change (the anchor lies ahead), so holding a slot
+-- back to the hold's end is all there is to it.
+
+-- held says whether the hold keeps a slot that takes ks (nil: one of
+-- every policy) at or after st.hold.
+local function held(st, ks)
+  if (st.hold or 0) == 0 then return false end
+  if st.held == 0 or not ks then return true end
+  for i = 1, #ks do
+    if ks[i] > 0 and bit.band(st.held, 2 ^ (i - 1)) ~= 0 then return true end
+  end
+  return false
+end
+
+-- slot_all is the slot of the k-th token across every policy (every
+-- caller takes from each: any hold applies).
 local function slot_all(st, ps, now, k)
+  local slot = now
   if #ps == 1 then -- the common case, without a loop
     local s, p = st[1], ps[1]
-    if s.level >= k then return now end
-    local slot = s.anchor + math.ceil((k - s.level) / p.amount) * p.freq
-    if slot > now then return slot end
-    return now
+    if s.level < k then
+      slot = math.max(now, s.anchor + math.ceil((k - s.level) / p.amount) * p.freq)
+    end
+  else
+    for i = 1, #ps do
+      local p = ps[i]
+      local s = slot_for(st[i].level, st[i].anchor, now, k, p.amount, p.freq)
+      if s > slot then slot = s end
+    end
   end
-  local slot = now
-  for i = 1, #ps do
-    local p = ps[i]
-    local s = slot_for(st[i].level, st[i].anchor, now, k, p.amount, p.freq)
-    if s > slot then slot = s end
-  end
+  if (st.hold or 0) > slot then slot = st.hold end
   return slot
 end
 
@@ -116,6 +139,7 @@ local function slot_k(st, ps, now, ks)
     local s = slot_for(st[i].level, st[i].anchor, now, ks[i], p.amount, p.freq)
     if s > slot then slot = s end
   end
+  if (st.hold or 0) > slot and held(st, ks) then slot = st.hold end
   return slot
 end
 

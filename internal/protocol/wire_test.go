@@ -80,6 +80,8 @@ func TestStateRoundTrip(t *testing.T) {
 		// Callers with costs queued: how many, and each policy's extra.
 		{Done: 7, Until: 0, Levels: []protocol.Level{{Level: 1000, Anchor: µs}, {Level: -3, Anchor: µs + 6_696_000}}, Costed: 2, Extra: []int64{-2, 119}},
 		{Done: 3, Until: µs, Levels: []protocol.Level{{Level: 4, Anchor: µs}}, Costed: 1, Extra: []int64{59}},
+		// A hold in force, over the second policy only.
+		{Done: 3, Levels: []protocol.Level{{Level: 4, Anchor: µs}, {Level: 9, Anchor: µs}}, Hold: µs + 60_000_000, Held: 2, Costed: 1, Extra: []int64{0, 5}},
 	} {
 		s.Format, s.ID = protocol.StateFormat, id
 		raw := s.String()
@@ -101,8 +103,8 @@ func TestStateRoundTrip(t *testing.T) {
 		// The same state in the older formats is read as what it is and
 		// written back in this one, under the configuration in force.
 		for _, f := range []int64{1, 0} {
-			if f == 0 && s.Costed > 0 {
-				continue // format 0 had no costs
+			if (f == 0 && s.Costed > 0) || s.Hold > 0 {
+				continue // format 0 had no costs, and neither had holds
 			}
 			old := s
 			old.Format, old.ID = f, ""

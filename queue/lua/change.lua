@@ -39,7 +39,7 @@ local mode = tonumber(ARGV[2])
 local grace = tonumber(ARGV[3])
 local now = now_us()
 local st, done = load(KEYS[2], ops, now, KEYS[3], oid)
-local nst = {id = nid, costed = 0}
+local nst = {id = nid, costed = 0, hold = st.hold, held = 0} -- a hold goes on, over every policy
 local from, cost_from = {}, {}
 for k = 1, #nps do
   local p = nps[k]
@@ -59,6 +59,9 @@ for k = 1, #nps do
     level = free + owed
   end
   nst[k] = {level = level, anchor = now, extra = 0}
+  if nst.hold > now then -- as feedback.lua leaves a held policy
+    nst[k].level, nst[k].anchor = refill(level, now, nst.hold, p.cap, p.amount, p.freq)
+  end
 end
 
 -- The queued callers with costs of their own: costs for the new policies.

@@ -10,13 +10,14 @@
 --         index (1-based), the tokens remaining upstream, and µs from now
 --         until its refills resume (0: at once)
 --
--- Hold: a held policy is emptied (its free tokens are dropped, tokens
--- owed to slots already handed out stay owed) and its next refill moved to
--- the hold's end, or later if it was due later: after the hold the bucket
--- grants as if it had been empty when the hold ended, never a burst of
--- what would have accrued during it. Callers queued are re-timed by the
--- scheduler's next steps; a slot already handed out (within the
--- lookahead) keeps its time: the reply counts them.
+-- Hold: the state's hold (state.lua) moves to now + hold, or stays later:
+-- no slot that takes from a held policy comes before it; the levels are
+-- untouched, so after the hold each policy grants what it holds (a
+-- policy that refills within the hold is full, as if it had been empty
+-- when the hold began; a long one, such as a monthly quota, keeps its
+-- budget). Callers queued are re-timed by the scheduler's next steps; a
+-- slot already handed out (within the lookahead) keeps its time: the reply
+-- counts them.
 -- Sync: a policy's level is brought down to the tokens remaining upstream
 -- (never raised), and when it was lowered, its next refill comes no
 -- sooner than the reset.
@@ -31,21 +32,27 @@ local st, done, till = load(KEYS[2], ps, now, KEYS[3], id)
 local owed, lowered = 0, 0
 if hold > 0 then
   local held = parse_costs(ARGV[3])
-  local untill = now + hold
+  local mask = 0
+  for _, h in ipairs(held or {}) do
+    mask = mask + 2 ^ (h - 1)
+  end
   for k = 1, #ps do
-    local p, s = ps[k], st[k]
-    local is_held = not held
-    if held then
-      for _, h in ipairs(held) do
-        if h == k then is_held = true end
-      end
+    if st[k].level < 0 and (mask == 0 or bit.band(mask, 2 ^ (k - 1)) ~= 0) then
+      owed = math.max(owed, -st[k].level)
     end
-    if is_held then
-      if s.level < 0 then
-        owed = math.max(owed, -s.level)
-      end
-      s.level = math.min(s.level, 0)
-      s.anchor = math.max(s.anchor, untill - p.freq)
+  end
+  -- Two holds at once: the later end, over the policies of both.
+  if st.hold > 0 and (st.held == 0 or mask == 0) then
+    mask = 0
+  elseif st.hold > 0 then
+    mask = bit.bor(mask, st.held)
+  end
+  st.hold, st.held = math.max(st.hold, now + hold), mask
+  -- Each held policy as it will be at the hold's end (tokens.lua).
+  for k = 1, #ps do
+    if mask == 0 or bit.band(mask, 2 ^ (k - 1)) ~= 0 then
+      local p = ps[k]
+      st[k].level, st[k].anchor = refill(st[k].level, st[k].anchor, st.hold, p.cap, p.amount, p.freq)
     end
   end
 end
