@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"net/http"
 	"slices"
 	"sync"
 	"time"
@@ -80,12 +81,15 @@ func (b *Bucket) Sync(ctx context.Context, q upstream.Quota) (bool, error) {
 // (Hold); each quota syncs its policy (Sync), at most once every 50 ms
 // per policy from this process; quotas of units no policy counts are
 // ignored. A signal that asks for nothing costs nothing. With
-// Config.Adapt, a refusal also lowers the rate in force (one more round
-// trip, at most once a second fleet-wide), and any other signal may raise
-// it back (see Config.Adapt).
+// Config.Adapt, a refusal for the upstream's limit (not a 503: an outage)
+// also lowers the rate in force (one more round trip, at most once a
+// second fleet-wide), and any other signal may raise it back (see
+// Config.Adapt).
 func (b *Bucket) Feedback(ctx context.Context, s upstream.Signal) error {
 	if b.cfg.Adapt {
-		if s.Refused {
+		// An outage's 503 is not the upstream's limit: it holds, it does
+		// not slow the fleet after it.
+		if s.Refused && s.Status != http.StatusServiceUnavailable {
 			if err := b.adaptStep(ctx, true); err != nil {
 				return err
 			}
