@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	xsemaphore "golang.org/x/sync/semaphore"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -222,4 +223,52 @@ func BenchmarkGrants(b *testing.B) {
 	})
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "grants/s")
 	b.ReportMetric(float64(h.n.Load())/float64(b.N), "round-trips/op")
+}
+
+// counter is an Observer as a metrics package would be: a counter per
+// result and a sum of waits, all atomic.
+type counter struct {
+	results [4]atomic.Int64
+	waited  atomic.Int64
+}
+
+func (c *counter) Observe(e sluice.Event) {
+	c.results[e.Result].Add(1)
+	c.waited.Add(int64(e.Wait))
+}
+
+// BenchmarkAcquireObserver: BenchmarkAcquireRelease's caller with no
+// Observer and with one, on one redis-server, side by side in one run:
+//
+//	go test -run '^$' -bench AcquireObserver -count 10 ./semaphore/ | benchstat -col /observer -
+func BenchmarkAcquireObserver(b *testing.B) {
+	srv := redistest.New(b)
+	rdb := srv.Client()
+	b.Cleanup(func() { rdb.Close() })
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		obs  sluice.Observer
+	}{{"none", nil}, {"on", &counter{}}} {
+		b.Run("observer="+c.name, func(b *testing.B) {
+			s, err := New(rdb, Config{Name: b.Name(), Capacity: 1, Observer: c.obs})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			b.ReportAllocs()
+			for b.Loop() {
+				p, err := s.Acquire(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := p.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if st := s.Stats(); st.Granted < int64(b.N) || st.Held != 0 {
+				b.Fatalf("Stats %+v after %d grants", st, b.N)
+			}
+		})
+	}
 }

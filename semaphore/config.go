@@ -1,8 +1,10 @@
 package semaphore
 
 import (
+	"log/slog"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/groundwork"
 )
 
@@ -70,6 +72,20 @@ type Config struct {
 	// KeyPrefix starts every key, "<KeyPrefix>:{<name>}:<suffix>". Empty
 	// means "sluice". It must not contain '{' or '}'.
 	KeyPrefix string
+
+	// Observer, when set, is told of every Acquire and AcquireN (and Do's
+	// Acquire) once it returns, as a sluice.Event of Limiter "semaphore"
+	// and Name Name: the metrics packages implement it. It runs on the
+	// caller's goroutine. nil costs nothing.
+	Observer sluice.Observer
+
+	// Logger, when set, receives what an operator must know: a permit's
+	// lease lost while held, this process's Capacity refused because
+	// another is in force, state in a format this code cannot read, this
+	// process following a capacity changed in Redis (or changing it with
+	// SetCapacity), and Redis becoming unreachable and reachable again.
+	// nil logs nothing.
+	Logger *slog.Logger
 }
 
 // withDefaults validates c and fills in the defaults.

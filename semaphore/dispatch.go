@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"strconv"
 	"time"
@@ -98,7 +99,7 @@ func (s *Semaphore) take() (batch, bool) {
 		s.retryRelease, s.retryLeave = nil, nil
 		for _, p := range s.holders {
 			if !now.Before(p.deadline) {
-				s.loseLocked(p)
+				s.loseLocked(p, "not renewed in time")
 				continue
 			}
 			b.renews = append(b.renews, p)
@@ -197,6 +198,7 @@ func (s *Semaphore) exchange(ctx context.Context, b batch) {
 		return
 	case "mismatch":
 		stored, _ := strconv.ParseInt(r.refused, 10, 64)
+		s.logMismatch(stored)
 		s.refuse(b, s.mismatch(stored))
 		return
 	}
@@ -204,6 +206,24 @@ func (s *Semaphore) exchange(ctx context.Context, b batch) {
 		// When the first lease ends while this process waits, so a dead
 		// holder's place is handed on at once rather than at the next beat.
 		s.poke.Reset(d)
+	}
+}
+
+// logMismatch tells the Logger that Redis refused this process's
+// capacity, once for each capacity in force it meets rather than once per
+// call.
+func (s *Semaphore) logMismatch(stored int64) {
+	l := s.cfg.Logger
+	if l == nil {
+		return
+	}
+	s.mu.Lock()
+	said := s.mismatchSaid == stored
+	s.mismatchSaid = stored
+	s.mu.Unlock()
+	if !said {
+		l.Warn("sluice: this process's semaphore Capacity differs from the one in force; refusing it (deploy one Capacity, call SetCapacity, or set Config.Adopt to follow)",
+			"semaphore", s.cfg.Name, "mine", s.cfg.Capacity, "in_force", stored)
 	}
 }
 
@@ -263,6 +283,10 @@ func (s *Semaphore) failed(b batch, cause error, callerEnded bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !callerEnded {
+		if l := s.cfg.Logger; l != nil && s.lastErr == nil {
+			l.Warn("sluice: semaphore's calls to Redis fail: arrivals fail, waiters and holders keep trying until their ctx or lease ends",
+				"semaphore", s.cfg.Name, "err", cause)
+		}
 		s.lastErr = cause
 	}
 	err := &groundwork.CallError{Prefix: "semaphore", Err: cause}
@@ -297,6 +321,9 @@ func (s *Semaphore) failed(b batch, cause error, callerEnded bool) {
 func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if l := s.cfg.Logger; l != nil {
+		s.logChanges(l, b, r)
+	}
 	s.lastErr = nil
 	s.capacity, s.accepted = int(r.capacity), true
 	if b.set != nil {
@@ -320,7 +347,7 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 			p.deadline = sent.Add(time.Duration(us) * time.Microsecond)
 			p.timer.Reset(time.Until(p.deadline))
 		} else {
-			s.loseLocked(p)
+			s.loseLocked(p, "gone from Redis (expired there, or Redis lost it)")
 		}
 	}
 	for i, w := range b.refresh {
@@ -372,6 +399,23 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 		return time.Duration(r.wait)*time.Microsecond + time.Millisecond, true
 	}
 	return 0, false
+}
+
+// logChanges tells l, before apply takes r in, of Redis answering again
+// after failures and of a capacity in force other than the one this
+// process knew. s.mu is held: these are rare.
+func (s *Semaphore) logChanges(l *slog.Logger, b batch, r reply) {
+	if s.lastErr != nil {
+		l.Info("sluice: semaphore's calls to Redis succeed again", "semaphore", s.cfg.Name)
+	}
+	if int(r.capacity) == s.capacity {
+		return
+	}
+	if b.set != nil {
+		l.Info("sluice: semaphore capacity set by this process (SetCapacity)", "semaphore", s.cfg.Name, "from", s.capacity, "to", r.capacity)
+		return
+	}
+	l.Info("sluice: following the semaphore capacity in force", "semaphore", s.cfg.Name, "from", s.capacity, "to", r.capacity)
 }
 
 // reply is sync.lua's answer; see its header.

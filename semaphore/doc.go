@@ -23,6 +23,11 @@
 // gets ErrConfigMismatch (unless Config.Adopt), and SetCapacity changes it
 // for every process at once.
 //
+// Stats reads this process's figures without I/O (waiting, weight held,
+// results, leases lost) and Inspect the semaphore's across every process
+// in one round trip; Config.Observer is told of every Acquire, and
+// Config.Logger of what an operator must know.
+//
 // A Semaphore implements sluice.Limiter. See docs/semaphore.md for the keys,
 // the script and the life of a lease.
 package semaphore

@@ -120,3 +120,36 @@ func ExampleSemaphore_AcquireN() {
 	// true false
 	// semaphore: sluice: cost exceeds capacity: weight 12 above Capacity 10 of semaphore "render-memory", so it could never be granted
 }
+
+// Stats are this process's figures, read without I/O; Inspect reads the
+// semaphore across every process in one round trip.
+func ExampleSemaphore_Inspect() {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	sem, err := semaphore.New(rdb, semaphore.Config{Name: "reports", Capacity: 4})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer sem.Close()
+	ctx := context.Background()
+
+	heavy, err := sem.AcquireN(ctx, 3)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer heavy.Release(ctx)
+	st := sem.Stats()
+	fmt.Printf("this process: %d granted, weight %d held\n", st.Granted, st.Held)
+
+	in, err := sem.Inspect(ctx)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Printf("every process: weight %d of %d held by %d permits, %d waiting\n", in.Held, in.Capacity, in.Holders, in.Queued)
+	// Output:
+	// this process: 1 granted, weight 3 held
+	// every process: weight 3 of 4 held by 1 permits, 0 waiting
+}

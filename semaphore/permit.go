@@ -17,9 +17,10 @@ const (
 // held until Release. Its lease is renewed in the background by its
 // Semaphore. Its methods are safe for concurrent use.
 type Permit struct {
-	s    *Semaphore
-	id   string
-	lost chan struct{}
+	s      *Semaphore
+	id     string
+	weight int
+	lost   chan struct{}
 
 	// Guarded by s.mu.
 	state    permitState

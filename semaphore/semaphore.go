@@ -96,6 +96,14 @@ type Semaphore struct {
 	lastErr      error              // why the last exchange failed; nil once one succeeds
 	capacity     int                // in force, as last heard from Redis; cfg.Capacity before
 	accepted     bool               // Redis ran a call under capacity: follow its changes
+
+	// For Stats and the Observer: the calls (tally), the weight held by
+	// this process's permits now, and the leases lost while held.
+	tally      groundwork.Tally
+	held       atomic.Int64
+	leasesLost atomic.Int64
+
+	mismatchSaid int64 // the capacity in force last logged as refusing ours; guarded by mu
 }
 
 // waiter is one Acquire in progress. Its fields are guarded by
@@ -156,6 +164,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 		capacity:    cfg.Capacity,
 		accepted:    cfg.Adopt,
 	}
+	s.tally.Limiter, s.tally.Name, s.tally.Observer = "semaphore", cfg.Name, cfg.Observer
 	s.poke = time.AfterFunc(time.Hour, s.requestBeat)
 	s.poke.Stop()
 	// No channel yet: Subscribe with channels would dial Redis here.
@@ -205,19 +214,51 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
 // of (Config.Capacity before its first call), else when Redis answers. A
 // waiter whose weight is above a capacity lowered by SetCapacity while it
 // waits gets that error too, when it next hears from Redis. A weight below
-// 1 is an error.
-func (s *Semaphore) AcquireN(ctx context.Context, n int) (*Permit, error) {
+// 1 is an error (a bug in the caller, which the Observer is not told of).
+func (s *Semaphore) AcquireN(ctx context.Context, n int) (p *Permit, err error) {
 	if n < 1 {
 		return nil, fmt.Errorf("semaphore: weight %d, want at least 1", n)
 	}
+	var start time.Time
+	if s.cfg.Observer != nil {
+		start = time.Now()
+	}
+	s.tally.Begin()
+	var queued bool
+	defer func() {
+		res, why := groundwork.Classify(ctx, err, reasons...)
+		e := sluice.Event{Result: res, Reason: why, Queued: queued}
+		if !start.IsZero() {
+			e.Wait = time.Since(start)
+		}
+		s.tally.End(e)
+	}()
+	p, queued, err = s.acquire(ctx, n)
+	return p, err
+}
+
+// reasons are the semaphore's errors as Events name them; the shared ones
+// (ErrCostExceedsCapacity, ErrConfigMismatch, a ctx's) are
+// groundwork.Classify's.
+var reasons = []groundwork.Reason{
+	{Err: ErrQueueFull, Result: sluice.Refused, Name: "queue_full"},
+	{Err: ErrClosed, Result: sluice.Failed, Name: "closed"},
+	// State written by a newer version: the deployment disagrees with
+	// itself, as with a Capacity of its own.
+	{Err: errUnknownFormat, Result: sluice.Failed, Name: "config_mismatch"},
+}
+
+// acquire is AcquireN for a valid weight n; queued reports that the
+// caller waited in the queue in Redis (it was not granted on arrival).
+func (s *Semaphore) acquire(ctx context.Context, n int) (_ *Permit, queued bool, _ error) {
 	s.mu.Lock()
 	capacity := s.capacity
 	s.mu.Unlock()
 	if n > capacity {
-		return nil, s.tooHeavy(n, capacity)
+		return nil, false, s.tooHeavy(n, capacity)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	// The weight travels in the id (see sync.lua), so any process can
 	// grant it; weight 1 keeps the plain id.
@@ -229,7 +270,7 @@ func (s *Semaphore) AcquireN(ctx context.Context, n int) (*Permit, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return nil, ErrClosed
+		return nil, false, ErrClosed
 	}
 	s.waiters[w.id] = w
 	// A lone arrival goes out at once from this goroutine, beside whatever
@@ -260,24 +301,26 @@ func (s *Semaphore) AcquireN(ctx context.Context, n int) (*Permit, error) {
 
 	select {
 	case <-w.ch:
-		return w.permit, w.err
+		// A ticket is written only before the waiter is decided.
+		return w.permit, w.ticket > 0, w.err
 	case <-ctx.Done():
 	}
 	s.mu.Lock()
 	if w.done {
 		// Decided while ctx ended: the outcome stands.
 		s.mu.Unlock()
-		return w.permit, w.err
+		return w.permit, w.ticket > 0, w.err
 	}
 	s.abandonLocked(w)
+	queued = w.ticket > 0
 	last := s.lastErr
 	s.mu.Unlock()
 	s.kick()
 	if last != nil {
 		// Redis is unreachable: say why, as well as that ctx ended.
-		return nil, &groundwork.CallError{Prefix: "semaphore", Ctx: ctx.Err(), Err: last}
+		return nil, queued, &groundwork.CallError{Prefix: "semaphore", Ctx: ctx.Err(), Err: last}
 	}
-	return nil, ctx.Err()
+	return nil, queued, ctx.Err()
 }
 
 // tooHeavy is the refusal of a weight n above the capacity in force.
@@ -413,7 +456,7 @@ func (s *Semaphore) Close() error {
 	}
 	s.pendAcquire = nil
 	for _, p := range s.holders {
-		s.loseLocked(p)
+		s.loseLocked(p, "")
 	}
 	s.mu.Unlock()
 	s.kick()
@@ -489,9 +532,10 @@ func (s *Semaphore) grantLocked(w *waiter, deadline time.Time) {
 		s.beatDue = true
 		return
 	}
-	p := &Permit{s: s, id: w.id, deadline: deadline, lost: make(chan struct{})}
+	p := &Permit{s: s, id: w.id, weight: w.weight, deadline: deadline, lost: make(chan struct{})}
 	p.timer = time.AfterFunc(d, func() { s.checkLease(p) })
 	s.holders[p.id] = p
+	s.held.Add(int64(p.weight))
 	w.permit = p
 	s.finishLocked(w)
 }
@@ -507,16 +551,28 @@ func (s *Semaphore) checkLease(p *Permit) {
 		p.timer.Reset(d)
 		return
 	}
-	s.loseLocked(p)
+	s.loseLocked(p, "not renewed in time")
 	s.kick()
 }
 
 // loseLocked ends a held permit whose lease is gone or going, and frees its
-// place in Redis in case the lease still stands there.
-func (s *Semaphore) loseLocked(p *Permit) {
+// place in Redis in case the lease still stands there. why says how it
+// was lost, for Stats and the Logger; "" when Close ends it, which is no
+// loss to report.
+func (s *Semaphore) loseLocked(p *Permit, why string) {
 	p.state = lost
 	p.timer.Stop()
 	delete(s.holders, p.id)
+	s.held.Add(-int64(p.weight))
+	if why != "" {
+		s.leasesLost.Add(1)
+		if l := s.cfg.Logger; l != nil {
+			// Rare, and said under s.mu so it comes before anything the
+			// loss leads to.
+			l.Warn("sluice: semaphore permit's lease lost while held: another caller may hold its place now",
+				"semaphore", s.cfg.Name, "permit", p.id, "weight", p.weight, "why", why)
+		}
+	}
 	close(p.lost)
 	s.pendRelease = append(s.pendRelease, releaseOp{id: p.id, until: time.Now().Add(s.cfg.LeaseTTL)})
 }
@@ -526,6 +582,7 @@ func (s *Semaphore) releaseLocked(p *Permit, done chan error) releaseOp {
 	p.state = released
 	p.timer.Stop()
 	delete(s.holders, p.id)
+	s.held.Add(-int64(p.weight))
 	return releaseOp{id: p.id, until: p.deadline, done: done}
 }
 

@@ -1,0 +1,111 @@
+package semaphore
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/groundwork"
+)
+
+// Stats are this process's figures for one Semaphore (sluice.Stats):
+// callers waiting in Acquire now, the weight its permits hold now (Held),
+// the results of its calls since New, and the leases it lost while held
+// (LeasesLost; not those Close ends). Inspect reads the semaphore's
+// figures across every process.
+type Stats = sluice.Stats
+
+// Stats returns this process's figures. It does no I/O and is safe for
+// concurrent use.
+func (s *Semaphore) Stats() Stats {
+	st := s.tally.Stats()
+	st.Held = s.held.Load()
+	st.LeasesLost = s.leasesLost.Load()
+	return st
+}
+
+var _ sluice.StatsReader = (*Semaphore)(nil)
+
+// Inspection is a semaphore as every process sees it, read from Redis by
+// Inspect.
+type Inspection struct {
+	// Now is the Redis clock when it was read.
+	Now time.Time
+	// Capacity is the capacity in force; this process's own (the one it
+	// would store at its next call, as Capacity says) when none is stored
+	// yet (Stored false).
+	Capacity int
+	Stored   bool
+	// Held is the weight held now, in every process, and Holders the
+	// permits that hold it. Held may be above Capacity for a while after
+	// SetCapacity lowered it: it revokes nothing.
+	Held, Holders int
+	// Queued is the callers waiting, in every process. HeadWeight is the
+	// weight the first of them waits for (0 when none waits): while it is
+	// above Capacity-Held, everyone behind it waits too.
+	Queued, HeadWeight int
+	// Expired counts leases, held or waiting, that ended without a
+	// release and that no call has cleared yet: a process died or stalled.
+	// They count in none of the figures above; the next call of any
+	// process frees them.
+	Expired int
+}
+
+//go:embed inspect.lua
+var inspectSource string
+
+var inspectScript = redis.NewScript(inspectSource)
+
+// Inspect reads the semaphore's state across every process: the capacity
+// in force, the weight and permits held, the callers queued and the weight
+// the first of them waits for, and leases left by processes that died.
+// One round trip of a script that only reads; it changes nothing, and
+// never fails for a capacity this process does not follow. It returns an
+// error naming the format for state written by a newer version, and an
+// error wrapping Redis's when Redis did not answer. It is safe for
+// concurrent use, also after Close.
+func (s *Semaphore) Inspect(ctx context.Context) (Inspection, error) {
+	keys := []string{s.keys[0], s.keys[1], s.keys[3], s.keys[4]}
+	v, err := inspectScript.Run(ctx, s.rdb, keys).Result()
+	if err != nil {
+		return Inspection{}, groundwork.RedisError(ctx, "semaphore", s.rdb, err)
+	}
+	r, ok := v.([]interface{})
+	if !ok || len(r) != 8 {
+		return Inspection{}, fmt.Errorf("%w: inspect.lua returned %T %v", errReply, v, v)
+	}
+	now, ok := r[0].(int64)
+	if !ok {
+		return Inspection{}, fmt.Errorf("%w: inspect.lua returned time %v", errReply, r[0])
+	}
+	// holders, held, queued, head, expired
+	var n [5]int64
+	for i := range n {
+		if n[i], ok = r[3+i].(int64); !ok || n[i] < 0 {
+			return Inspection{}, fmt.Errorf("%w: inspect.lua returned %v", errReply, r)
+		}
+	}
+	capacity, stored, err := s.parseStored(r[1], r[2])
+	if err != nil {
+		return Inspection{}, err
+	}
+	if !stored {
+		s.mu.Lock()
+		capacity = s.capacity
+		s.mu.Unlock()
+	}
+	return Inspection{
+		Now:        time.UnixMicro(now),
+		Capacity:   capacity,
+		Stored:     stored,
+		Holders:    int(n[0]),
+		Held:       int(n[1]),
+		Queued:     int(n[2]),
+		HeadWeight: int(n[3]),
+		Expired:    int(n[4]),
+	}, nil
+}
