@@ -3,6 +3,7 @@ package local
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/semaphore"
@@ -10,7 +11,10 @@ import (
 	"github.com/sluicehq/sluice"
 )
 
-var _ sluice.Limiter = (*Concurrency)(nil)
+var (
+	_ sluice.Limiter     = (*Concurrency)(nil)
+	_ sluice.StatsReader = (*Concurrency)(nil)
+)
 
 // ConcurrencyConfig configures a Concurrency. Only Limit is required.
 type ConcurrencyConfig struct {
@@ -27,6 +31,12 @@ type ConcurrencyConfig struct {
 	// (with ErrTimeout as its context.Cause). fn must watch its context;
 	// Do does not abandon fn. Zero means no bound. Acquire ignores it.
 	RunTimeout time.Duration
+
+	// Observer, when set, is told of every Acquire, AcquireN and Do's
+	// entry once it returns, as a sluice.Event of Limiter
+	// "local.concurrency": the metrics packages implement it. It runs on
+	// the caller's goroutine. nil costs nothing.
+	Observer sluice.Observer
 }
 
 // Concurrency lets at most Limit calls run at once, first come first served.
@@ -39,6 +49,14 @@ type Concurrency struct {
 	limit          int
 	acquireTimeout time.Duration
 	runTimeout     time.Duration
+	tally          tally // the calls, for Stats and the Observer
+
+	// The slots held, for Stats: an uncontended Acquire without an
+	// Observer (quick) pays one atomic add rather than the tally's four,
+	// which would double its cost; its Release pays another.
+	quick    atomic.Int64 // grants of one slot on arrival, not in the tally
+	taken    atomic.Int64 // slots taken by the other grants
+	released atomic.Int64 // slots released
 }
 
 // NewConcurrency returns a Concurrency configured by cfg, or an error
@@ -57,6 +75,7 @@ func NewConcurrency(cfg ConcurrencyConfig) (*Concurrency, error) {
 		limit:          cfg.Limit,
 		acquireTimeout: cfg.AcquireTimeout,
 		runTimeout:     cfg.RunTimeout,
+		tally:          newTally("local.concurrency", cfg.Observer),
 	}, nil
 }
 
@@ -76,28 +95,48 @@ func (c *Concurrency) Acquire(ctx context.Context) error {
 // n = 0 returns at once: nil, or ctx.Err() if ctx has already ended. An n
 // above Limit could never be granted (semaphore.Weighted would block until
 // ctx ends) and is refused at once with an error matching
-// ErrCostExceedsCapacity (not sluice.ErrLimited); a negative n is an error.
+// ErrCostExceedsCapacity (not sluice.ErrLimited); a negative n is an error
+// (a bug in the caller, which the Observer is not told of).
 func (c *Concurrency) AcquireN(ctx context.Context, n int) error {
 	if err := checkCost(n, "Limit", c.limit); err != nil {
-		return err
+		if n < 0 {
+			return err
+		}
+		return c.tally.once(ctx, err)
 	}
 	if n == 0 {
 		// semaphore.Weighted would queue a zero cost behind the waiters.
-		return ctx.Err()
+		return c.tally.once(ctx, ctx.Err())
 	}
 	return c.acquire(ctx, int64(n))
 }
 
+// acquire takes n >= 1 slots and reports the call to the tally.
 func (c *Concurrency) acquire(ctx context.Context, n int64) error {
+	if n == 1 && c.tally.Observer == nil && ctx.Err() == nil && c.sem.TryAcquire(1) {
+		c.quick.Add(1)
+		return nil
+	}
+	start := c.tally.begin()
+	queued, err := c.take(ctx, n)
+	if err == nil {
+		c.taken.Add(n)
+	}
+	c.tally.end(ctx, start, err, queued, time.Time{})
+	return err
+}
+
+// take is acquire's wait; queued says the slots were not free on arrival.
+func (c *Concurrency) take(ctx context.Context, n int64) (queued bool, _ error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return false, err
 	}
 	// TryAcquire respects the queue, so this fast path keeps FIFO order and
 	// spares the uncontended caller the timeout context.
 	if c.sem.TryAcquire(n) {
-		return nil
+		return false, nil
 	}
-	return c.acquireSlow(ctx, n)
+	return true, c.acquireSlow(ctx, n)
 }
 
 func (c *Concurrency) acquireSlow(ctx context.Context, n int64) error {
@@ -126,6 +165,7 @@ func (c *Concurrency) acquireSlow(ctx context.Context, n int64) error {
 // panics if more slots are released than were acquired.
 func (c *Concurrency) Release() {
 	c.sem.Release(1)
+	c.released.Add(1)
 }
 
 // ReleaseN gives back n slots taken by AcquireN (or by n calls of Acquire).
@@ -136,6 +176,22 @@ func (c *Concurrency) ReleaseN(n int) {
 		panic("local: ReleaseN of a negative count")
 	}
 	c.sem.Release(int64(n))
+	c.released.Add(int64(n))
+}
+
+// Stats returns the Concurrency's figures (sluice.Stats): callers waiting
+// now, the slots held now (Held), and the results of its calls since
+// NewConcurrency, as its Observer was told them. It is safe for concurrent
+// use.
+func (c *Concurrency) Stats() sluice.Stats {
+	// Releases first: every one counted follows a grant counted below, so
+	// Held is never negative.
+	released := c.released.Load()
+	s := c.tally.Stats()
+	quick := c.quick.Load()
+	s.Granted += quick
+	s.Held = quick + c.taken.Load() - released
+	return s
 }
 
 // Do takes a slot, runs fn, and releases the slot when fn returns or panics.

@@ -52,6 +52,10 @@
 // reserved is given back. Constructors return errors wrapping
 // ErrConfig and never panic.
 //
+// Rate, Concurrency and Spacer count their calls for Stats (a
+// sluice.StatsReader) and tell the Observer of their config, if any, of
+// each one as it returns.
+//
 // All limiters are safe for concurrent use, and start no goroutines of their
 // own: every wait happens in the caller's goroutine.
 package local

@@ -9,12 +9,13 @@ import (
 var (
 	_ sluice.RateLimiter = Noop{}
 	_ sluice.Limiter     = Noop{}
+	_ sluice.StatsReader = Noop{}
 )
 
 // Noop is a limiter that never waits and never refuses. It has the limiting
 // methods of Rate, Spacer and Concurrency (Enter, EnterN, Acquire,
-// AcquireN, Release, ReleaseN, Do; not Rate's Waiting), so it can stand in
-// for any of them to turn limiting off. It still reports a context that has
+// AcquireN, Release, ReleaseN, Do, Stats; not Rate's Waiting), so it can
+// stand in for any of them to turn limiting off. It still reports a context that has
 // already ended, so a loop that relies on Enter to notice cancellation keeps
 // working.
 //
@@ -50,6 +51,10 @@ func (n Noop) AcquireN(ctx context.Context, cost int) error { return n.EnterN(ct
 // ReleaseN does nothing. Unlike Concurrency.ReleaseN it does not panic,
 // since a Noop keeps no count to check against.
 func (Noop) ReleaseN(int) {}
+
+// Stats returns zero figures: a Noop counts nothing (and has no Observer),
+// so that it can stand in for a limiter read as a sluice.StatsReader too.
+func (Noop) Stats() sluice.Stats { return sluice.Stats{} }
 
 // Do runs fn with ctx and returns its error, or returns ctx.Err() without
 // running fn if ctx has already ended.

@@ -51,6 +51,7 @@ type queue struct {
 	sched    schedule
 	maxQueue int           // 0: unbounded
 	maxWait  time.Duration // 0: unbounded
+	tally    tally         // the calls, for Stats and the Observer
 
 	mu          sync.Mutex
 	first, last *waiter
@@ -59,35 +60,45 @@ type queue struct {
 }
 
 // enter returns when the caller, of cost n >= 1, may start, when it is
-// refused, or when ctx ends.
+// refused, or when ctx ends, and reports the call to the tally.
 func (q *queue) enter(ctx context.Context, n int) error {
+	start := q.tally.begin()
+	slot, err := q.wait(ctx, n)
+	// A slot means the caller was not let through on arrival.
+	q.tally.end(ctx, start, err, !slot.IsZero(), slot)
+	return err
+}
+
+// wait is enter's wait. slot is the start the caller was booked for when
+// it did not start on arrival (zero when it did, or never queued).
+func (q *queue) wait(ctx context.Context, n int) (slot time.Time, _ error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return slot, err
 	}
 	q.mu.Lock()
 	now := time.Now()
 	if q.maxQueue > 0 && q.n >= q.maxQueue {
 		q.mu.Unlock()
-		return ErrQueueFull
+		return slot, ErrQueueFull
 	}
 	// The front's booking is already in the schedule; the others' costs
 	// and the caller's own are not.
 	if q.maxWait > 0 && q.sched.estimate(now, q.pending+n).Sub(now) > q.maxWait {
 		q.mu.Unlock()
-		return ErrWaitTooLong
+		return slot, ErrWaitTooLong
 	}
 	if q.n == 0 {
 		at := q.sched.book(now, n)
 		if !at.After(now) {
 			q.mu.Unlock()
-			return nil
+			return slot, nil
 		}
 		w := &waiter{state: front, cost: n, at: at}
 		q.push(w)
 		q.mu.Unlock()
 		return q.sleep(ctx, w)
 	}
-	w := &waiter{state: queued, cost: n, ready: make(chan struct{}, 1)}
+	w := &waiter{state: queued, cost: n, ready: make(chan struct{}, 1), at: now}
 	q.push(w)
 	q.mu.Unlock()
 
@@ -100,15 +111,15 @@ func (q *queue) enter(ctx context.Context, n int) error {
 	// and from here on only this goroutine changes w's state (retime may
 	// move w.at, under q.mu).
 	if w.state == granted {
-		return nil
+		return w.at, nil
 	}
 	return q.sleep(ctx, w)
 }
 
 // sleep waits until the front waiter's booking comes due. The booking may
 // move later while it sleeps (retime): when the timer fires early, it
-// sleeps again until the new time.
-func (q *queue) sleep(ctx context.Context, w *waiter) error {
+// sleeps again until the new time. It returns the booking.
+func (q *queue) sleep(ctx context.Context, w *waiter) (time.Time, error) {
 	q.mu.Lock()
 	t := time.NewTimer(time.Until(w.at))
 	q.mu.Unlock()
@@ -126,7 +137,7 @@ func (q *queue) sleep(ctx context.Context, w *waiter) error {
 			q.remove(w)
 			q.promote(now)
 			q.mu.Unlock()
-			return nil
+			return w.at, nil
 		case <-ctx.Done():
 			return q.abandon(ctx, w)
 		}
@@ -155,19 +166,20 @@ func (q *queue) retime(change func(now time.Time)) {
 
 // abandon handles a waiter whose ctx ended. A waiter whose turn came before
 // the cancellation was handled is let through (its slot would otherwise be
-// lost); any other leaves the queue and gives back its booking.
-func (q *queue) abandon(ctx context.Context, w *waiter) error {
+// lost); any other leaves the queue and gives back its booking. It returns
+// the waiter's booking, or the time it arrived when it had none.
+func (q *queue) abandon(ctx context.Context, w *waiter) (time.Time, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	now := time.Now()
 	switch w.state {
 	case granted:
-		return nil
+		return w.at, nil
 	case front:
 		q.remove(w)
 		if !w.at.After(now) {
 			q.promote(now)
-			return nil
+			return w.at, nil
 		}
 		q.sched.unbook(now)
 		q.promote(now)
@@ -175,7 +187,7 @@ func (q *queue) abandon(ctx context.Context, w *waiter) error {
 		q.remove(w)
 		q.pending -= w.cost
 	}
-	return ctx.Err()
+	return w.at, ctx.Err()
 }
 
 // promote books for the waiters at the front of the queue, letting through
@@ -191,7 +203,7 @@ func (q *queue) promote(now time.Time) {
 			return
 		}
 		q.remove(w)
-		w.state = granted
+		w.state, w.at = granted, at
 		w.ready <- struct{}{}
 	}
 }

@@ -14,6 +14,7 @@ import (
 var (
 	_ sluice.RateLimiter = (*Rate)(nil)
 	_ upstream.Receiver  = (*Rate)(nil)
+	_ sluice.StatsReader = (*Rate)(nil)
 )
 
 // RateConfig configures a Rate. Only Rate is required.
@@ -45,6 +46,12 @@ type RateConfig struct {
 	// than this (counting the current sleeper's remaining time, the costs of
 	// everyone queued behind it and the caller's own). Zero means no bound.
 	MaxWait time.Duration
+
+	// Observer, when set, is told of every Enter, EnterN and Do's entry
+	// once it returns, as a sluice.Event of Limiter "local.rate": the
+	// metrics packages implement it. It runs on the caller's goroutine.
+	// nil costs nothing.
+	Observer sluice.Observer
 }
 
 // roundingGuard is added to the interval between tokens so that
@@ -90,7 +97,7 @@ func NewRate(cfg RateConfig) (*Rate, error) {
 	// interval apart.
 	burst := max(cfg.Burst, 1)
 	s := &rateSchedule{lim: rate.NewLimiter(limit, burst), limit: float64(limit)}
-	return &Rate{q: queue{sched: s, maxQueue: cfg.MaxQueue, maxWait: cfg.MaxWait}, burst: burst}, nil
+	return &Rate{q: queue{sched: s, maxQueue: cfg.MaxQueue, maxWait: cfg.MaxWait, tally: newTally("local.rate", cfg.Observer)}, burst: burst}, nil
 }
 
 // Enter returns nil when the caller may start one call. It returns
@@ -113,13 +120,16 @@ func (r *Rate) Enter(ctx context.Context) error {
 // n = 0 returns at once: nil, or ctx.Err() if ctx has already ended. An n
 // above Burst could never be granted and is refused at once with an error
 // matching ErrCostExceedsCapacity (not sluice.ErrLimited); a negative n is
-// an error.
+// an error (a bug in the caller, which the Observer is not told of).
 func (r *Rate) EnterN(ctx context.Context, n int) error {
 	if err := checkCost(n, "Burst", r.burst); err != nil {
-		return err
+		if n < 0 {
+			return err
+		}
+		return r.q.tally.once(ctx, err)
 	}
 	if n == 0 {
-		return ctx.Err()
+		return r.q.tally.once(ctx, ctx.Err())
 	}
 	return r.q.enter(ctx, n)
 }
@@ -188,6 +198,13 @@ func (r *Rate) Feedback(ctx context.Context, s upstream.Signal) error {
 // now.
 func (r *Rate) Waiting() int {
 	return r.q.waiting()
+}
+
+// Stats returns the Rate's figures (sluice.Stats): callers waiting now, and
+// the results of its calls since NewRate, as its Observer was told them.
+// It is safe for concurrent use.
+func (r *Rate) Stats() sluice.Stats {
+	return r.q.tally.Stats()
 }
 
 // rateSchedule books starts as x/time/rate reservations.

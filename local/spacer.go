@@ -7,7 +7,10 @@ import (
 	"github.com/sluicehq/sluice"
 )
 
-var _ sluice.RateLimiter = (*Spacer)(nil)
+var (
+	_ sluice.RateLimiter = (*Spacer)(nil)
+	_ sluice.StatsReader = (*Spacer)(nil)
+)
 
 // SpacerConfig configures a Spacer.
 type SpacerConfig struct {
@@ -20,6 +23,12 @@ type SpacerConfig struct {
 	// first multiple at or after the time the spacing allows, so two starts
 	// are still at least Space apart. False means starts are not aligned.
 	Align bool
+
+	// Observer, when set, is told of every Enter and Do's entry once it
+	// returns, as a sluice.Event of Limiter "local.spacer": the metrics
+	// packages implement it. It runs on the caller's goroutine. nil costs
+	// nothing.
+	Observer sluice.Observer
 }
 
 // Spacer starts calls at least Space apart, first come first served. Like
@@ -37,7 +46,7 @@ func NewSpacer(cfg SpacerConfig) (*Spacer, error) {
 	if cfg.Space <= 0 {
 		return nil, invalid("Space is %v, must be positive", cfg.Space)
 	}
-	return &Spacer{q: queue{sched: &spaceSchedule{space: cfg.Space, align: cfg.Align}}}, nil
+	return &Spacer{q: queue{sched: &spaceSchedule{space: cfg.Space, align: cfg.Align}, tally: newTally("local.spacer", cfg.Observer)}}, nil
 }
 
 // Enter returns nil when the caller may start, and ctx.Err() when ctx ends
@@ -59,6 +68,13 @@ func (s *Spacer) Do(ctx context.Context, fn func(ctx context.Context) error) err
 // Waiting returns the number of callers waiting in Enter right now.
 func (s *Spacer) Waiting() int {
 	return s.q.waiting()
+}
+
+// Stats returns the Spacer's figures (sluice.Stats): callers waiting now,
+// and the results of its calls since NewSpacer, as its Observer was told
+// them. It is safe for concurrent use.
+func (s *Spacer) Stats() sluice.Stats {
+	return s.q.tally.Stats()
 }
 
 // spaceSchedule books starts Space apart, optionally aligned. Every start
