@@ -27,8 +27,10 @@ type Event struct {
 	Name   string
 	Result Result
 	// Reason says why, for a Refused or Failed result: "queue_full",
-	// "wait_too_long", "cost_exceeds_capacity", "timeout",
-	// "config_mismatch", "not_replicated", "closed", "redis"; "" otherwise.
+	// "wait_too_long", "cost_exceeds_capacity", "timeout", "limited" (another
+	// refusal), "config_mismatch", "config", "not_replicated", "closed",
+	// "redis" (a failed call to Redis), "error" (anything else, such as a
+	// bad argument); "" otherwise.
 	Reason string
 	// Wait is from the call to its return.
 	Wait time.Duration

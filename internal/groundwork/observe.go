@@ -41,7 +41,11 @@ func Classify(ctx context.Context, err error, named ...Reason) (sluice.Result, s
 	case errors.Is(err, sluice.ErrConfig):
 		return sluice.Failed, "config"
 	}
-	return sluice.Failed, "redis"
+	var call *CallError
+	if errors.As(err, &call) {
+		return sluice.Failed, "redis"
+	}
+	return sluice.Failed, "error" // a bad argument, or Redis's error without the package's wrapping
 }
 
 // Tally counts a limiter's calls for its Stats and reports each one to
