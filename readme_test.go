@@ -55,6 +55,8 @@ import (
 	"context"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/bucket"
 )
 
 // The names README's snippets leave to the reader.
@@ -63,6 +65,7 @@ var (
 	rdb  = redis.NewClient(&redis.Options{ContextTimeoutEnabled: true})
 	jobs = make(chan int)
 	work int
+	b    *bucket.Bucket // the bucket of the first snippet
 )
 
 func call(...any) error { return nil }
@@ -82,9 +85,11 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/local"
 	"github.com/sluicehq/sluice/semaphore"
+	"github.com/sluicehq/sluice/transport"
 )
 
 var (
+	_ = transport.New
 	_ = context.Background
 	_ = time.Second
 	_ = redis.NewClient
