@@ -629,7 +629,7 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep Report, err error) {
 	b.tally.Begin()
 	defer func() {
 		res, why := groundwork.Classify(ctx, err, reasons...)
-		b.tally.End(sluice.Event{Result: res, Reason: why, Wait: b.now().Sub(start), Queued: rep.Position > 0, Late: rep.Late, Reentries: rep.Reentries})
+		b.tally.End(sluice.Event{Result: res, Reason: why, Wait: b.now().Sub(start), Queued: rep.Position > 0 && res != sluice.Refused, Late: rep.Late, Reentries: rep.Reentries})
 	}()
 	for settled := 0; ; {
 		select {
