@@ -29,11 +29,12 @@ const syncEvery = 50 * time.Millisecond
 // Hold stops every process's grants for d from now, on the Redis clock:
 // of every caller, or, when units are given, of the callers whose cost
 // takes from a policy counting one of them. Callers already queued are
-// re-timed after the hold, in their order. The levels are untouched: after
-// the hold each policy grants what it holds, so a policy that refills
-// within the hold starts full (as if it had been empty when the hold
-// began) and a long one, such as a monthly quota, keeps its budget. A
-// hold never shortens a wait, and a second hold extends the first. The
+// re-timed after the hold, in their order. A held policy gains nothing
+// during the hold (its refills resume at its end) and keeps the tokens it
+// had: a long one, such as a monthly quota, keeps its budget, and one the
+// upstream's refusal found saturated comes out of the hold empty, never
+// a burst of what would have accrued. A hold never shortens a wait, and a
+// second hold extends the first. The
 // one exception: slots already handed out (due within the lookahead, 20
 // ms by default) keep their times; Hold returns how many such slots it
 // left standing. A unit no policy counts is an error.

@@ -240,3 +240,22 @@ func TestHoldKeepsLongPolicies(t *testing.T) {
 		t.Errorf("Inspect during the hold: held until %v (%v)", in.HeldUntil, err)
 	}
 }
+
+// TestSyncRemainingZero: the upstream reports nothing left while the
+// bucket thinks it is full: the next grant waits for the reported reset.
+func TestSyncRemainingZero(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	b := newBucket(t, rdb, bucket.Config{Name: t.Name(), Capacity: 10, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond})
+	ctx := withTimeout(t, 10*time.Second)
+	if lowered, err := b.Sync(ctx, upstream.Quota{Limit: -1, Remaining: 0, Reset: 300 * time.Millisecond}); err != nil || !lowered {
+		t.Fatalf("Sync to 0 remaining: %v, %v", lowered, err)
+	}
+	start := time.Now()
+	if err := b.Enter(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < 250*time.Millisecond {
+		t.Errorf("the next grant came %v after a sync to 0 remaining with a 300ms reset", d)
+	}
+}

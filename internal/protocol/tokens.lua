@@ -82,13 +82,10 @@ end
 
 -- A hold (st.hold, µs; state.lua) keeps every slot that takes from a held
 -- policy at or after it: st.held is a bitmask of the held policies (bit 0
--- the first), 0 meaning all. feedback.lua, which sets it, also brings each
--- held policy forward to the hold's end (refilled to it, at most its cap,
--- its anchor on its last refill before it): tokens cannot be spent during
--- the hold, so what would refill beyond the cap is lost, and the slots
--- after it come at the policy's pace, never bunched at its end. Until then
--- the level does not change (the anchor lies ahead), so holding a slot
--- back to the hold's end is all there is to it.
+-- the first), 0 meaning all. feedback.lua, which sets it, also moves each
+-- held policy's anchor to the hold's end: it gains nothing during the hold
+-- and keeps the tokens it had, so holding a slot back to the hold's end is
+-- all there is to it, and the slots after it come at the policy's pace.
 
 -- held says whether the hold keeps a slot that takes ks (nil: one of
 -- every policy) at or after st.hold.

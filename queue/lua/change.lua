@@ -60,7 +60,7 @@ for k = 1, #nps do
   end
   nst[k] = {level = level, anchor = now, extra = 0}
   if nst.hold > now then -- as feedback.lua leaves a held policy
-    nst[k].level, nst[k].anchor = refill(level, now, nst.hold, p.cap, p.amount, p.freq)
+    nst[k].anchor = nst.hold
   end
 end
 

@@ -11,11 +11,11 @@
 --         until its refills resume (0: at once)
 --
 -- Hold: the state's hold (state.lua) moves to now + hold, or stays later:
--- no slot that takes from a held policy comes before it; the levels are
--- untouched, so after the hold each policy grants what it holds (a
--- policy that refills within the hold is full, as if it had been empty
--- when the hold began; a long one, such as a monthly quota, keeps its
--- budget). Callers queued are re-timed by the scheduler's next steps; a
+-- no slot that takes from a held policy comes before it, and a held
+-- policy gains nothing during it (its refills resume at its end): it
+-- keeps the tokens it had, so a long one, such as a monthly quota, keeps
+-- its budget, and a short one saturated when the upstream refused comes
+-- out of the hold empty, never a burst of what accrued. Callers queued are re-timed by the scheduler's next steps; a
 -- slot already handed out (within the lookahead) keeps its time: the reply
 -- counts them.
 -- Sync: a policy's level is brought down to the tokens remaining upstream
@@ -48,11 +48,11 @@ if hold > 0 then
     mask = bit.bor(mask, st.held)
   end
   st.hold, st.held = math.max(st.hold, now + hold), mask
-  -- Each held policy as it will be at the hold's end (tokens.lua).
+  -- A held policy gains nothing during the hold: its refills resume at
+  -- its end (tokens.lua).
   for k = 1, #ps do
     if mask == 0 or bit.band(mask, 2 ^ (k - 1)) ~= 0 then
-      local p = ps[k]
-      st[k].level, st[k].anchor = refill(st[k].level, st[k].anchor, st.hold, p.cap, p.amount, p.freq)
+      st[k].anchor = math.max(st[k].anchor, st.hold)
     end
   end
 end
