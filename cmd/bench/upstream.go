@@ -1,16 +1,13 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"sync"
 	"syscall"
@@ -21,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/upstreamtest"
+	"github.com/sluicehq/sluice/internal/workers"
 	"github.com/sluicehq/sluice/transport"
 	"github.com/sluicehq/sluice/upstream"
 )
@@ -221,7 +219,7 @@ func (u *Upstream) runCase(ctx context.Context, e *env, c upstreamCase, feedback
 		t := time.AfterFunc(time.Until(begin.Add(c.outageAt)), func() { up.Outage(u.Outage) })
 		defer t.Stop()
 	}
-	results, err := runUpstreamWorkers(ctx, specs)
+	results, err := workers.Run[upstreamSpec, upstreamResult](ctx, upstreamEnv, specs)
 	if err != nil {
 		return UpstreamRow{}, err
 	}
@@ -328,37 +326,6 @@ type upstreamResult struct {
 	Requests int    `json:"requests"` // answered by the upstream, retries included
 	Errors   int    `json:"errors"`
 	Err      string `json:"first_error,omitempty"`
-}
-
-// runUpstreamWorkers runs one worker process per spec (this binary run
-// again) and gathers their results.
-func runUpstreamWorkers(ctx context.Context, specs []upstreamSpec) ([]upstreamResult, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	results := make([]upstreamResult, len(specs))
-	errs := make([]error, len(specs))
-	var wg sync.WaitGroup
-	for i, spec := range specs {
-		raw, err := json.Marshal(spec)
-		if err != nil {
-			return nil, err
-		}
-		wg.Go(func() {
-			cmd := exec.CommandContext(ctx, self)
-			cmd.Env = append(os.Environ(), upstreamEnv+"="+string(raw))
-			var out, stderr bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &stderr
-			if err := cmd.Run(); err != nil {
-				errs[i] = fmt.Errorf("worker %d: %v: %s", i, err, bytes.TrimSpace(stderr.Bytes()))
-				return
-			}
-			errs[i] = json.Unmarshal(out.Bytes(), &results[i])
-		})
-	}
-	wg.Wait()
-	return results, errors.Join(errs...)
 }
 
 // upstreamWorker is one worker process: its callers send GETs to the

@@ -1,19 +1,18 @@
 package semabench
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/workers"
 )
 
 // EnvWorker is the environment variable that makes a binary one of
@@ -91,42 +90,22 @@ func RunProcs(ctx context.Context, rdb redis.UniversalClient, server *redis.Opti
 	if err := burst(ctx, rdb, run+"-burst", opt, &r); err != nil {
 		return r, err
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return r, err
-	}
 	// Time for the workers to start and connect before the run begins.
 	begin := time.Now().Add(time.Second)
-	spans := make([]Spans, procs)
-	errs := make([]error, procs)
-	var wg sync.WaitGroup
-	for i := range procs {
+	specs := make([]workerSpec, procs)
+	for i := range specs {
 		n := opt.Callers / procs
 		if i < opt.Callers%procs {
 			n++
 		}
-		raw, err := json.Marshal(workerSpec{
+		specs[i] = workerSpec{
 			Addr: server.Addr, Username: server.Username, Password: server.Password, DB: server.DB,
 			Name: run + "-saturated", Opt: o, Callers: n, Begin: begin.UnixNano(),
-		})
-		if err != nil {
-			return r, err
 		}
-		wg.Go(func() {
-			cmd := exec.CommandContext(ctx, self)
-			cmd.Env = append(os.Environ(), EnvWorker+"="+string(raw))
-			var out, stderr bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &stderr
-			if err := cmd.Run(); err != nil {
-				errs[i] = fmt.Errorf("semabench: worker %d: %w: %s", i, err, bytes.TrimSpace(stderr.Bytes()))
-				return
-			}
-			errs[i] = json.Unmarshal(out.Bytes(), &spans[i])
-		})
 	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return r, err
+	spans, err := workers.Run[workerSpec, Spans](ctx, EnvWorker, specs)
+	if err != nil {
+		return r, fmt.Errorf("semabench: %w", err)
 	}
 	var all Spans
 	for _, sp := range spans {

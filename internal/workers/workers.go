@@ -1,0 +1,50 @@
+// Package workers runs this binary again as worker processes, as separate
+// processes of an application would be (each its own Go runtime,
+// connections and limiter): the parent passes each one its spec as JSON in
+// an environment variable and reads its result as JSON from its stdout.
+// The binary's main (or an init hook) checks the variable first.
+package workers
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+)
+
+// Run starts one worker per spec, this binary with env set to the spec's
+// JSON, waits for them all, and returns their results, decoded from each
+// one's stdout, in the specs' order. A worker that fails is an error
+// naming it, with its stderr.
+func Run[S, R any](ctx context.Context, env string, specs []S) ([]R, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	results := make([]R, len(specs))
+	errs := make([]error, len(specs))
+	var wg sync.WaitGroup
+	for i, spec := range specs {
+		raw, err := json.Marshal(spec)
+		if err != nil {
+			return nil, err
+		}
+		wg.Go(func() {
+			cmd := exec.CommandContext(ctx, self)
+			cmd.Env = append(os.Environ(), env+"="+string(raw))
+			var out, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &stderr
+			if err := cmd.Run(); err != nil {
+				errs[i] = fmt.Errorf("worker %d: %w: %s", i, err, bytes.TrimSpace(stderr.Bytes()))
+				return
+			}
+			errs[i] = json.Unmarshal(out.Bytes(), &results[i])
+		})
+	}
+	wg.Wait()
+	return results, errors.Join(errs...)
+}
