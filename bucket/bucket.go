@@ -144,15 +144,18 @@ type Config struct {
 	// process started with the old policies during a rolling deploy.
 	Adopt bool
 	// Adapt lets the upstream's refusals (Feedback with a refused signal,
-	// as package transport sends) lower the rate in force for every
-	// process, and lets it creep back to the configured rate while the
-	// upstream stays quiet: each refusal multiplies every policy's refill
-	// rate by 0.7 (refusals within a second of a step down count once;
-	// never below 1/16 of the configured rate), and after 2 s without a
-	// step down, each second adds 5 % of the configured rate back (tried
-	// by this process's Enter and Feedback calls). The slowed policies
-	// are stored in Redis as a live change (SetLimits with AsIs), which
-	// every process follows; SetLimits ends the adaptation.
+	// as package transport sends; not an outage's 503) lower the rate in
+	// force for every process, and lets it climb back while the upstream
+	// stays quiet: each refusal multiplies every policy's refill rate by
+	// 0.85 (refusals within a second of a step down count once; never
+	// below 1/16 of the configured rate); from 2 s after it, each second
+	// the rate climbs fast (half the way, at least 1 % of the configured
+	// rate) to 95 % of the rate last refused, then by 1 % of the
+	// configured rate a step (5 % once the last refusal is 30 s old), up
+	// to the configured rate. Steps up are tried by this process's Enter
+	// and Feedback calls. The slowed policies are stored in Redis as a
+	// live change (SetLimits with AsIs), which every process follows;
+	// SetLimits ends the adaptation. See docs/upstream.md.
 	Adapt bool
 	// ReplicaAcks, when above 0, closes the gap a failover leaves
 	// (docs/guarantees.md, "Failover"): a caller learns its grant only

@@ -177,16 +177,22 @@ func (c *syncClock) due(i, n int, now time.Time) bool {
 	return true
 }
 
-// Adapt's rule (Config.Adapt): additive increase, multiplicative decrease
-// of every policy's refill rate, shared in Redis. The AWS SDK's adaptive
-// retry mode does the like inside one process; here the fleet adapts
-// together.
+// Adapt's rule (Config.Adapt): a multiplicative decrease of every
+// policy's refill rate on a refusal, then a climb back that remembers where
+// the upstream refused (as CUBIC and the AWS SDK's adaptive retry mode
+// do, inside one process; here the fleet adapts together, in Redis): fast
+// to just under that rate, then a slow probe above it. Each refusal costs
+// the fleet a whole Retry-After, so the rule aims to refuse seldom.
 const (
-	adaptDown  = 0.7             // a refusal multiplies the rate in force by this
-	adaptFloor = 1.0 / 16        // never below this share of the configured rate
-	adaptUp    = 0.05            // each quiet step adds this share of the configured rate
-	adaptEvery = time.Second     // at most one step (down or up) per this, fleet-wide
-	adaptQuiet = 2 * time.Second // steps up only this long after the last step down
+	adaptDown    = 0.85             // a refusal multiplies the rate in force by this
+	adaptFloor   = 1.0 / 16         // never below this share of the configured rate
+	adaptNear    = 0.95             // the climb is fast up to this share of the rate last refused
+	adaptProbe   = 0.01             // then each step adds this share of the configured rate
+	adaptFar     = 0.05             // or this, once the last refusal is adaptLong old
+	adaptLong    = 30 * time.Second // see adaptFar
+	adaptEvery   = time.Second      // at most one step (down or up) per this, fleet-wide
+	adaptQuiet   = 2 * time.Second  // steps up only this long after the last step down
+	adaptMinStep = 0.01             // the least a fast step adds
 )
 
 // adaptStep lowers (down) or raises the rate in force for every process
@@ -203,16 +209,29 @@ func (b *Bucket) adaptStep(ctx context.Context, down bool) error {
 			if since(old.DownAt) < adaptEvery {
 				return old, false // the refusals of one episode count once
 			}
+			peak := f
 			f = max(f*adaptDown, adaptFloor)
-			return queue.Config{Policies: slowed(base, f), Base: base, Factor: f, DownAt: t, UpAt: old.UpAt}, true
+			return queue.Config{Policies: slowed(base, f), Base: base, Factor: f, DownAt: t, UpAt: old.UpAt, Peak: peak}, true
 		}
 		if f >= 1 || since(old.DownAt) < adaptQuiet || since(old.UpAt) < adaptEvery {
 			return old, false
 		}
-		if f += adaptUp; f >= 1 {
+		peak := old.Peak
+		if peak <= 0 {
+			peak = 1
+		}
+		switch near := adaptNear * peak; {
+		case since(old.DownAt) >= adaptLong:
+			f += adaptFar
+		case f < near:
+			f += max((near-f)/2, adaptMinStep)
+		default:
+			f += adaptProbe
+		}
+		if f >= 1 {
 			return queue.Config{Policies: base}, true // back at the configured rate
 		}
-		return queue.Config{Policies: slowed(base, f), Base: base, Factor: f, DownAt: old.DownAt, UpAt: t}, true
+		return queue.Config{Policies: slowed(base, f), Base: base, Factor: f, DownAt: old.DownAt, UpAt: t, Peak: peak}, true
 	})
 	if err != nil {
 		return b.redisErr(ctx, err)

@@ -18,7 +18,7 @@ type Inspection struct {
 	Policies []Policy
 	Stored   bool
 	// Adapting is the share of the configured rate in force while
-	// Config.Adapt has slowed it (0.7, 0.75, ...); 0 when it has not.
+	// Config.Adapt has slowed it (0.85, 0.9, ...); 0 when it has not.
 	Adapting float64
 	// Levels are each policy's tokens, refilled to Now (during a hold, a
 	// held policy's tokens at the hold's end).

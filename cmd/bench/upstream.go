@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -40,6 +42,7 @@ type Upstream struct {
 	Rate     int           `json:"upstream_rate"`
 	Burst    int           `json:"upstream_burst"`
 	Outage   time.Duration `json:"outage_ns"`
+	Only     string        `json:"cases,omitempty"` // --upstream-cases
 	Rows     []UpstreamRow `json:"rows"`
 }
 
@@ -128,6 +131,7 @@ func (u *Upstream) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&u.Duration, "upstream-duration", 30*time.Second, "how long the at-limit and 25 %-over cases run (the outage case runs 7 s)")
 	fs.IntVar(&u.Rate, "upstream-rate", 100, "the upstream's limit, requests a second")
 	fs.IntVar(&u.Burst, "upstream-burst", 20, "the upstream's burst: requests it accepts at once")
+	fs.StringVar(&u.Only, "upstream-cases", "", "run only these cases, comma-separated (at-limit, at-limit-headroom, 25pct-over, outage); \"\" runs all")
 	// Whole seconds: the first 503 announces it exactly as Retry-After.
 	u.Outage = 2 * time.Second
 }
@@ -141,6 +145,11 @@ func (u *Upstream) check() error {
 		return fmt.Errorf("--upstream-rate %d: want between 1 and 100,000", u.Rate)
 	case u.Burst < 1:
 		return fmt.Errorf("--upstream-burst %d: want ≥ 1", u.Burst)
+	}
+	for _, name := range strings.Split(u.Only, ",") {
+		if name != "" && !slices.ContainsFunc(u.cases(), func(c upstreamCase) bool { return c.name == name }) {
+			return fmt.Errorf("--upstream-cases: no case %q (at-limit, at-limit-headroom, 25pct-over, outage)", name)
+		}
 	}
 	return nil
 }
@@ -187,6 +196,9 @@ func (u *Upstream) cases() []upstreamCase {
 func (u *Upstream) run(ctx context.Context, e *env) error {
 	u.Rows = nil
 	for _, c := range u.cases() {
+		if u.Only != "" && !slices.Contains(strings.Split(u.Only, ","), c.name) {
+			continue
+		}
 		for _, fb := range c.modes {
 			e.logf("upstream: %s, feedback %s: %d callers in %d processes for %v, bucket at %d/s capacity %d, upstream %d/s burst %d...",
 				c.name, fb, u.Callers, u.Procs, c.duration, c.rate, c.capacity, u.Rate, u.Burst)

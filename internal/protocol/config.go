@@ -46,6 +46,8 @@ type Config struct {
 	Base         []Policy
 	Factor       float64
 	DownAt, UpAt int64
+	// Peak is the factor in force when the upstream last refused.
+	Peak float64
 }
 
 // ConfigID names a list of policies: "c" and 16 hex digits of a hash of
@@ -76,6 +78,7 @@ type jsonConfig struct {
 	Factor   float64      `json:"factor,omitempty"`
 	DownAt   int64        `json:"down_at,omitempty"`
 	UpAt     int64        `json:"up_at,omitempty"`
+	Peak     float64      `json:"peak,omitempty"`
 }
 
 func toJSON(ps []Policy) []jsonPolicy {
@@ -96,7 +99,7 @@ func fromJSON(js []jsonPolicy) []Policy {
 
 // FormatConfig is the config key's value for c.
 func FormatConfig(c Config) string {
-	j := jsonConfig{Policies: toJSON(c.Policies), Replaced: c.Replaced, Base: toJSON(c.Base), Factor: c.Factor, DownAt: c.DownAt, UpAt: c.UpAt}
+	j := jsonConfig{Policies: toJSON(c.Policies), Replaced: c.Replaced, Base: toJSON(c.Base), Factor: c.Factor, DownAt: c.DownAt, UpAt: c.UpAt, Peak: c.Peak}
 	if len(j.Replaced) > replacedKept {
 		j.Replaced = j.Replaced[:replacedKept]
 	}
@@ -120,7 +123,7 @@ func ParseConfig(raw string) (Config, error) {
 	if err := json.Unmarshal([]byte(js), &j); err != nil || len(j.Policies) == 0 {
 		return Config{}, fmt.Errorf("%w: bucket config %q", groundwork.ErrReply, raw)
 	}
-	c := Config{Policies: fromJSON(j.Policies), Replaced: j.Replaced, Base: fromJSON(j.Base), Factor: j.Factor, DownAt: j.DownAt, UpAt: j.UpAt}
+	c := Config{Policies: fromJSON(j.Policies), Replaced: j.Replaced, Base: fromJSON(j.Base), Factor: j.Factor, DownAt: j.DownAt, UpAt: j.UpAt, Peak: j.Peak}
 	if c.ID() != id {
 		return Config{}, fmt.Errorf("%w: bucket config %q: id %s does not match its policies (%s)", groundwork.ErrReply, raw, id, c.ID())
 	}
