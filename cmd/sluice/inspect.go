@@ -102,7 +102,7 @@ type report struct {
 	Stored   bool          `json:"stored"`
 	Policies []levelReport `json:"policies"`
 	// Adapting is the share of the configured rate in force while Adapt
-	// slows the bucket (0.7, 0.75, ...); 0 when it does not. Policies are
+	// slows the bucket (0.85, 0.9, ...); 0 when it does not. Policies are
 	// then the slowed ones.
 	Adapting float64 `json:"adapting"`
 	Queued   int     `json:"queued"`

@@ -87,8 +87,8 @@ func TestInspectMatchesInspect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !before.Stored || before.Adapting != 0.7 {
-		t.Fatalf("the test's bucket: Stored %v, Adapting %v; want a stored configuration slowed to 0.7", before.Stored, before.Adapting)
+	if !before.Stored || before.Adapting != 0.85 {
+		t.Fatalf("the test's bucket: Stored %v, Adapting %v; want a stored configuration slowed to 0.85", before.Stored, before.Adapting)
 	}
 	between := func(what string, got, a, b int64) {
 		t.Helper()
@@ -120,9 +120,9 @@ func TestInspectMatchesInspect(t *testing.T) {
 		between(fmt.Sprintf("policy %d tokens", i), got.Tokens, before.Levels[i].Tokens, after.Levels[i].Tokens)
 		between(fmt.Sprintf("policy %d next_refill_us", i), got.NextRefillUS, before.Levels[i].NextRefill.Microseconds(), after.Levels[i].NextRefill.Microseconds())
 	}
-	// The policies in force are the slowed ones: 1 every 1h/0.7.
-	if got := r.Policies[0]; got.Unit != "" || got.Capacity != 3 || got.RefillEveryUS != 5142857143 || got.Tokens != 0 {
-		t.Errorf("policy 0 = %+v, want calls, capacity 3, 1 every 1h/0.7, no token", got)
+	// The policies in force are the slowed ones: 1 every 1h/0.85.
+	if got := r.Policies[0]; got.Unit != "" || got.Capacity != 3 || got.RefillEveryUS != 4235294118 || got.Tokens != 0 {
+		t.Errorf("policy 0 = %+v, want calls, capacity 3, 1 every 1h/0.85, no token", got)
 	}
 
 	out := sluice(t, "inspect", "--prefix", "ops", "--redis", url, cfg.Name).ok(t).stdout
@@ -130,9 +130,9 @@ func TestInspectMatchesInspect(t *testing.T) {
 		fmt.Sprintf("bucket %q (prefix \"ops\")", cfg.Name),
 		"policies in force:",
 		"calls  3", "pu     1000",
-		"slowed to 70% of the configured rate",
+		"slowed to 85% of the configured rate",
 		"0 callers waiting",
-		"would wait 1h25m",
+		"would wait 1h10m",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("inspect output lacks %q:\n%s", want, out)
