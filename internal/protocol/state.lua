@@ -162,7 +162,7 @@ local function save(state_key, st, ps, now, grace, done, till, config_key)
   local value
   local x = (st.costed or 0) > 0
   if #st == 1 and not x then
-    value = string.format('%d %d %d %d %d ', done, till, st[1].level, st[1].anchor, FORMAT) .. st.id .. string.format(' %d %d', st.hold or 0, st.held or 0)
+    value = string.format('%d %d %d %d %d %s %d %d', done, till, st[1].level, st[1].anchor, FORMAT, st.id, st.hold or 0, st.held or 0)
   else
     -- One string.format for every number: far cheaper than one each.
     local parts = {done, till}
@@ -171,7 +171,9 @@ local function save(state_key, st, ps, now, grace, done, till, config_key)
       parts[#parts + 1] = st[i].anchor
     end
     parts[#parts + 1] = FORMAT
-    value = string.format(string.rep('%d ', #parts), unpack(parts)) .. st.id .. string.format(' %d %d', st.hold or 0, st.held or 0)
+    local n = #parts
+    parts[n + 1], parts[n + 2], parts[n + 3] = st.id, st.hold or 0, st.held or 0
+    value = string.format(string.rep('%d ', n) .. '%s %d %d', unpack(parts))
     if x then
       parts = {st.costed}
       for i = 1, #st do
