@@ -370,7 +370,8 @@ func TestEstimateSeesTheQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	asked := time.Now()
-	if est.Ahead != 2 || est.Wait < 2*every || est.Wait > 3*every {
+	// A new bucket's refills start up to 5 ms late (state.lua's load).
+	if est.Ahead != 2 || est.Wait < 2*every || est.Wait > 3*every+5*time.Millisecond {
 		t.Fatalf("estimate behind two cost-5 callers = %+v, want 2 ahead and a wait of about 3 refills less the time since the drain", est)
 	}
 	if l, _ := rdb.LLen(ctx, bucket.Keys(b).Queue).Result(); l != 2 {

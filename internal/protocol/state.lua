@@ -32,6 +32,9 @@ local FORMAT = 2
 -- fifth more Redis time): the limit outlives any idle spell of the bucket
 -- shorter than that, and a bucket in steady use renews it every 64 grants.
 local CONFIG_RENEW_EVERY = 64
+
+-- FRESH_LAG_US bounds how late a new bucket's refills start (load).
+local FRESH_LAG_US = 5000
 local CONFIG_TTL_MS = 2592000000
 
 -- check_format refuses a state of a format this code does not know.
@@ -87,8 +90,16 @@ local function load(state_key, ps, now, config_key, id)
   local st = {id = id, done0 = 0, hold = 0, held = 0}
   if not raw then
     config_check(config_key, id)
+    -- A new bucket is full, and its refills start a little late: half a
+    -- period, at most 5 ms (FRESH_LAG_US). An upstream that counts from
+    -- the first request it receives starts its own refills when that
+    -- request arrives, after this grant; lagging its grid keeps the
+    -- requests after the first burst from arriving a jitter ahead of the
+    -- upstream's refills (the one 429 the upstream scenario found at the
+    -- exact limit). It costs at most 5 ms of one refill, once.
     for i = 1, #ps do
-      st[i] = {level = ps[i].cap, anchor = now, extra = 0}
+      local p = ps[i]
+      st[i] = {level = p.cap, anchor = now + math.min(math.floor(p.freq / 2), FRESH_LAG_US), extra = 0}
     end
     st.costed = 0
     return st, 0, 0, true, nil
