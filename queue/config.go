@@ -114,17 +114,41 @@ func (q *Queue) runFor(ctx context.Context, s *redis.Script, keys []string, gran
 		case stored != "" || try > 0:
 			return nil, &ConfigError{Mine: c.id, InForce: stored}
 		}
-		if err := q.rdb.SetNX(ctx, q.keys.Config, protocol.FormatConfig(protocol.Config{Policies: c.policies}), protocol.ConfigTTL).Err(); err != nil {
+		if err := q.storeMine(ctx, c); err != nil {
 			return nil, err
 		}
 	}
 }
 
+// storeMine stores c as the configuration in force, unless one is stored.
+func (q *Queue) storeMine(ctx context.Context, c *conf) error {
+	return q.rdb.SetNX(ctx, q.keys.Config, protocol.FormatConfig(protocol.Config{Policies: c.policies}), protocol.ConfigTTL).Err()
+}
+
+// runInForce is run for calls made on behalf of callers already queued (a
+// cancel, a scheduler step): they serve the bucket, not this process's
+// own policies, so when another configuration is in force (a live change)
+// q follows it, whoever set it, and runs the script again, once.
+func (q *Queue) runInForce(ctx context.Context, s *redis.Script, keys []string, args func(*conf) ([]any, error)) (any, error) {
+	reply, err := q.run(ctx, s, keys, args)
+	var cerr *ConfigError
+	if !errors.As(err, &cerr) {
+		return reply, err
+	}
+	c, ok, rerr := q.ReadConfig(ctx)
+	if rerr != nil || !ok {
+		return nil, err
+	}
+	q.Follow(c)
+	return q.run(ctx, s, keys, args)
+}
+
 // Run runs script s, whose arguments args makes from the policies as the
-// scripts read them (protocol.PolicyArgs), under the configuration q runs
-// under, as q's own scripts run: a *ConfigError when another is in force.
+// scripts read them (protocol.PolicyArgs), for the whole bucket (the
+// scheduler's step): under the configuration in force, which q follows
+// when a live change put another in force, whoever set it.
 func (q *Queue) Run(ctx context.Context, s *redis.Script, keys []string, args func(policyArgs []any) []any) (any, error) {
-	return q.run(ctx, s, keys, func(c *conf) ([]any, error) { return args(c.args), nil })
+	return q.runInForce(ctx, s, keys, func(c *conf) ([]any, error) { return args(c.args), nil })
 }
 
 // Policies returns the policies q runs under now, and their id.
@@ -190,8 +214,7 @@ func (q *Queue) Change(ctx context.Context, rule int, next func(old Config, now 
 			return ChangeResult{}, err
 		}
 		if !ok {
-			mine := q.conf.Load()
-			if err := q.rdb.SetNX(ctx, q.keys.Config, protocol.FormatConfig(protocol.Config{Policies: mine.policies}), protocol.ConfigTTL).Err(); err != nil {
+			if err := q.storeMine(ctx, q.conf.Load()); err != nil {
 				return ChangeResult{}, err
 			}
 			continue

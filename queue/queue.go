@@ -357,24 +357,10 @@ const (
 	notFound cancelResult = 2 // unknown ID
 )
 
+// cancel runs under the configuration in force: callers that queued
+// before a live change leave under the new one.
 func (q *Queue) cancel(ctx context.Context, entries []string) ([]cancelResult, error) {
-	r, err := q.cancelOnce(ctx, entries)
-	var cerr *ConfigError
-	if errors.As(err, &cerr) {
-		// A live change since these callers queued: they leave under the
-		// configuration in force.
-		c, ok, rerr := q.ReadConfig(ctx)
-		if rerr != nil || !ok {
-			return nil, err
-		}
-		q.Follow(c)
-		r, err = q.cancelOnce(ctx, entries)
-	}
-	return r, err
-}
-
-func (q *Queue) cancelOnce(ctx context.Context, entries []string) ([]cancelResult, error) {
-	reply, err := q.run(ctx, cancelScript, []string{q.keys.Queue, q.keys.Slot, q.keys.State, q.keys.Config}, func(c *conf) ([]any, error) {
+	reply, err := q.runInForce(ctx, cancelScript, []string{q.keys.Queue, q.keys.Slot, q.keys.State, q.keys.Config}, func(c *conf) ([]any, error) {
 		args := make([]any, 2, 2+len(entries))
 		args[0], args[1] = c.id, c.calls
 		for _, e := range entries {

@@ -3,7 +3,6 @@ package scheduler
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"time"
 
@@ -39,23 +38,12 @@ type stepReply struct {
 // step runs one step of q's scheduler as the holder of the lock token.
 func step(ctx context.Context, rdb redis.Scripter, q *queue.Queue, token string) (stepReply, error) {
 	o, k := q.Options(), q.Keys()
-	for try := 0; ; try++ {
-		r, err := parseStep(q.Run(ctx, stepScript, k.List(), func(policies []any) []any {
-			args := []any{token, o.LockTTL.Milliseconds(), groundwork.Micros(o.Lookahead), o.MaxBatch, groundwork.Micros(o.Grace), groundwork.Micros(o.Lead), k.Wake}
-			return append(args, policies...)
-		}))
-		var cerr *queue.ConfigError
-		if !errors.As(err, &cerr) || try > 0 {
-			return r, err
-		}
-		// A live change: the scheduler serves every process's callers,
-		// so it follows the configuration in force, whoever set it.
-		c, ok, rerr := q.ReadConfig(ctx)
-		if rerr != nil || !ok {
-			return r, err
-		}
-		q.Follow(c)
-	}
+	// The scheduler serves every process's callers: q.Run follows the
+	// configuration in force after a live change, whoever set it.
+	return parseStep(q.Run(ctx, stepScript, k.List(), func(policies []any) []any {
+		args := []any{token, o.LockTTL.Milliseconds(), groundwork.Micros(o.Lookahead), o.MaxBatch, groundwork.Micros(o.Grace), groundwork.Micros(o.Lead), k.Wake}
+		return append(args, policies...)
+	}))
 }
 
 // parseStep checks a step reply.
