@@ -256,14 +256,14 @@ func TestSetCapacityLowerNoRevoke(t *testing.T) {
 		}
 	}
 	check("after the lowering", 4, 2)
-	held[0].Release(ctx) // 3 held, capacity 2: nobody in
+	releaseGone(t, e.rdb, held[0]) // 3 held, capacity 2: nobody in
 	check("after one release", 3, 2)
-	held[1].Release(ctx) // 2 held: still nobody
+	releaseGone(t, e.rdb, held[1]) // 2 held: still nobody
 	check("after two releases", 2, 2)
-	held[2].Release(ctx) // 1 held: one in
+	releaseGone(t, e.rdb, held[2]) // 1 held: one in
 	check("after three releases", 2, 1)
 	q := <-got
-	held[3].Release(ctx)
+	releaseGone(t, e.rdb, held[3])
 	check("after four releases", 2, 0)
 	q2 := <-got
 	q.Release(ctx)

@@ -67,6 +67,42 @@ func (s *Semaphore) dispatch() {
 	}
 }
 
+// releaseLane sends releases as they come, one exchange at a time:
+// whatever is released while one is in flight goes out together in the
+// next. It returns at Close once nothing is left. It carries no arrivals:
+// a waiter's leave goes through the dispatcher, and must never overtake
+// its arrival in flight on another lane (the direct lane's caller gives
+// up only once its exchange has returned).
+func (s *Semaphore) releaseLane() {
+	for range s.relKick {
+		for {
+			s.mu.Lock()
+			b := batch{releases: s.pendRelease}
+			s.pendRelease = nil
+			closed := s.closed
+			s.mu.Unlock()
+			if b.empty() {
+				if closed {
+					return
+				}
+				break
+			}
+			s.exchange(context.Background(), b)
+		}
+	}
+}
+
+// takeAcquiresLocked takes the arrivals pending, marking them sent.
+func (s *Semaphore) takeAcquiresLocked(now time.Time) []*waiter {
+	acquires := s.pendAcquire
+	s.pendAcquire = nil
+	for _, w := range acquires {
+		w.sent = true
+		w.deadline = now.Add(s.cfg.QueueTTL)
+	}
+	return acquires
+}
+
 // gather lets callers made runnable together (a burst) queue up before the
 // exchange, so they share it instead of trickling into the next one: it
 // yields while arrivals keep coming, a few times at most.
@@ -115,11 +151,7 @@ func (s *Semaphore) take() (batch, bool) {
 			}
 		}
 	}
-	b.acquires, s.pendAcquire = s.pendAcquire, nil
-	for _, w := range b.acquires {
-		w.sent = true
-		w.deadline = now.Add(s.cfg.QueueTTL)
-	}
+	b.acquires = s.takeAcquiresLocked(now)
 	return b, s.closed
 }
 
@@ -295,10 +327,14 @@ func (s *Semaphore) failed(b batch, cause error, callerEnded bool) {
 		b.set.done <- err
 	}
 	for _, r := range b.releases {
-		if r.done != nil {
-			r.done <- err
+		if !now.Before(r.until) {
+			continue
 		}
-		if now.Before(r.until) {
+		if callerEnded {
+			// Only an arrival's caller gave up: send them again now.
+			s.pendRelease = append(s.pendRelease, releaseOp{id: r.id, until: r.until})
+			s.kickRelease()
+		} else {
 			s.retryRelease = append(s.retryRelease, releaseOp{id: r.id, until: r.until})
 		}
 	}
@@ -330,13 +366,14 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 		b.set.done <- nil
 	}
 	for i, op := range b.releases {
-		if op.done == nil {
-			continue
-		}
-		if r.released[i] == 1 {
-			op.done <- nil
-		} else {
-			op.done <- ErrLeaseLost
+		if op.asked && r.released[i] != 1 {
+			// Its holder released it in good faith: the lease had ended
+			// in Redis unnoticed (a restart without persistence).
+			s.leasesLost.Add(1)
+			if l := s.cfg.Logger; l != nil {
+				l.Warn("sluice: semaphore permit released was no longer held in Redis: another caller may have held its place",
+					"semaphore", s.cfg.Name, "permit", op.id)
+			}
 		}
 	}
 	for i, p := range b.renews {

@@ -2,6 +2,7 @@ package semaphore
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -98,4 +99,20 @@ func (e *env) stateLeft(t *testing.T) int {
 		}
 	}
 	return n
+}
+
+// releaseGone releases p and waits until Redis no longer has its lease:
+// Release returns before the release reaches Redis.
+func releaseGone(t *testing.T, rdb *redis.Client, p *Permit) {
+	t.Helper()
+	if err := p.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Second, "the release to reach Redis", func() bool {
+		err := rdb.ZScore(context.Background(), p.s.keys[0], p.id).Err()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatal(err)
+		}
+		return errors.Is(err, redis.Nil)
+	})
 }

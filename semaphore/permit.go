@@ -28,12 +28,21 @@ type Permit struct {
 	timer    *time.Timer // fires at deadline unless a renewal moved it
 }
 
-// Release gives the place back, its whole weight at once. Releasing twice returns nil and does
-// nothing; releasing a permit whose lease was lost returns ErrLeaseLost and
-// does not touch anyone else's place. On other errors (Redis unreachable)
-// the place is freed when its lease runs out, within Config.LeaseTTL. An
-// error matching ctx.Err() means ctx ended before Redis answered; the
-// release still happens.
+// Release gives the place back, its whole weight at once, and returns
+// without waiting for Redis: the release goes out with this Semaphore's
+// next exchange (at once when none is in flight, or together with an
+// arrival), so a caller that releases and acquires again pays one round
+// trip, not two. Until Redis has it, the place stays taken there, never
+// given twice; Close sends every release still pending, so a process
+// that exits after Close leaves no permit behind.
+//
+// Releasing twice returns nil and does nothing; releasing a permit whose
+// lease is known lost (Lost is closed) returns ErrLeaseLost and touches no
+// one else's place. A release Redis finds no longer held (the lease ended
+// there unnoticed, as after a restart without persistence) counts in
+// Stats.LeasesLost and is logged. A release that cannot reach Redis is
+// retried until the lease would have ended anyway. ctx is not used: the
+// release no longer waits for anything.
 func (p *Permit) Release(ctx context.Context) error {
 	s := p.s
 	s.mu.Lock()
@@ -46,52 +55,10 @@ func (p *Permit) Release(ctx context.Context) error {
 		s.mu.Unlock()
 		return ErrLeaseLost
 	}
-	done := make(chan error, 1)
-	op := s.releaseLocked(p, done)
-	if s.releasing {
-		// One is in flight: this one goes with the next, sent by the
-		// goroutine that sent that one.
-		s.pendDirect = append(s.pendDirect, op)
-		s.mu.Unlock()
-		select {
-		case err := <-done:
-			return err
-		case <-ctx.Done():
-			return ctx.Err() // the release goes out all the same
-		}
-	}
-	s.releasing = true
+	s.pendRelease = append(s.pendRelease, s.releaseLocked(p))
 	s.mu.Unlock()
-	// Sent from here rather than through the dispatcher: the next waiter's
-	// turn should not wait behind an exchange already in flight.
-	s.exchange(ctx, batch{releases: []releaseOp{op}})
-	s.sendReleases()
-	return <-done
-}
-
-// sendReleases sends the releases that queued while one was in flight,
-// together, a few rounds at most; what still comes after goes to the
-// dispatcher, so no caller of Release carries others' for long.
-func (s *Semaphore) sendReleases() {
-	for range 3 {
-		s.mu.Lock()
-		ops := s.pendDirect
-		s.pendDirect = nil
-		if len(ops) == 0 {
-			s.releasing = false
-			s.mu.Unlock()
-			return
-		}
-		s.mu.Unlock()
-		// Others' releases: not bound to this caller's ctx.
-		s.exchange(context.Background(), batch{releases: ops})
-	}
-	s.mu.Lock()
-	s.pendRelease = append(s.pendRelease, s.pendDirect...)
-	s.pendDirect = nil
-	s.releasing = false
-	s.mu.Unlock()
-	s.kick()
+	s.kickRelease()
+	return nil
 }
 
 // Lost returns a channel closed when the lease ends before Release: it

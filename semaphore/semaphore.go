@@ -76,6 +76,7 @@ type Semaphore struct {
 	ps          *redis.PubSub
 	nextID      atomic.Uint64
 	kickCh      chan struct{}
+	relKick     chan struct{} // wakes the release lane
 	poke        *time.Timer       // asks for a beat when the first lease ends
 	bg          *background.Group // the dispatcher and the listener
 	psErr       error             // closing ps, at Close
@@ -86,9 +87,7 @@ type Semaphore struct {
 	waiters      map[string]*waiter // waiting, by id
 	holders      map[string]*Permit // held, by id
 	pendAcquire  []*waiter          // not yet sent to Redis
-	pendRelease  []releaseOp        // to send at the dispatcher's next exchange
-	pendDirect   []releaseOp        // to send at the release lane's next exchange
-	releasing    bool               // a release exchange is in flight
+	pendRelease  []releaseOp        // to send at the next exchange (the release lane's, an arrival's)
 	arriving     bool               // a direct arrival is in flight
 	pendLeave    []leaveOp          // to send at the next exchange
 	retryRelease []releaseOp        // failed; sent again at the next beat
@@ -122,8 +121,11 @@ type waiter struct {
 
 type releaseOp struct {
 	id    string
-	until time.Time  // after this the lease is gone anyway: no retry
-	done  chan error // nil when nobody waits for the outcome
+	until time.Time // after this the lease is gone anyway: no retry
+	// asked: released by its holder, whose lease was valid as far as this
+	// process knew; Redis not having it is a loss to report. Not for a
+	// retry (the first try may have freed it) or a lease already lost.
+	asked bool
 }
 
 type leaveOp struct {
@@ -159,6 +161,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 		proc:        hex.EncodeToString(raw[:]),
 		callTimeout: max(2*cfg.beat(), 100*time.Millisecond),
 		kickCh:      make(chan struct{}, 1),
+		relKick:     make(chan struct{}, 1),
 		waiters:     make(map[string]*waiter),
 		holders:     make(map[string]*Permit),
 		capacity:    cfg.Capacity,
@@ -177,6 +180,10 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 	// is pending (leaves, releases), each exchange bounded by callTimeout,
 	// and returns once nothing is left.
 	s.bg.Go(func(context.Context) { s.dispatch() })
+	// The release lane, likewise: it sends releases (and the arrivals
+	// pending then) as soon as they come, so a handoff never waits behind
+	// the dispatcher's exchange in flight.
+	s.bg.Go(func(context.Context) { s.releaseLane() })
 	return s, nil
 }
 
@@ -277,17 +284,21 @@ func (s *Semaphore) acquire(ctx context.Context, n int) (_ *Permit, queued bool,
 	// the dispatcher has in flight: no hop to the dispatcher and back.
 	// Arrivals that find one in flight queue for the dispatcher, which
 	// sends them together.
+	// It carries the releases pending, so a caller that released and
+	// acquires again pays one round trip.
 	direct := !s.arriving && len(s.pendAcquire) == 0
+	var releases []releaseOp
 	if direct {
 		s.arriving = true
 		w.sent = true
 		w.deadline = time.Now().Add(s.cfg.QueueTTL)
+		releases, s.pendRelease = s.pendRelease, nil
 	} else {
 		s.pendAcquire = append(s.pendAcquire, w)
 	}
 	s.mu.Unlock()
 	if direct {
-		s.exchange(ctx, batch{acquires: []*waiter{w}, wantWait: true})
+		s.exchange(ctx, batch{acquires: []*waiter{w}, releases: releases, wantWait: true})
 		s.mu.Lock()
 		s.arriving = false
 		pending := len(s.pendAcquire) > 0
@@ -460,18 +471,14 @@ func (s *Semaphore) Close() error {
 	}
 	s.mu.Unlock()
 	s.kick()
+	s.kickRelease()
 	s.bg.Close()
 	err := s.psErr
 
 	s.poke.Stop()
 
-	// Whatever the dispatcher could not send is answered here.
+	// Whatever the lanes could not send expires in Redis on its own.
 	s.mu.Lock()
-	for _, r := range s.pendRelease {
-		if r.done != nil {
-			r.done <- ErrClosed
-		}
-	}
 	s.pendRelease, s.pendLeave, s.retryRelease, s.retryLeave = nil, nil, nil, nil
 	s.mu.Unlock()
 	if err != nil {
@@ -484,6 +491,14 @@ func (s *Semaphore) Close() error {
 func (s *Semaphore) kick() {
 	select {
 	case s.kickCh <- struct{}{}:
+	default:
+	}
+}
+
+// kickRelease wakes the release lane.
+func (s *Semaphore) kickRelease() {
+	select {
+	case s.relKick <- struct{}{}:
 	default:
 	}
 }
@@ -578,12 +593,12 @@ func (s *Semaphore) loseLocked(p *Permit, why string) {
 }
 
 // releaseLocked ends a held permit at its holder's request.
-func (s *Semaphore) releaseLocked(p *Permit, done chan error) releaseOp {
+func (s *Semaphore) releaseLocked(p *Permit) releaseOp {
 	p.state = released
 	p.timer.Stop()
 	delete(s.holders, p.id)
 	s.held.Add(-int64(p.weight))
-	return releaseOp{id: p.id, until: p.deadline, done: done}
+	return releaseOp{id: p.id, until: p.deadline, asked: true}
 }
 
 // listen receives grant notifications for this process's waiters.
