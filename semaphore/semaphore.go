@@ -76,7 +76,7 @@ type Semaphore struct {
 	ps          *redis.PubSub
 	nextID      atomic.Uint64
 	kickCh      chan struct{}
-	relKick     chan struct{} // wakes the release lane
+	relKick     chan struct{}     // wakes the release lane
 	poke        *time.Timer       // asks for a beat when the first lease ends
 	bg          *background.Group // the dispatcher and the listener
 	psErr       error             // closing ps, at Close
