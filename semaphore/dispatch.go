@@ -54,7 +54,10 @@ func (s *Semaphore) dispatch() {
 		}
 		s.gather()
 		for {
-			b, closed := s.take()
+			b, closed, busy := s.take()
+			if busy {
+				break // a direct arrival's exchange: it kicks when done
+			}
 			if b.empty() {
 				if closed {
 					return
@@ -63,31 +66,9 @@ func (s *Semaphore) dispatch() {
 			}
 			b.wantWait = true
 			s.exchange(context.Background(), b)
-		}
-	}
-}
-
-// releaseLane sends releases as they come, one exchange at a time:
-// whatever is released while one is in flight goes out together in the
-// next. It returns at Close once nothing is left. It carries no arrivals:
-// a waiter's leave goes through the dispatcher, and must never overtake
-// its arrival in flight on another lane (the direct lane's caller gives
-// up only once its exchange has returned).
-func (s *Semaphore) releaseLane() {
-	for range s.relKick {
-		for {
 			s.mu.Lock()
-			b := batch{releases: s.pendRelease}
-			s.pendRelease = nil
-			closed := s.closed
+			s.sending = false
 			s.mu.Unlock()
-			if b.empty() {
-				if closed {
-					return
-				}
-				break
-			}
-			s.exchange(context.Background(), b)
 		}
 	}
 }
@@ -120,12 +101,15 @@ func (s *Semaphore) gather() {
 	}
 }
 
-// take collects the next batch.
-func (s *Semaphore) take() (batch, bool) {
+// take collects the next batch and marks it in flight; busy reports an
+// exchange already in flight (nothing taken).
+func (s *Semaphore) take() (b batch, closed, busy bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.sending {
+		return b, s.closed, true
+	}
 	now := time.Now()
-	var b batch
 	b.releases, s.pendRelease = s.pendRelease, nil
 	b.leaves, s.pendLeave = s.pendLeave, nil
 	if s.beatDue && !s.closed {
@@ -152,7 +136,8 @@ func (s *Semaphore) take() (batch, bool) {
 		}
 	}
 	b.acquires = s.takeAcquiresLocked(now)
-	return b, s.closed
+	s.sending = !b.empty()
+	return b, s.closed, false
 }
 
 // exchange sends b to Redis and applies the reply, within s.callTimeout
@@ -333,7 +318,7 @@ func (s *Semaphore) failed(b batch, cause error, callerEnded bool) {
 		if callerEnded {
 			// Only an arrival's caller gave up: send them again now.
 			s.pendRelease = append(s.pendRelease, releaseOp{id: r.id, until: r.until})
-			s.kickRelease()
+			s.kick()
 		} else {
 			s.retryRelease = append(s.retryRelease, releaseOp{id: r.id, until: r.until})
 		}

@@ -57,7 +57,7 @@ func (p *Permit) Release(ctx context.Context) error {
 	}
 	s.pendRelease = append(s.pendRelease, s.releaseLocked(p))
 	s.mu.Unlock()
-	s.kickRelease()
+	s.kick()
 	return nil
 }
 

@@ -76,7 +76,6 @@ type Semaphore struct {
 	ps          *redis.PubSub
 	nextID      atomic.Uint64
 	kickCh      chan struct{}
-	relKick     chan struct{}     // wakes the release lane
 	poke        *time.Timer       // asks for a beat when the first lease ends
 	bg          *background.Group // the dispatcher and the listener
 	psErr       error             // closing ps, at Close
@@ -88,7 +87,7 @@ type Semaphore struct {
 	holders      map[string]*Permit // held, by id
 	pendAcquire  []*waiter          // not yet sent to Redis
 	pendRelease  []releaseOp        // to send at the next exchange (the release lane's, an arrival's)
-	arriving     bool               // a direct arrival is in flight
+	sending      bool               // this process's exchange is in flight (one at a time)
 	pendLeave    []leaveOp          // to send at the next exchange
 	retryRelease []releaseOp        // failed; sent again at the next beat
 	retryLeave   []leaveOp          // failed; sent again at the next beat
@@ -161,7 +160,6 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 		proc:        hex.EncodeToString(raw[:]),
 		callTimeout: max(2*cfg.beat(), 100*time.Millisecond),
 		kickCh:      make(chan struct{}, 1),
-		relKick:     make(chan struct{}, 1),
 		waiters:     make(map[string]*waiter),
 		holders:     make(map[string]*Permit),
 		capacity:    cfg.Capacity,
@@ -180,10 +178,6 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 	// is pending (leaves, releases), each exchange bounded by callTimeout,
 	// and returns once nothing is left.
 	s.bg.Go(func(context.Context) { s.dispatch() })
-	// The release lane, likewise: it sends releases (and the arrivals
-	// pending then) as soon as they come, so a handoff never waits behind
-	// the dispatcher's exchange in flight.
-	s.bg.Go(func(context.Context) { s.releaseLane() })
 	return s, nil
 }
 
@@ -280,16 +274,18 @@ func (s *Semaphore) acquire(ctx context.Context, n int) (_ *Permit, queued bool,
 		return nil, false, ErrClosed
 	}
 	s.waiters[w.id] = w
-	// A lone arrival goes out at once from this goroutine, beside whatever
-	// the dispatcher has in flight: no hop to the dispatcher and back.
-	// Arrivals that find one in flight queue for the dispatcher, which
-	// sends them together.
+	// A process has one exchange in flight at a time, so everything asked
+	// for meanwhile goes out together in the next (and a leave can never
+	// overtake its arrival). A lone arrival, finding none in flight, goes
+	// out at once from this goroutine: no hop to the dispatcher and back.
 	// It carries the releases pending, so a caller that released and
-	// acquires again pays one round trip.
-	direct := !s.arriving && len(s.pendAcquire) == 0
+	// acquires again pays one round trip; the rest (others' arrivals,
+	// leaves) is the dispatcher's, because this exchange is bound to this
+	// caller's ctx.
+	direct := !s.sending && len(s.pendAcquire) == 0
 	var releases []releaseOp
 	if direct {
-		s.arriving = true
+		s.sending = true
 		w.sent = true
 		w.deadline = time.Now().Add(s.cfg.QueueTTL)
 		releases, s.pendRelease = s.pendRelease, nil
@@ -300,15 +296,10 @@ func (s *Semaphore) acquire(ctx context.Context, n int) (_ *Permit, queued bool,
 	if direct {
 		s.exchange(ctx, batch{acquires: []*waiter{w}, releases: releases, wantWait: true})
 		s.mu.Lock()
-		s.arriving = false
-		pending := len(s.pendAcquire) > 0
+		s.sending = false
 		s.mu.Unlock()
-		if pending {
-			s.kick()
-		}
-	} else {
-		s.kick()
 	}
+	s.kick()
 
 	select {
 	case <-w.ch:
@@ -471,7 +462,6 @@ func (s *Semaphore) Close() error {
 	}
 	s.mu.Unlock()
 	s.kick()
-	s.kickRelease()
 	s.bg.Close()
 	err := s.psErr
 
@@ -491,14 +481,6 @@ func (s *Semaphore) Close() error {
 func (s *Semaphore) kick() {
 	select {
 	case s.kickCh <- struct{}{}:
-	default:
-	}
-}
-
-// kickRelease wakes the release lane.
-func (s *Semaphore) kickRelease() {
-	select {
-	case s.relKick <- struct{}{}:
 	default:
 	}
 }
