@@ -463,8 +463,10 @@ var errReply = errors.New("unexpected reply from sync.lua")
 func parseReply(v interface{}, b *batch) (reply, error) {
 	var r reply
 	top, ok := v.([]interface{})
-	if ok && len(top) == 2 {
-		kind, ok1 := top[0].(string)
+	if !ok || len(top) < 2 {
+		return r, fmt.Errorf("%w: %T %v", errReply, v, v)
+	}
+	if kind, ok := top[0].(string); ok {
 		var ok2 bool
 		switch x := top[1].(type) {
 		case string:
@@ -472,61 +474,47 @@ func parseReply(v interface{}, b *batch) (reply, error) {
 		case int64:
 			r.refused, ok2 = strconv.FormatInt(x, 10), true
 		}
-		if !ok1 || !ok2 || (kind != "format" && kind != "mismatch") {
+		if len(top) != 2 || !ok2 || (kind != "format" && kind != "mismatch") {
 			return r, fmt.Errorf("%w: refusal %v", errReply, top)
 		}
 		r.refusal = kind
 		return r, nil
 	}
-	if !ok || len(top) != 8 {
-		return r, fmt.Errorf("%w: %T of %d", errReply, v, len(top))
+	// {capacity, wait, released..., left..., renewed..., refreshed...,
+	// acquired..., granted...}: every list but granted has the length the
+	// batch asked for.
+	fixed := 2 + len(b.releases) + len(b.leaves) + len(b.renews) + len(b.refresh) + 2*len(b.acquires)
+	if len(top) < fixed || (len(top)-fixed)%2 != 0 {
+		return r, fmt.Errorf("%w: %d values for a batch that wants %d and grant pairs", errReply, len(top), fixed)
 	}
-	ints := func(x interface{}, n int) ([]int64, error) {
-		list, ok := x.([]interface{})
-		if !ok || len(list) != n {
-			return nil, fmt.Errorf("%w: want %d integers, got %T %v", errReply, n, x, x)
+	ints := make([]int64, fixed)
+	for i := range ints {
+		if ints[i], ok = top[i].(int64); !ok {
+			return r, fmt.Errorf("%w: %T where an integer belongs", errReply, top[i])
 		}
-		out := make([]int64, n)
-		for i, e := range list {
-			if out[i], ok = e.(int64); !ok {
-				return nil, fmt.Errorf("%w: %T where an integer belongs", errReply, e)
-			}
-		}
-		return out, nil
 	}
-	var err error
-	if r.released, err = ints(top[0], len(b.releases)); err != nil {
-		return r, err
+	r.capacity, r.wait = ints[0], ints[1]
+	if r.capacity < 1 {
+		return r, fmt.Errorf("%w: capacity %d", errReply, r.capacity)
 	}
-	if r.left, err = ints(top[1], len(b.leaves)); err != nil {
-		return r, err
+	rest := ints[2:]
+	next := func(n int) []int64 {
+		out := rest[:n:n]
+		rest = rest[n:]
+		return out
 	}
-	if r.renewed, err = ints(top[2], len(b.renews)); err != nil {
-		return r, err
-	}
-	if r.refreshed, err = ints(top[3], len(b.refresh)); err != nil {
-		return r, err
-	}
-	if r.acquired, err = ints(top[4], 2*len(b.acquires)); err != nil {
-		return r, err
-	}
-	list, ok := top[5].([]interface{})
-	if !ok || len(list)%2 != 0 {
-		return r, fmt.Errorf("%w: grants %T %v", errReply, top[5], top[5])
-	}
-	for i := 0; i < len(list); i += 2 {
-		id, ok1 := list[i].(string)
-		us, ok2 := list[i+1].(int64)
+	r.released = next(len(b.releases))
+	r.left = next(len(b.leaves))
+	r.renewed = next(len(b.renews))
+	r.refreshed = next(len(b.refresh))
+	r.acquired = next(2 * len(b.acquires))
+	for i := fixed; i < len(top); i += 2 {
+		id, ok1 := top[i].(string)
+		us, ok2 := top[i+1].(int64)
 		if !ok1 || !ok2 {
-			return r, fmt.Errorf("%w: grant %v %v", errReply, list[i], list[i+1])
+			return r, fmt.Errorf("%w: grant %v %v", errReply, top[i], top[i+1])
 		}
 		r.granted = append(r.granted, grant{id: id, us: us})
-	}
-	if r.wait, ok = top[6].(int64); !ok {
-		return r, fmt.Errorf("%w: wait %T", errReply, top[6])
-	}
-	if r.capacity, ok = top[7].(int64); !ok || r.capacity < 1 {
-		return r, fmt.Errorf("%w: capacity %v", errReply, top[7])
 	}
 	return r, nil
 }

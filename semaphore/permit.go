@@ -56,8 +56,12 @@ func (p *Permit) Release(ctx context.Context) error {
 		return ErrLeaseLost
 	}
 	s.pendRelease = append(s.pendRelease, s.releaseLocked(p))
+	// An exchange in flight kicks the dispatcher when it returns.
+	idle := !s.sending
 	s.mu.Unlock()
-	s.kick()
+	if idle {
+		s.kick()
+	}
 	return nil
 }
 

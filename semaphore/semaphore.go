@@ -297,9 +297,14 @@ func (s *Semaphore) acquire(ctx context.Context, n int) (_ *Permit, queued bool,
 		s.exchange(ctx, batch{acquires: []*waiter{w}, releases: releases, wantWait: true})
 		s.mu.Lock()
 		s.sending = false
+		more := s.pendingLocked()
 		s.mu.Unlock()
+		if more {
+			s.kick() // what came meanwhile is the dispatcher's
+		}
+	} else {
+		s.kick()
 	}
-	s.kick()
 
 	select {
 	case <-w.ch:
@@ -475,6 +480,11 @@ func (s *Semaphore) Close() error {
 		return fmt.Errorf("semaphore: close: %w", err)
 	}
 	return nil
+}
+
+// pendingLocked reports work for the dispatcher.
+func (s *Semaphore) pendingLocked() bool {
+	return len(s.pendAcquire)+len(s.pendRelease)+len(s.pendLeave) > 0 || s.beatDue
 }
 
 // kick wakes the dispatcher.

@@ -48,8 +48,14 @@
 -- a stored capacity other than ARGV[1] is refused the same way:
 -- {'mismatch', stored capacity}.
 --
--- Reply: {released, left, renewed, refreshed, acquired, granted, wait,
---         capacity}
+-- Reply, one flat array (one table to build and convert):
+--   {capacity, wait, released..., left..., renewed..., refreshed...,
+--    acquired..., granted...}
+-- where the lists have the lengths the caller sent (acquired two per
+-- arrival) and granted runs to the end:
+--   capacity     the capacity in force
+--   wait         µs until the first lease expires, when someone waits (the
+--                head's weight is not free) and ARGV[7] is 1; else -1
 --   released[i]  1 freed, 0 was not held (already released or expired)
 --   left[i]      1 left the queue, 2 had been granted and is now released,
 --                0 unknown
@@ -63,12 +69,11 @@
 --                process's waiters granted by this exchange; -1 for one
 --                refused (its weight is above a lowered capacity). Other
 --                processes hear of those in their wake message as '!' .. id
---   wait         µs until the first lease expires, when someone waits (the
---                head's weight is not free) and ARGV[7] is 1; else -1
---   capacity     the capacity in force
 --
--- Each redis.call costs a few µs, so the script makes as few as it can: a
--- release alone makes about nine.
+-- Each redis.call and each table costs (about 0.4 µs and more on a small
+-- VM, where a whole call of this script was 30-40 µs), so the script makes
+-- few: batches of releases and grants read their scores with one ZMSCORE,
+-- and key TTLs are only ever raised, checked with one PTTL.
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -85,8 +90,10 @@ local nRelease, nLeave, nRenew = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(
 local nRefresh, nAcquire = tonumber(ARGV[11]), tonumber(ARGV[12])
 
 local leases, queue, seq, weights, config = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local leaseEnd, waitEnd = us(now + leaseTTL), us(now + queueTTL)
-local extended = false -- some lease was written: key TTLs must follow
+local leaseEndN, waitEndN = now + leaseTTL, now + queueTTL
+local leaseEnd, waitEnd = us(leaseEndN), us(waitEndN)
+-- The latest lease end this call wrote (0: none): key TTLs must cover it.
+local latest = 0
 
 -- ZREM (or HDEL) in chunks: unpack of a long list would overflow the Lua C
 -- stack.
@@ -94,6 +101,16 @@ local function zrem(key, ids, cmd)
   for i = 1, #ids, 1000 do
     redis.call(cmd or 'ZREM', key, unpack(ids, i, math.min(i + 999, #ids)))
   end
+end
+
+-- ZMSCORE in chunks: the scores of ids in key, false where missing.
+local function zmscore(key, ids)
+  local out = {}
+  for i = 1, #ids, 1000 do
+    local part = redis.call('ZMSCORE', key, unpack(ids, i, math.min(i + 999, #ids)))
+    for j = 1, #part do out[#out + 1] = part[j] end
+  end
+  return out
 end
 
 -- The weight an id stands for (see the header).
@@ -145,14 +162,30 @@ end
 local i = 16
 local released, left, renewed, refreshed, acquired = {}, {}, {}, {}, {}
 
-for n = 1, nRelease do
+if nRelease == 1 then
   local id = ARGV[i]
-  released[n] = redis.call('ZREM', leases, id)
-  if released[n] == 1 and weight(id) > 1 then
+  released[1] = redis.call('ZREM', leases, id)
+  if released[1] == 1 and weight(id) > 1 then
     redis.call('HDEL', weights, id)
   end
-  i = i + 1
+elseif nRelease > 1 then
+  -- One ZMSCORE tells which are held, one ZREM frees them all.
+  local ids = {}
+  for n = 1, nRelease do ids[n] = ARGV[i + n - 1] end
+  local scores = zmscore(leases, ids)
+  local heavyGone = {}
+  for n, id in ipairs(ids) do
+    if scores[n] then
+      released[n] = 1
+      if weight(id) > 1 then heavyGone[#heavyGone + 1] = id end
+    else
+      released[n] = 0
+    end
+  end
+  zrem(leases, ids)
+  zrem(weights, heavyGone, 'HDEL')
 end
+i = i + nRelease
 
 for n = 1, nLeave do
   local id = ARGV[i]
@@ -172,7 +205,7 @@ for n = 1, nRenew do
   -- XX: a lease that is gone stays gone.
   if redis.call('ZADD', leases, 'XX', 'CH', leaseEnd, ARGV[i]) == 1 then
     renewed[n] = leaseTTL
-    extended = true
+    if latest < leaseEndN then latest = leaseEndN end
   else
     renewed[n] = 0
   end
@@ -183,7 +216,6 @@ local requeued = false
 for n = 1, nRefresh do
   local id, ticket = ARGV[i], tonumber(ARGV[i + 1])
   i = i + 2
-  extended = true
   local tooHeavy = weight(id) > capacity
   if redis.call('ZSCORE', queue, id) then
     if tooHeavy then
@@ -193,12 +225,14 @@ for n = 1, nRefresh do
       refreshed[n] = -2
     else
       redis.call('ZADD', leases, 'XX', waitEnd, id)
+      if latest < waitEndN then latest = waitEndN end
       refreshed[n] = 0
     end
   elseif redis.call('ZADD', leases, 'XX', 'CH', leaseEnd, id) == 1 then
     -- Granted while we were not listening: the owner is alive, so the
     -- short grant becomes a full lease.
     refreshed[n] = leaseTTL
+    if latest < leaseEndN then latest = leaseEndN end
   elseif tooHeavy then
     refreshed[n] = -2
   else
@@ -207,6 +241,7 @@ for n = 1, nRefresh do
     redis.call('ZADD', queue, us(ticket), id)
     redis.call('ZADD', leases, waitEnd, id)
     requeued = true
+    if latest < waitEndN then latest = waitEndN end
     local last = tonumber(redis.call('GET', seq) or '0')
     if last < ticket then
       redis.call('SET', seq, us(ticket))
@@ -265,7 +300,7 @@ if lowered and queued > 0 then
   served = {}
 end
 if room > 0 and queued > 0 then
-  local from, blocked = 0, false
+  local from, blocked, grants = 0, false, {}
   while room > 0 and not blocked do
     -- Each weighs at least 1: the next room waiters are enough to look at.
     local heads = redis.call('ZRANGE', queue, from, from + room - 1)
@@ -281,9 +316,14 @@ if room > 0 and queued > 0 then
       else
         hold(id, w)
         served[#served + 1] = id
-        tell(id, id, tonumber(redis.call('ZSCORE', leases, id)) - now)
+        grants[#grants + 1] = id
       end
     end
+  end
+  -- Each grant keeps its waiter lease: one ZMSCORE reads them all.
+  local ends = zmscore(leases, grants)
+  for n, id in ipairs(grants) do
+    tell(id, id, tonumber(ends[n]) - now)
   end
   zrem(queue, served)
   queued = queued - #served
@@ -300,11 +340,11 @@ end
 -- come in batches.
 local now_leases, new_queue, new_waits = {}, {}, {}
 local firstTicket
+local queuedBefore = queued -- 0: a queued arrival creates the queue key
 for n = 1, nAcquire do
   local id = ARGV[i]
   local w = weight(id)
   i = i + 1
-  extended = true
   if w > capacity then
     acquired[2 * n - 1] = -2
     acquired[2 * n] = 0
@@ -312,6 +352,7 @@ for n = 1, nAcquire do
     now_leases[#now_leases + 1] = leaseEnd
     now_leases[#now_leases + 1] = id
     hold(id, w)
+    if latest < leaseEndN then latest = leaseEndN end
     acquired[2 * n - 1] = 1
     acquired[2 * n] = leaseTTL
   elseif maxQueue > 0 and queued >= maxQueue then
@@ -328,6 +369,7 @@ for n = 1, nAcquire do
     new_waits[#new_waits + 1] = waitEnd
     new_waits[#new_waits + 1] = id
     queued = queued + 1
+    if latest < waitEndN then latest = waitEndN end
     acquired[2 * n - 1] = 0
     acquired[2 * n] = ticket
   end
@@ -344,31 +386,43 @@ for j = 1, #newHeavy, 1000 do
   redis.call('HSET', weights, unpack(newHeavy, j, math.min(j + 999, #newHeavy)))
 end
 
--- Every key outlives the last lease in it by a second. Only a call that
--- wrote a lease can raise that last expiry, and only such a call creates
--- keys, but for weights, which a grant creates: the others leave TTLs
--- alone. The TTL comes from the data, not from this caller's TTLs, so a
+-- Every key outlives the last lease in it by at least a second. A call that
+-- wrote a lease ending later than the keys' TTL covers raises the TTL of
+-- every key (by a second more than it needs, so the calls that follow need
+-- not); a call that created a key (the queue or seq, or weights) gives it
+-- the TTL the others have. TTLs are only ever raised, never lowered, and
+-- come from the leases written, not from one caller's Config alone, so a
 -- process with shorter TTLs cannot expire the keys under another's live
--- lease. weights follows leases whenever it exists, so a holder's weight
--- lasts as long as its lease. Empty sets and hashes vanish by themselves;
--- an idle semaphore leaves nothing behind.
-if extended or #newHeavy > 0 then
-  local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')
-  if last[2] then
-    local ms = math.ceil((tonumber(last[2]) - now) / 1000) + 1000
-    redis.call('PEXPIRE', leases, ms)
+-- lease; calls that only remove leases leave them alone. weights follows
+-- leases whenever it exists, so a holder's weight lasts as long as its
+-- lease. Empty sets and hashes vanish by themselves; an idle semaphore
+-- leaves nothing behind.
+if latest > 0 or #newHeavy > 0 then
+  local have = redis.call('PTTL', leases) -- -1: no TTL yet (just created)
+  local ttl = have
+  if latest > 0 and have < math.ceil((latest - now) / 1000) + 1000 then
+    ttl = math.ceil((latest - now) / 1000) + 2000
+    redis.call('PEXPIRE', leases, ttl)
     if queued > 0 then
-      redis.call('PEXPIRE', queue, ms)
-      redis.call('PEXPIRE', seq, ms)
+      redis.call('PEXPIRE', queue, ttl)
+      redis.call('PEXPIRE', seq, ttl)
     end
     if #heavy > 0 or #newHeavy > 0 then
-      redis.call('PEXPIRE', weights, ms)
+      redis.call('PEXPIRE', weights, ttl)
     end
-    -- The config's week is counted from the last beat (a renewal or a
-    -- refresh) rather than from every arrival: one call less per grant.
-    if not storeConfig and nRenew + nRefresh > 0 then
-      redis.call('PEXPIRE', config, math.max(ms, tonumber(keepConfig)))
+  elseif ttl > 0 then
+    if requeued or (firstTicket and (firstTicket == 1 or queuedBefore == 0)) then
+      redis.call('PEXPIRE', queue, ttl)
+      redis.call('PEXPIRE', seq, ttl)
     end
+    if #heavy == 0 and #newHeavy > 0 then
+      redis.call('PEXPIRE', weights, ttl)
+    end
+  end
+  -- The config's week is counted from the last beat (a renewal or a
+  -- refresh) rather than from every arrival: one call less per grant.
+  if not storeConfig and nRenew + nRefresh > 0 then
+    redis.call('PEXPIRE', config, math.max(ttl, tonumber(keepConfig)))
   end
 end
 
@@ -382,4 +436,9 @@ if wantWait and queued > 0 then
   if first[2] then wait = tonumber(first[2]) - now end
 end
 
-return {released, left, renewed, refreshed, acquired, granted, wait, capacity}
+-- One flat reply (see the header).
+local out = {capacity, wait}
+for _, list in ipairs({released, left, renewed, refreshed, acquired, granted}) do
+  for n = 1, #list do out[#out + 1] = list[n] end
+end
+return out
