@@ -159,17 +159,11 @@ func (s *Semaphore) exchange(ctx context.Context, b batch) {
 	}
 	s.mu.Unlock()
 	args := make([]interface{}, 0, 15+len(b.releases)+len(b.leaves)+len(b.renews)+2*len(b.refresh)+len(b.acquires))
-	args = append(args,
-		capacity,
-		groundwork.Micros(s.cfg.LeaseTTL),
-		groundwork.Micros(s.cfg.QueueTTL),
-		s.cfg.MaxQueue,
-		s.chanPrefix,
-		s.proc,
-		wantWait,
-		len(b.releases), len(b.leaves), len(b.renews), len(b.refresh), len(b.acquires),
-		mode, storeFormat, keepConfig.Milliseconds(),
-	)
+	args = append(args, capacity)
+	args = append(args, s.fixedArgs[:5]...)
+	args = append(args, wantWait,
+		len(b.releases), len(b.leaves), len(b.renews), len(b.refresh), len(b.acquires), mode)
+	args = append(args, s.fixedArgs[5:]...)
 	for _, r := range b.releases {
 		args = append(args, r.id)
 	}

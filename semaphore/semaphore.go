@@ -71,6 +71,7 @@ type Semaphore struct {
 	cfg         Config
 	keys        []string // leases, queue, seq, weights, config: the KEYS of sync.lua
 	chanPrefix  string   // + process id = a process's wake channel
+	fixedArgs   []any    // sync.lua's ARGV[2..6] and ARGV[14..15], boxed once
 	proc        string   // this Semaphore's id, the prefix of its permit ids
 	callTimeout time.Duration
 	ps          *redis.PubSub
@@ -165,6 +166,8 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 		capacity:    cfg.Capacity,
 		accepted:    cfg.Adopt,
 	}
+	s.fixedArgs = []any{groundwork.Micros(cfg.LeaseTTL), groundwork.Micros(cfg.QueueTTL), cfg.MaxQueue, s.chanPrefix, s.proc,
+		storeFormat, keepConfig.Milliseconds()}
 	s.tally.Limiter, s.tally.Name, s.tally.Observer = "semaphore", cfg.Name, cfg.Observer
 	s.poke = time.AfterFunc(time.Hour, s.requestBeat)
 	s.poke.Stop()

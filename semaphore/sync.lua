@@ -115,8 +115,10 @@ end
 
 -- The weight an id stands for (see the header).
 local function weight(id)
-  local w = string.match(id, '^[^:]*:[^:]*:(%d+)$')
-  if w then return tonumber(w) end
+  -- Plain finds: half the cost of a pattern, and ids come by the thousand.
+  local a = string.find(id, ':', 1, true)
+  local b = a and string.find(id, ':', a + 1, true)
+  if b then return tonumber(string.sub(id, b + 1)) or 1 end
   return 1
 end
 
