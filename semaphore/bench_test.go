@@ -50,8 +50,9 @@ func benchSem(b *testing.B, capacity int) (*Semaphore, *roundTrips) {
 	return s, h
 }
 
-// BenchmarkAcquireRelease: one caller, capacity to spare. Two round trips
-// per op: the arrival and the release.
+// BenchmarkAcquireRelease: one caller, capacity to spare. One round trip
+// per op: Release returns at once and the release rides with the next
+// arrival.
 //
 //	go test -run '^$' -bench . -count 6 ./semaphore/ | benchstat -
 func BenchmarkAcquireRelease(b *testing.B) {

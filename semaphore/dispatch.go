@@ -380,16 +380,17 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 		}
 	}
 	for i, w := range b.acquires {
-		status, val := r.acquired[2*i], r.acquired[2*i+1]
+		status := r.acquired[i]
 		if w.done {
 			continue // abandoned or granted by a notification
 		}
-		switch status {
-		case 1:
-			s.grantLocked(w, sent.Add(time.Duration(val)*time.Microsecond))
-		case 0:
-			w.ticket = val
-		case -2:
+		switch {
+		case status == 0:
+			// A lease of the LeaseTTL sent, in whole µs as sent.
+			s.grantLocked(w, sent.Add(time.Duration(groundwork.Micros(s.cfg.LeaseTTL))*time.Microsecond))
+		case status > 0:
+			w.ticket = status
+		case status == -2:
 			w.err = s.tooHeavy(w.weight, s.capacity)
 			s.finishLocked(w)
 		default:
@@ -477,7 +478,7 @@ func parseReply(v interface{}, b *batch) (reply, error) {
 	// {capacity, wait, released..., left..., renewed..., refreshed...,
 	// acquired..., granted...}: every list but granted has the length the
 	// batch asked for.
-	fixed := 2 + len(b.releases) + len(b.leaves) + len(b.renews) + len(b.refresh) + 2*len(b.acquires)
+	fixed := 2 + len(b.releases) + len(b.leaves) + len(b.renews) + len(b.refresh) + len(b.acquires)
 	if len(top) < fixed || (len(top)-fixed)%2 != 0 {
 		return r, fmt.Errorf("%w: %d values for a batch that wants %d and grant pairs", errReply, len(top), fixed)
 	}
@@ -501,7 +502,7 @@ func parseReply(v interface{}, b *batch) (reply, error) {
 	r.left = next(len(b.leaves))
 	r.renewed = next(len(b.renews))
 	r.refreshed = next(len(b.refresh))
-	r.acquired = next(2 * len(b.acquires))
+	r.acquired = next(len(b.acquires))
 	for i := fixed; i < len(top); i += 2 {
 		id, ok1 := top[i].(string)
 		us, ok2 := top[i+1].(int64)

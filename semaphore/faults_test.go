@@ -219,6 +219,30 @@ func TestClose(t *testing.T) {
 	}
 }
 
+// TestReleaseThenClose: Release returns before Redis has the release;
+// Close sends every release still pending, so a process that releases and
+// closes at once leaves no permit behind.
+func TestReleaseThenClose(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	s := e.sem(t, Config{Name: t.Name(), Capacity: 50})
+	var held []*Permit
+	for range 50 {
+		held = append(held, acquire(t, s, time.Second))
+	}
+	for _, p := range held {
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.stateLeft(t); n != 0 {
+		t.Fatalf("%d keys besides the config left after 50 releases and Close", n)
+	}
+}
+
 // TestCancellationStorm: many waiters give up; nothing of them stays in
 // Redis or in the process, and the capacity is intact.
 func TestCancellationStorm(t *testing.T) {

@@ -51,7 +51,7 @@
 -- Reply, one flat array (one table to build and convert):
 --   {capacity, wait, released..., left..., renewed..., refreshed...,
 --    acquired..., granted...}
--- where the lists have the lengths the caller sent (acquired two per
+-- where the lists have the lengths the caller sent (acquired one per
 -- arrival) and granted runs to the end:
 --   capacity     the capacity in force
 --   wait         µs until the first lease expires, when someone waits (the
@@ -63,8 +63,8 @@
 --   refreshed[i] -1 was missing and is queued again with its ticket,
 --                0 still waiting, >0 granted: lease µs remaining (renewed),
 --                -2 refused: its weight is above the capacity in force
---   acquired     pairs: 1, lease µs (granted at once) | 0, ticket (queued)
---                | -1, 0 (queue full) | -2, 0 (weight above the capacity)
+--   acquired[i]  0 granted at once (a lease of ARGV[2]) | >0 its ticket
+--                (queued) | -1 queue full | -2 weight above the capacity
 --   granted      pairs: waiter id, lease µs remaining, for the calling
 --                process's waiters granted by this exchange; -1 for one
 --                refused (its weight is above a lowered capacity). Other
@@ -162,7 +162,7 @@ if #dead > 0 then
 end
 
 local i = 16
-local released, left, renewed, refreshed, acquired = {}, {}, {}, {}, {}
+local released, left, renewed, refreshed = {}, {}, {}, {}
 
 if nRelease == 1 then
   local id = ARGV[i]
@@ -340,6 +340,12 @@ end
 -- Arrivals: served at once only if nobody is ahead of them and their weight
 -- is free. Written with one ZADD per key rather than one per arrival: bursts
 -- come in batches.
+-- The reply so far (see the header); wait is filled in at the end, and the
+-- arrivals' answers go straight in, as they can come by the thousand.
+local out = {capacity, -1}
+for _, list in ipairs({released, left, renewed, refreshed}) do
+  for n = 1, #list do out[#out + 1] = list[n] end
+end
 local now_leases, new_queue, new_waits = {}, {}, {}
 local firstTicket
 local queuedBefore = queued -- 0: a queued arrival creates the queue key
@@ -348,18 +354,15 @@ for n = 1, nAcquire do
   local w = weight(id)
   i = i + 1
   if w > capacity then
-    acquired[2 * n - 1] = -2
-    acquired[2 * n] = 0
+    out[#out + 1] = -2
   elseif queued == 0 and room >= w then
     now_leases[#now_leases + 1] = leaseEnd
     now_leases[#now_leases + 1] = id
     hold(id, w)
     if latest < leaseEndN then latest = leaseEndN end
-    acquired[2 * n - 1] = 1
-    acquired[2 * n] = leaseTTL
+    out[#out + 1] = 0
   elseif maxQueue > 0 and queued >= maxQueue then
-    acquired[2 * n - 1] = -1
-    acquired[2 * n] = 0
+    out[#out + 1] = -1
   else
     if not firstTicket then
       -- Tickets for every remaining arrival at most; unused ones are gaps.
@@ -372,8 +375,7 @@ for n = 1, nAcquire do
     new_waits[#new_waits + 1] = id
     queued = queued + 1
     if latest < waitEndN then latest = waitEndN end
-    acquired[2 * n - 1] = 0
-    acquired[2 * n] = ticket
+    out[#out + 1] = ticket
   end
 end
 local function zadd(key, pairs)
@@ -438,9 +440,6 @@ if wantWait and queued > 0 then
   if first[2] then wait = tonumber(first[2]) - now end
 end
 
--- One flat reply (see the header).
-local out = {capacity, wait}
-for _, list in ipairs({released, left, renewed, refreshed, acquired, granted}) do
-  for n = 1, #list do out[#out + 1] = list[n] end
-end
+out[2] = wait
+for n = 1, #granted do out[#out + 1] = granted[n] end
 return out
