@@ -141,9 +141,9 @@ func (s *Semaphore) take() (b batch, closed, busy bool) {
 }
 
 // exchange sends b to Redis and applies the reply, within s.callTimeout
-// and ctx. Exchanges may run at once (the dispatcher's, a direct
-// arrival's, a release's): each is one script call, and the reply is
-// applied under s.mu.
+// and ctx. The dispatcher's and a direct arrival's never run at once
+// (s.sending); SetCapacity's may run beside either. Each is one script
+// call, and the reply is applied under s.mu.
 func (s *Semaphore) exchange(ctx context.Context, b batch) {
 	s.mu.Lock()
 	wantWait := 0

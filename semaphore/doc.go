@@ -13,10 +13,13 @@
 // while held; a holder whose process dies frees its permit within one
 // LeaseTTL, and a holder that loses its lease (it was frozen, or Redis
 // restarted) learns it from Permit.Lost. Releasing twice, or after the
-// lease ended, never frees someone else's permit. Waiters are woken by
-// pub/sub, with a bounded fallback check; success is always a script's
-// reply. One script (sync.lua) carries everything a process sends in one
-// round trip: releases, renewals, arrivals, cancellations.
+// lease ended, never frees someone else's permit. Release returns at once:
+// the release reaches Redis with the process's next exchange (an
+// acquire-work-release loop pays one round trip per permit), and Close
+// sends every release still pending. Waiters are woken by pub/sub, with a
+// bounded fallback check; success is always a script's reply. One script
+// (sync.lua) carries everything a process sends in one round trip, one
+// exchange at a time: releases, renewals, arrivals, cancellations.
 //
 // The capacity in force is stored in Redis with the semaphore's state: the
 // first process to arrive stores its own, a process configured otherwise
