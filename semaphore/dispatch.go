@@ -52,8 +52,10 @@ func (s *Semaphore) dispatch() {
 		case <-beat.C:
 			s.requestBeat()
 		}
-		s.gather()
 		for {
+			// Before each exchange: the callers the last reply woke (or a
+			// burst) get to release and arrive again, and go in this one.
+			s.gather()
 			b, closed, busy := s.take()
 			if busy {
 				break // a direct arrival's exchange: it kicks when done
@@ -91,7 +93,7 @@ func (s *Semaphore) gather() {
 	n := -1
 	for range 8 {
 		s.mu.Lock()
-		m := len(s.pendAcquire)
+		m := len(s.pendAcquire) + len(s.pendRelease)
 		s.mu.Unlock()
 		if m == n {
 			return
