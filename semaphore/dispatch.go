@@ -69,7 +69,7 @@ func (s *Semaphore) dispatch() {
 			b.wantWait = true
 			s.exchange(context.Background(), b)
 			s.mu.Lock()
-			s.sending = false
+			s.doneSendingLocked()
 			s.mu.Unlock()
 		}
 	}

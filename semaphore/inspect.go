@@ -67,8 +67,16 @@ var inspectScript = redis.NewScript(inspectSource)
 // never fails for a capacity this process does not follow. It returns an
 // error naming the format for state written by a newer version, and an
 // error wrapping Redis's when Redis did not answer. It is safe for
-// concurrent use, also after Close.
+// concurrent use, also after Close. Release returns before Redis has the
+// release, so Inspect first waits until this process's own releases have
+// been sent: it reads them back (another process's may lag by a round
+// trip).
 func (s *Semaphore) Inspect(ctx context.Context) (Inspection, error) {
+	// Release returns before Redis has the release: read this process's
+	// own releases back.
+	if err := s.flush(ctx); err != nil {
+		return Inspection{}, err
+	}
 	keys := []string{s.keys[0], s.keys[1], s.keys[3], s.keys[4]}
 	v, err := inspectScript.Run(ctx, s.rdb, keys).Result()
 	if err != nil {

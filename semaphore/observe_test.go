@@ -391,3 +391,29 @@ func TestInspect(t *testing.T) {
 		t.Errorf("weights left: %d, %v", n, err)
 	}
 }
+
+// TestInspectReadsOwnReleases: Release returns before Redis has the
+// release; Inspect waits for this process's own, so it reads them back.
+func TestInspectReadsOwnReleases(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	s := e.sem(t, Config{Name: t.Name(), Capacity: 20})
+	for round := range 5 {
+		var held []*Permit
+		for range 20 {
+			held = append(held, acquire(t, s, time.Second))
+		}
+		for _, p := range held {
+			if err := p.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		in, err := s.Inspect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if in.Held != 0 || in.Holders != 0 {
+			t.Fatalf("round %d: Inspect right after 20 releases: %d held by %d holders, want none", round, in.Held, in.Holders)
+		}
+	}
+}

@@ -89,6 +89,7 @@ type Semaphore struct {
 	pendAcquire  []*waiter          // not yet sent to Redis
 	pendRelease  []releaseOp        // to send at the next exchange (the release lane's, an arrival's)
 	sending      bool               // this process's exchange is in flight (one at a time)
+	sent         chan struct{}      // closed when the exchange in flight ends, if someone waits (flush)
 	pendLeave    []leaveOp          // to send at the next exchange
 	retryRelease []releaseOp        // failed; sent again at the next beat
 	retryLeave   []leaveOp          // failed; sent again at the next beat
@@ -299,7 +300,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int) (_ *Permit, queued bool,
 	if direct {
 		s.exchange(ctx, batch{acquires: []*waiter{w}, releases: releases, wantWait: true})
 		s.mu.Lock()
-		s.sending = false
+		s.doneSendingLocked()
 		more := s.pendingLocked()
 		s.mu.Unlock()
 		if more {
@@ -483,6 +484,41 @@ func (s *Semaphore) Close() error {
 		return fmt.Errorf("semaphore: close: %w", err)
 	}
 	return nil
+}
+
+// doneSendingLocked ends the exchange in flight and wakes flush.
+func (s *Semaphore) doneSendingLocked() {
+	s.sending = false
+	if s.sent != nil {
+		close(s.sent)
+		s.sent = nil
+	}
+}
+
+// flush waits until the releases made so far in this process have been
+// sent to Redis (or failed, and wait for a later beat), or ctx ends.
+func (s *Semaphore) flush(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		if (len(s.pendRelease) == 0 && !s.sending) || s.closed {
+			// Close sends what is pending itself.
+			s.mu.Unlock()
+			return nil
+		}
+		if s.sent == nil {
+			s.sent = make(chan struct{})
+		}
+		ch, idle := s.sent, !s.sending
+		s.mu.Unlock()
+		if idle {
+			s.kick()
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // pendingLocked reports work for the dispatcher.
