@@ -280,13 +280,16 @@ func (s *Semaphore) acquire(ctx context.Context, n int) (_ *Permit, queued bool,
 	s.waiters[w.id] = w
 	// A process has one exchange in flight at a time, so everything asked
 	// for meanwhile goes out together in the next (and a leave can never
-	// overtake its arrival). A lone arrival, finding none in flight, goes
-	// out at once from this goroutine: no hop to the dispatcher and back.
-	// It carries the releases pending, so a caller that released and
-	// acquires again pays one round trip; the rest (others' arrivals,
-	// leaves) is the dispatcher's, because this exchange is bound to this
-	// caller's ctx.
-	direct := !s.sending && len(s.pendAcquire) == 0
+	// overtake its arrival). A lone arrival (no exchange in flight, and
+	// no other caller of this process waiting or holding) goes out at once
+	// from this goroutine: no hop to the dispatcher and back. It carries
+	// the releases pending, so a caller that released and acquires again
+	// pays one round trip; the rest (others' arrivals, leaves) is the
+	// dispatcher's, because this exchange is bound to this caller's ctx.
+	// Where other callers are busy, the dispatcher batches them all (64
+	// looping callers on 64 permits in 4 processes: 8.5 → 15 grants per
+	// script call).
+	direct := !s.sending && len(s.pendAcquire) == 0 && len(s.holders) == 0 && len(s.waiters) == 1
 	var releases []releaseOp
 	if direct {
 		s.sending = true
