@@ -224,17 +224,8 @@ func TestClose(t *testing.T) {
 // closes at once leaves no permit behind.
 func TestReleaseThenClose(t *testing.T) {
 	e := newEnv(t)
-	ctx := context.Background()
 	s := e.sem(t, Config{Name: t.Name(), Capacity: 50})
-	var held []*Permit
-	for range 50 {
-		held = append(held, acquire(t, s, time.Second))
-	}
-	for _, p := range held {
-		if err := p.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	acquireReleaseAll(t, s, 50)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}

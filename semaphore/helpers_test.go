@@ -116,3 +116,18 @@ func releaseGone(t *testing.T, rdb *redis.Client, p *Permit) {
 		return errors.Is(err, redis.Nil)
 	})
 }
+
+// acquireReleaseAll takes n permits of s at once and releases them all;
+// Release returns before Redis has the releases.
+func acquireReleaseAll(t *testing.T, s *Semaphore, n int) {
+	t.Helper()
+	var held []*Permit
+	for range n {
+		held = append(held, acquire(t, s, time.Second))
+	}
+	for _, p := range held {
+		if err := p.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

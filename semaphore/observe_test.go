@@ -399,15 +399,7 @@ func TestInspectReadsOwnReleases(t *testing.T) {
 	ctx := context.Background()
 	s := e.sem(t, Config{Name: t.Name(), Capacity: 20})
 	for round := range 5 {
-		var held []*Permit
-		for range 20 {
-			held = append(held, acquire(t, s, time.Second))
-		}
-		for _, p := range held {
-			if err := p.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
+		acquireReleaseAll(t, s, 20)
 		in, err := s.Inspect(ctx)
 		if err != nil {
 			t.Fatal(err)

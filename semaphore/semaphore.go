@@ -87,7 +87,7 @@ type Semaphore struct {
 	waiters      map[string]*waiter // waiting, by id
 	holders      map[string]*Permit // held, by id
 	pendAcquire  []*waiter          // not yet sent to Redis
-	pendRelease  []releaseOp        // to send at the next exchange (the release lane's, an arrival's)
+	pendRelease  []releaseOp        // to send at the next exchange (the dispatcher's, or a lone arrival's)
 	sending      bool               // this process's exchange is in flight (one at a time)
 	sent         chan struct{}      // closed when the exchange in flight ends, if someone waits (flush)
 	pendLeave    []leaveOp          // to send at the next exchange
