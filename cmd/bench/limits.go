@@ -446,20 +446,7 @@ func writeLimitsPlot(path string, grants []loadgen.Grant, phases []LimitsPhase, 
 		top = math.Max(top, ph.perSecond())
 	}
 	lim = append(lim, plotter.XY{X: end, Y: lim[len(lim)-1].Y})
-	binned := func(ts []time.Time) plotter.XYs {
-		n := int(end/bin.Seconds()) + 1
-		counts := make([]int, n)
-		for _, t := range ts {
-			if k := int(sec(t) / bin.Seconds()); k >= 0 && k < n {
-				counts[k]++
-			}
-		}
-		xys := make(plotter.XYs, n)
-		for k, c := range counts {
-			xys[k] = plotter.XY{X: (float64(k) + 0.5) * bin.Seconds(), Y: float64(c) / bin.Seconds()}
-		}
-		return xys
-	}
+	binned := func(ts []time.Time) plotter.XYs { return binCounts(ts, sec, bin, end, bin.Seconds()) }
 	for _, c := range changes {
 		x := sec(c.from)
 		if err := addLine(p, plotter.XYs{{X: x, Y: 0}, {X: x, Y: 1.25 * top}}, color.Gray{Y: 150}, true, ""); err != nil {

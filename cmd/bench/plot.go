@@ -239,20 +239,7 @@ func ratePlot(slots, starts []time.Time, l guarantee.Limit, sec func(time.Time) 
 	p.Title.Text = fmt.Sprintf("Grants per %v", bin)
 	p.X.Label.Text = "s since the first slot"
 	p.Y.Label.Text = "grants"
-	binned := func(ts []time.Time) plotter.XYs {
-		n := int(sec(ts[len(ts)-1])/bin.Seconds()) + 1
-		counts := make([]int, n)
-		for _, t := range ts {
-			if k := int(sec(t) / bin.Seconds()); k >= 0 && k < n {
-				counts[k]++
-			}
-		}
-		xys := make(plotter.XYs, n)
-		for k, c := range counts {
-			xys[k] = plotter.XY{X: (float64(k) + 0.5) * bin.Seconds(), Y: float64(c)}
-		}
-		return xys
-	}
+	binned := func(ts []time.Time) plotter.XYs { return binCounts(ts, sec, bin, sec(ts[len(ts)-1]), 1) }
 	perBin := float64(l.Amount) * float64(bin) / float64(l.Every)
 	end := sec(slots[len(slots)-1])
 	if err := addLine(p, plotter.XYs{{X: 0, Y: perBin}, {X: end, Y: perBin}}, colLimit, true, fmt.Sprintf("limit: %.0f per %v", perBin, bin)); err != nil {
@@ -266,6 +253,24 @@ func ratePlot(slots, starts []time.Time, l guarantee.Limit, sec func(time.Time) 
 	}
 	p.Y.Min = 0
 	return p, nil
+}
+
+// binCounts counts ts in bins of width bin from sec's origin to end: one
+// point per bin, at its middle, of its count divided by per (1: counts;
+// the bin's seconds: a rate).
+func binCounts(ts []time.Time, sec func(time.Time) float64, bin time.Duration, end, per float64) plotter.XYs {
+	n := int(end/bin.Seconds()) + 1
+	counts := make([]int, n)
+	for _, t := range ts {
+		if k := int(sec(t) / bin.Seconds()); k >= 0 && k < n {
+			counts[k]++
+		}
+	}
+	xys := make(plotter.XYs, n)
+	for k, c := range counts {
+		xys[k] = plotter.XY{X: (float64(k) + 0.5) * bin.Seconds(), Y: float64(c) / per}
+	}
+	return xys
 }
 
 // maxPlotWork bounds the windows windowExcess examines: beyond it only
