@@ -75,17 +75,6 @@ func (s *Semaphore) dispatch() {
 	}
 }
 
-// takeAcquiresLocked takes the arrivals pending, marking them sent.
-func (s *Semaphore) takeAcquiresLocked(now time.Time) []*waiter {
-	acquires := s.pendAcquire
-	s.pendAcquire = nil
-	for _, w := range acquires {
-		w.sent = true
-		w.deadline = now.Add(s.cfg.QueueTTL)
-	}
-	return acquires
-}
-
 // gather lets callers made runnable together (a burst) queue up before the
 // exchange, so they share it instead of trickling into the next one: it
 // yields while arrivals keep coming, a few times at most.
@@ -137,7 +126,11 @@ func (s *Semaphore) take() (b batch, closed, busy bool) {
 			}
 		}
 	}
-	b.acquires = s.takeAcquiresLocked(now)
+	b.acquires, s.pendAcquire = s.pendAcquire, nil
+	for _, w := range b.acquires {
+		w.sent = true
+		w.deadline = now.Add(s.cfg.QueueTTL)
+	}
 	s.sending = !b.empty()
 	return b, s.closed, false
 }
@@ -312,9 +305,9 @@ func (s *Semaphore) failed(b batch, cause error, callerEnded bool) {
 			continue
 		}
 		if callerEnded {
-			// Only an arrival's caller gave up: send them again now.
+			// Only an arrival's caller gave up: send them again now (the
+			// direct lane kicks the dispatcher when its exchange ends).
 			s.pendRelease = append(s.pendRelease, releaseOp{id: r.id, until: r.until})
-			s.kick()
 		} else {
 			s.retryRelease = append(s.retryRelease, releaseOp{id: r.id, until: r.until})
 		}

@@ -404,8 +404,9 @@ end
 if latest > 0 or #newHeavy > 0 then
   local have = redis.call('PTTL', leases) -- -1: no TTL yet (just created)
   local ttl = have
-  if latest > 0 and have < math.ceil((latest - now) / 1000) + 1000 then
-    ttl = math.ceil((latest - now) / 1000) + 2000
+  local need = math.ceil((latest - now) / 1000) + 1000 -- latest's end + 1 s
+  if latest > 0 and have < need then
+    ttl = need + 1000
     redis.call('PEXPIRE', leases, ttl)
     if queued > 0 then
       redis.call('PEXPIRE', queue, ttl)
