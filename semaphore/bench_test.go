@@ -6,7 +6,6 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -259,21 +258,11 @@ func readCPUUse(b *testing.B, rdb *redis.Client) cpuUse {
 	if err != nil {
 		b.Fatal(err)
 	}
-	seen := 0
-	for line := range strings.SplitSeq(info, "\n") {
-		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
-		if k == "used_cpu_sys" || k == "used_cpu_user" {
-			x, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				b.Fatalf("INFO cpu %s: %v", k, err)
-			}
-			u.redis += time.Duration(x * 1e9)
-			seen++
-		}
+	cpu, err := redistest.ServerCPU(info)
+	if err != nil {
+		b.Fatal(err)
 	}
-	if seen != 2 {
-		b.Fatalf("INFO cpu without used_cpu_sys and used_cpu_user:\n%s", info)
-	}
+	u.redis = time.Duration(cpu * 1e9)
 	return u
 }
 

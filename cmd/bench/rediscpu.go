@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // scriptCommands are the commands the bucket's scripts run: those of
@@ -111,7 +113,6 @@ func readCPU(ctx context.Context, rdb *redis.Client) (cpuSample, error) {
 // used_cpu_sys, used_cpu_user of INFO cpu.
 func parseCPU(info string) (cpuSample, error) {
 	s := cpuSample{rows: map[string]CommandCost{}}
-	var cpuSeen int
 	for line := range strings.SplitSeq(info, "\n") {
 		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
 		if !ok {
@@ -132,21 +133,11 @@ func parseCPU(info string) (cpuSample, error) {
 				*dst = n
 			}
 			s.rows[name] = c
-			continue
-		}
-		if k == "used_cpu_sys" || k == "used_cpu_user" {
-			x, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				return s, fmt.Errorf("INFO cpu %s: %w", k, err)
-			}
-			s.cpu += x
-			cpuSeen++
 		}
 	}
-	if cpuSeen != 2 {
-		return s, fmt.Errorf("INFO cpu: used_cpu_sys or used_cpu_user missing")
-	}
-	return s, nil
+	var err error
+	s.cpu, err = redistest.ServerCPU(info)
+	return s, err
 }
 
 // redisCPU is the cost of the run between before and after, spread over
