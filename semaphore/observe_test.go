@@ -409,3 +409,24 @@ func TestInspectReadsOwnReleases(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseNotHeldCounted: a release that Redis finds no longer held (the
+// lease ended there unnoticed) counts as a lease lost and is logged, though
+// Release itself, which does not wait for Redis, returned nil.
+func TestReleaseNotHeldCounted(t *testing.T) {
+	e := newEnv(t)
+	var logs logBuffer
+	// A 10 s beat: the renewal cannot notice the loss before the release.
+	s := e.sem(t, Config{Name: t.Name(), Capacity: 1, LeaseTTL: 30 * time.Second, QueueTTL: 30 * time.Second, Logger: logs.logger()})
+	p := acquire(t, s, 5*time.Second)
+	if err := e.rdb.ZRem(context.Background(), s.keys[0], p.id).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Release(context.Background()); err != nil {
+		t.Fatalf("Release of a permit whose loss nobody noticed yet: %v, want nil", err)
+	}
+	waitFor(t, 5*time.Second, "the loss counted", func() bool { return s.Stats().LeasesLost == 1 })
+	if out := logs.String(); !strings.Contains(out, "no longer held") || !strings.Contains(out, p.id) {
+		t.Errorf("log lacks the release not held:\n%s", out)
+	}
+}
