@@ -70,6 +70,22 @@ func (b *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(
 // with its result, reason and whether it queued, and Stats counts the
 // same: grants at once and after a wait, a full queue, a weight above the
 // capacity, a cancellation, Close; Held follows the weights held.
+// ticketKnown reports that a waiter of s has heard its ticket: Redis
+// queued it and the reply saying so has been applied. An Event's Queued is
+// what the process heard; the arrival of a process whose callers are busy
+// goes through the dispatcher, whose reply can come after Redis shows the
+// waiter queued.
+func ticketKnown(s *Semaphore) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, w := range s.waiters {
+		if w.ticket > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 func TestObserverAndStats(t *testing.T) {
 	e := newEnv(t)
 	rec := &recorder{}
@@ -94,7 +110,7 @@ func TestObserverAndStats(t *testing.T) {
 		got <- p
 	}()
 	waitFor(t, 5*time.Second, "a waiter in Redis", func() bool {
-		return s.Stats().Waiting == 1 && queueLen(t, e.rdb, s) == 1
+		return s.Stats().Waiting == 1 && queueLen(t, e.rdb, s) == 1 && ticketKnown(s)
 	})
 	if _, err := s.Acquire(ctx); !errors.Is(err, ErrQueueFull) {
 		t.Fatalf("Acquire with the queue full = %v", err)
@@ -114,7 +130,7 @@ func TestObserverAndStats(t *testing.T) {
 		done <- err
 	}()
 	waitFor(t, 5*time.Second, "a second waiter in Redis", func() bool {
-		return s.Stats().Waiting == 1 && queueLen(t, e.rdb, s) == 1
+		return s.Stats().Waiting == 1 && queueLen(t, e.rdb, s) == 1 && ticketKnown(s)
 	})
 	giveUp()
 	if err := <-done; !errors.Is(err, context.Canceled) {
