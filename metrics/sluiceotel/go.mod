@@ -2,12 +2,15 @@ module github.com/sluicehq/sluice/metrics/sluiceotel
 
 go 1.26.0
 
+// For working in this repository only: a replace applies only in the main
+// module, so a program that requires this module gets the root module at the
+// version required below.
 replace github.com/sluicehq/sluice => ../..
 
 require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
-	github.com/sluicehq/sluice v0.0.0-00010101000000-000000000000
+	github.com/sluicehq/sluice v0.1.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/exporters/prometheus v0.69.0
 	go.opentelemetry.io/otel/metric v1.47.0

@@ -2,12 +2,15 @@ module github.com/sluicehq/sluice/metrics/sluiceprometheus
 
 go 1.26.0
 
+// For working in this repository only: a replace applies only in the main
+// module, so a program that requires this module gets the root module at the
+// version required below.
 replace github.com/sluicehq/sluice => ../..
 
 require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
-	github.com/sluicehq/sluice v0.0.0-00010101000000-000000000000
+	github.com/sluicehq/sluice v0.1.0
 )
 
 require (
