@@ -44,6 +44,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -53,6 +54,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/background"
 	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/internal/hub"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler"
 )
@@ -244,12 +246,19 @@ type Bucket struct {
 	q        *queue.Queue
 	sched    *scheduler.Scheduler
 	lead     time.Duration // wake this long before the estimated slot to poll
-	// bg owns every goroutine of the Bucket but the scheduler's: the
-	// batchers', the notices' and the sleeper's. Close ends them all.
+	// hub is what every bucket and semaphore on rdb shares: the Pub/Sub
+	// connection, the precise timer and the loop the scheduler runs on.
+	hub *hub.Hub
+	// bg owns the Bucket's own goroutines: its batchers' flushers, which
+	// run only while callers' arrivals or cancels are pending. Close ends
+	// them.
 	bg      *background.Group
-	comings comings  // arrivals and cancels, batched
-	notices notices  // slots the scheduler tells on the wake channel
-	sleeper *sleeper // the final wait to the slot, precise
+	comings comings // arrivals and cancels, batched
+	notices notices // slots the scheduler tells on the wake channel
+	// queued counts this process's callers queued in Redis, from their
+	// arrival until they learn their slot: the scheduler keeps the lock
+	// only while there are some (scheduler.WhileWaiting).
+	queued atomic.Int64
 	// now is the local clock, used only to measure durations: nothing read
 	// from it is ever compared with Redis time. Tests skew it.
 	now func() time.Time
@@ -268,6 +277,8 @@ type Bucket struct {
 	// burst of 1000 Enters).
 	idPrefix string
 	idSeq    atomic.Uint64
+
+	closeOnce sync.Once
 }
 
 // newID returns a caller ID never used before by any Bucket.
@@ -311,6 +322,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 		Logger:         cfg.Logger,
 	})
 	bg := background.NewGroup()
+	h := hub.Acquire(rdb)
 	b := &Bucket{
 		cfg:      cfg,
 		rdb:      rdb,
@@ -319,10 +331,16 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 		q:        q,
 		sched:    scheduler.New(rdb, q),
 		lead:     cfg.Lookahead / 4,
+		hub:      h,
 		bg:       bg,
-		notices:  notices{rdb: rdb, channel: q.Keys().Wake, group: bg},
-		sleeper:  &sleeper{group: bg},
+		notices:  notices{hub: h, channel: q.Keys().Wake},
 		now:      time.Now,
+	}
+	b.sched.WhileWaiting(func() bool { return b.queued.Load() > 0 })
+	b.notices.handover = func() {
+		if b.queued.Load() > 0 {
+			b.sched.Ensure()
+		}
 	}
 	b.tally.Limiter, b.tally.Name, b.tally.Observer = "bucket", cfg.Name, cfg.Observer
 	b.comings.init(bg, q, batchTimeout, cfg.LockTTL, func() time.Time { return b.now() })
@@ -499,8 +517,12 @@ func (b *Bucket) Stats() Stats {
 // first. Other processes go on using the bucket. Close is safe to call more
 // than once; it always returns nil (the signature is io.Closer's).
 func (b *Bucket) Close() error {
-	b.bg.Close()
-	b.sched.Close()
+	b.closeOnce.Do(func() {
+		b.bg.Close()
+		b.notices.close()
+		b.sched.Close()
+		b.hub.Release()
+	})
 	return nil
 }
 
@@ -699,6 +721,7 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report) (aga
 		rep.Slot = time.UnixMicro(er.Slot)
 		return b.sleepToSlot(ctx, sent, received, er.Delay, rep)
 	}
+	b.queued.Add(1)
 	if !er.SchedulerRunning {
 		b.sched.Ensure()
 	}
@@ -713,7 +736,16 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report) (aga
 func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.Time, rep *Report) (bool, error) {
 	entry := er.Entry
 	hints, forget := b.notices.register(entry)
-	defer forget()
+	dequeued := sync.OnceFunc(func() {
+		forget()
+		if b.queued.Add(-1) == 0 {
+			// The last caller of this process queued here learned its
+			// slot, or gave up: the scheduler hands the lock over now
+			// rather than at its next step.
+			b.sched.Ensure()
+		}
+	})
+	defer dequeued()
 	// local places an instant of the Redis clock on this process's clock,
 	// by the enqueue reply: Redis read its clock (er.Now) before the reply
 	// was received (enqueued), so the result is late by at most the round
@@ -756,6 +788,7 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 		b.rtt.observe(received.Sub(sent))
 		switch {
 		case pr.Found:
+			dequeued()
 			rep.Slot = time.UnixMicro(pr.Slot)
 			return b.sleepToSlot(ctx, sent, received, pr.Delay, rep)
 		case pr.Stale, pr.Lost:
@@ -788,7 +821,10 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 // so that a reply that sat unread (a starved or frozen process) counts too.
 func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, delay time.Duration, rep *Report) (bool, error) {
 	rep.Margin = sent.Add(delay).Sub(received)
-	if err := b.sleeper.sleep(ctx, received.Add(delay).Sub(b.now()), b.bg.Done()); err != nil {
+	if err := b.hub.Sleep(ctx, received.Add(delay).Sub(b.now()), b.bg.Done()); err != nil {
+		if errors.Is(err, hub.ErrStopped) {
+			err = ErrClosed
+		}
 		return false, err // the slot's token is spent; nobody else gets it
 	}
 	rep.Late = max(0, b.now().Sub(sent.Add(delay))-b.rtt.min())

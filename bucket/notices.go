@@ -1,12 +1,9 @@
 package bucket
 
 import (
-	"context"
 	"sync"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/sluicehq/sluice/internal/background"
+	"github.com/sluicehq/sluice/internal/hub"
 	"github.com/sluicehq/sluice/internal/protocol"
 )
 
@@ -14,21 +11,26 @@ import (
 // sleep on: callers ahead of them cancelled or timed out, or they were
 // pushed without an estimate (queue/push.go). The scheduler's step
 // publishes such entries with their slots on the bucket's wake channel (a
-// wake message, internal/protocol/wake.go); this Bucket subscribes once it
-// has a queued caller, and hands the matching local waiter its slot, before
-// which it then polls. A lost message costs only time: the caller still
-// polls at its estimate.
+// wake message, internal/protocol/wake.go); while this Bucket has a queued
+// caller it listens there, on the Pub/Sub connection its Redis client's
+// hub shares with every other handle, and hands the matching local waiter
+// its slot, before which it then polls. A lost message costs only time:
+// the caller still polls at its estimate. With no caller queued the
+// Bucket listens to nothing.
 type notices struct {
-	rdb     redis.UniversalClient
+	hub     *hub.Hub
 	channel string
-	group   *background.Group
 	// changed is told the id of the configuration a live change put in
 	// force (a message "config <id>" on the channel: change.lua).
 	changed func(id string)
+	// handover is told that a process released the scheduler lock while
+	// callers may wait (protocol.HandoverNotice).
+	handover func()
 
 	mu      sync.Mutex
 	waiters map[string]chan int64
-	ps      *redis.PubSub // nil until the first waiter; closed when the group closes
+	stop    func() // stops listening; nil while not listening
+	closed  bool
 }
 
 // register returns the channel that gives the caller queued as entry its
@@ -41,34 +43,40 @@ func (n *notices) register(entry string) (<-chan int64, func()) {
 		n.waiters = make(map[string]chan int64)
 	}
 	n.waiters[entry] = c
-	if n.ps == nil {
-		// Subscribe returns at once; messages published before Redis
-		// confirms the subscription are lost, which only costs time.
-		ps := n.rdb.Subscribe(context.Background(), n.channel)
-		closeSub := func() { _ = ps.Close() }
-		if !n.group.OnClose(closeSub) || !n.group.Go(func(context.Context) { n.dispatch(ps) }) {
-			closeSub() // closed: the caller waits on its estimate
-		} else {
-			n.ps = ps
-		}
+	if n.stop == nil && !n.closed {
+		n.stop = n.hub.Listen(n.channel, n.deliver, nil)
 	}
 	return c, func() {
 		n.mu.Lock()
+		defer n.mu.Unlock()
 		delete(n.waiters, entry)
-		n.mu.Unlock()
+		if len(n.waiters) == 0 && n.stop != nil {
+			n.stop()
+			n.stop = nil
+		}
 	}
 }
 
-// dispatch hands the waiters named in each message their slots until the
-// group closes, which closes the subscription.
-func (n *notices) dispatch(ps *redis.PubSub) {
-	for m := range ps.Channel() {
-		n.deliver(m.Payload)
+// close stops listening for good.
+func (n *notices) close() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.closed = true
+	if n.stop != nil {
+		n.stop()
+		n.stop = nil
 	}
 }
 
-// deliver hands the waiters named in a wake message their slots.
+// deliver hands the waiters named in a wake message their slots. It runs
+// on the hub's reader and never blocks.
 func (n *notices) deliver(payload string) {
+	if payload == protocol.HandoverNotice {
+		if n.handover != nil {
+			n.handover()
+		}
+		return
+	}
 	if id, ok := protocol.ConfigNotice(payload); ok {
 		if n.changed != nil {
 			n.changed(id)

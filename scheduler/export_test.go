@@ -30,5 +30,5 @@ func Step(ctx context.Context, rdb redis.Scripter, q *queue.Queue, token string)
 	return StepResult{Status: int(r.status), Next: r.next, Waiting: r.waiting, Scheduled: r.scheduled}, err
 }
 
-// IsRunning exposes whether s's goroutine is live.
-func IsRunning(s *Scheduler) bool { return s.isRunning() }
+// IsRunning exposes whether s is due to step or stepping.
+func IsRunning(s *Scheduler) bool { return s.job.Active() }

@@ -11,6 +11,15 @@
 // state lives in Redis, never here, so the rate holds even when two loops
 // overlap; the lock only saves work. When the queue is empty the step itself
 // releases the lock and the loop ends.
+//
+// The loop is not a goroutine of its own: every bucket on one Redis client
+// has its steps run by that client's shared loop (internal/hub), so a
+// process scheduling a thousand buckets runs a handful of goroutines. A
+// process keeps the lock only while it has callers of its own queued on
+// the bucket (see Scheduler.WhileWaiting) and hands it over when it has
+// none, or when it closes, by telling the bucket's other processes on its
+// wake channel: a short-lived process that exits leaves no lock for the
+// queue to wait out.
 package scheduler
 
 import (
@@ -26,27 +35,31 @@ import (
 	"github.com/bsm/redislock"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/hub"
+	"github.com/sluicehq/sluice/internal/protocol"
 	"github.com/sluicehq/sluice/queue"
 )
 
-// Scheduler starts and owns at most one scheduler goroutine of one bucket in
-// this process. The zero value is not usable; call New. It is safe for
-// concurrent use.
+// Scheduler runs the steps of one bucket's scheduler in this process, on
+// the shared loop of its Redis client, while this process holds the lock.
+// The zero value is not usable; call New. It is safe for concurrent use.
 type Scheduler struct {
-	rdb     redis.Scripter
+	rdb     redis.UniversalClient
 	q       *queue.Queue
+	hub     *hub.Hub
+	job     *hub.Job
 	locker  *redislock.Client
 	lockTTL time.Duration
 	minRest time.Duration // shortest pause between steps, to batch callers
 
-	ctx    context.Context // ends at Close; owned here, never passed in
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-
 	mu      sync.Mutex
-	running bool // a goroutine is live
-	kicked  bool // someone asked for a scheduler while it was live
 	closed  bool
+	waiting func() bool // nil: keep the lock while callers wait anywhere
+
+	// Touched only by the job's run, which never runs twice at once.
+	lock    *redislock.Lock
+	lastOK  time.Time
+	backoff time.Duration
 
 	steps  atomic.Int64
 	fenced atomic.Int64
@@ -74,45 +87,36 @@ func Holder(lockValue string) string {
 // New returns a Scheduler for q, on the same Redis. q's LockTTL bounds how
 // long callers wait for a new scheduler when this one's process dies; the
 // loop rests at least half of q's Lookahead between steps, to batch
-// callers. New starts nothing and does no I/O.
+// callers. New starts nothing and does no I/O; Close must be called.
 func New(rdb redis.UniversalClient, q *queue.Queue) *Scheduler {
-	ctx, cancel := context.WithCancel(context.Background())
 	o := q.Options()
-	return &Scheduler{
+	s := &Scheduler{
 		rdb:     rdb,
 		q:       q,
+		hub:     hub.Acquire(rdb),
 		locker:  redislock.New(rdb),
 		lockTTL: o.LockTTL,
 		minRest: o.Lookahead / 2,
-		ctx:     ctx,
-		cancel:  cancel,
 	}
+	s.job = s.hub.NewJob(s.run)
+	return s
 }
 
-// Ensure makes sure this process tries to run the scheduler: it starts the
-// goroutine unless one is live, in which case that one tries again to take
-// the lock before it ends. It never blocks.
-func (s *Scheduler) Ensure() {
+// WhileWaiting makes s keep the lock only while waiting reports that this
+// process has callers queued on the bucket: with none, s releases the lock
+// and tells the bucket's other processes (their callers then start a
+// scheduler), so that a process about to exit holds no lock. Call it
+// before the first Ensure; then call Ensure when waiting turns false, so
+// that s hands over at once.
+func (s *Scheduler) WhileWaiting(waiting func() bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return
-	}
-	if s.running {
-		s.kicked = true
-		return
-	}
-	s.running = true
-	s.wg.Add(1)
-	go s.run()
+	s.waiting = waiting
 }
 
-// isRunning reports whether this process's scheduler goroutine is live.
-func (s *Scheduler) isRunning() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.running
-}
+// Ensure makes sure this process tries to run the scheduler: its next step
+// (or its try to take the lock) runs at once. It never blocks.
+func (s *Scheduler) Ensure() { s.job.Schedule(0) }
 
 // Stats are counters of one Scheduler since New.
 type Stats struct {
@@ -126,114 +130,110 @@ func (s *Scheduler) Stats() Stats {
 	return Stats{Steps: s.steps.Load(), Fenced: s.fenced.Load(), Errors: s.errs.Load()}
 }
 
-// Close stops the goroutine, waits for it, and releases the lock if it held
-// it. Later Ensure calls do nothing. Close is safe to call more than once.
+// Close stops s, waits for a step in flight, and hands the lock over if it
+// held it: it releases it and tells the bucket's other processes, whose
+// callers start a scheduler at once rather than after the lock's TTL.
+// Later Ensure calls do nothing. Close is safe to call more than once.
 func (s *Scheduler) Close() {
 	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
-	s.cancel()
-	s.wg.Wait()
-}
-
-// run takes the lock and steps until the queue is empty, the lock is lost,
-// or Close; then it ends unless Ensure was called meanwhile.
-func (s *Scheduler) run() {
-	defer s.wg.Done()
-	for {
-		s.lead()
-		if s.finish() {
-			return
-		}
-	}
-}
-
-// finish decides under the mutex whether the goroutine ends; a kick since
-// the last attempt means a caller may have found no lock: try once more.
-func (s *Scheduler) finish() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.kicked && !s.closed {
-		s.kicked = false
-		return false
-	}
-	s.running = false
-	return true
-}
-
-// lead takes the lock, if free, and runs steps while it holds it.
-func (s *Scheduler) lead() {
-	s.mu.Lock()
-	s.kicked = false
-	s.mu.Unlock()
-	lock, err := s.locker.Obtain(s.ctx, s.q.Keys().Lock, s.lockTTL, &redislock.Options{Metadata: holder})
-	if err != nil {
-		if !errors.Is(err, redislock.ErrNotObtained) {
-			s.errs.Add(1)
-		}
+	if s.closed {
+		s.mu.Unlock()
 		return
 	}
-	defer func() {
-		if s.ctx.Err() != nil {
-			// Close: hand the lock over at once rather than after its TTL.
-			ctx, cancel := context.WithTimeout(context.Background(), s.lockTTL)
-			defer cancel()
-			_ = lock.Release(ctx)
-		}
-	}()
-	lastOK := time.Now()
-	backoff := time.Millisecond
-	for {
-		r, err := step(s.ctx, s.rdb, s.q, lock.Token()+lock.Metadata())
-		if err != nil {
-			if s.ctx.Err() != nil {
-				return
-			}
-			s.errs.Add(1)
-			// Redis is unreachable or slow. Past the lock's TTL the lock is
-			// surely gone; fencing would refuse us anyway.
-			if time.Since(lastOK) > s.lockTTL {
-				return
-			}
-			if !s.rest(backoff) {
-				return
-			}
-			backoff = min(2*backoff, s.lockTTL/4)
-			continue
-		}
-		s.steps.Add(1)
-		lastOK, backoff = time.Now(), time.Millisecond
-		switch r.status {
-		case fenced:
-			s.fenced.Add(1)
-			if l := s.q.Options().Logger; l != nil {
-				l.Info("sluice: scheduler fenced: another process took the lock (this one was too slow to renew it, or a live change released it)", "lock", s.q.Keys().Lock)
-			}
-			return
-		case released:
-			return
-		}
-		rest := r.next
-		if r.next > 0 || r.scheduled == 0 {
-			// Batch: let a few slots come into the lookahead at once, but
-			// step often enough to renew the lock.
-			rest = max(rest, s.minRest)
-		}
-		rest = min(rest, s.lockTTL/3)
-		if rest > 0 && !s.rest(rest) {
-			return
-		}
+	s.closed = true
+	s.mu.Unlock()
+	s.job.Stop()
+	if s.lock != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), s.lockTTL)
+		s.handOver(ctx)
+		cancel()
 	}
+	s.hub.Release()
 }
 
-// rest sleeps d or until Close; it reports false on Close.
-func (s *Scheduler) rest(d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-s.ctx.Done():
-		return false
+// handOver runs a last step, which schedules the callers due within the
+// lookahead and releases the lock in one script, then tells the bucket's
+// processes that the lock is free.
+func (s *Scheduler) handOver(ctx context.Context) {
+	lock := s.lock
+	s.lock = nil
+	r, err := lastStep(ctx, s.q, lock.Token()+lock.Metadata())
+	switch {
+	case err != nil:
+		// Redis is away or slow: release it plainly, if it answers.
+		if lock.Release(ctx) != nil {
+			return
+		}
+	case r.status == fenced:
+		return // not ours any more: another process took it
+	case r.waiting == 0:
+		s.steps.Add(1)
+		return // nobody waits: nobody needs telling
+	default:
+		s.steps.Add(1)
 	}
+	_ = s.rdb.Publish(ctx, s.q.Keys().Wake, protocol.HandoverNotice).Err()
+}
+
+// run is one turn of the job: take the lock if this process does not hold
+// it, then one step. It returns when to run again.
+func (s *Scheduler) run(ctx context.Context) (time.Duration, bool) {
+	s.mu.Lock()
+	waiting := s.waiting
+	s.mu.Unlock()
+	if waiting != nil && !waiting() {
+		if s.lock != nil {
+			s.handOver(ctx)
+		}
+		return 0, false
+	}
+	if s.lock == nil {
+		octx, cancel := context.WithTimeout(ctx, s.lockTTL)
+		lock, err := s.locker.Obtain(octx, s.q.Keys().Lock, s.lockTTL, &redislock.Options{Metadata: holder})
+		cancel()
+		if err != nil {
+			if !errors.Is(err, redislock.ErrNotObtained) && ctx.Err() == nil {
+				s.errs.Add(1)
+			}
+			return 0, false
+		}
+		s.lock, s.lastOK, s.backoff = lock, time.Now(), time.Millisecond
+	}
+	r, err := step(ctx, s.rdb, s.q, s.lock.Token()+s.lock.Metadata())
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, false
+		}
+		s.errs.Add(1)
+		// Redis is unreachable or slow. Past the lock's TTL the lock is
+		// surely gone; fencing would refuse us anyway.
+		if time.Since(s.lastOK) > s.lockTTL {
+			s.lock = nil
+			return 0, false
+		}
+		d := s.backoff
+		s.backoff = min(2*s.backoff, s.lockTTL/4)
+		return d, true
+	}
+	s.steps.Add(1)
+	s.lastOK, s.backoff = time.Now(), time.Millisecond
+	switch r.status {
+	case fenced:
+		s.lock = nil
+		s.fenced.Add(1)
+		if l := s.q.Options().Logger; l != nil {
+			l.Info("sluice: scheduler fenced: another process took the lock (this one was too slow to renew it, or a live change released it)", "lock", s.q.Keys().Lock)
+		}
+		return 0, false
+	case released:
+		s.lock = nil
+		return 0, false
+	}
+	rest := r.next
+	if r.next > 0 || r.scheduled == 0 {
+		// Batch: let a few slots come into the lookahead at once, but
+		// step often enough to renew the lock.
+		rest = max(rest, s.minRest)
+	}
+	return min(rest, s.lockTTL/3), true
 }

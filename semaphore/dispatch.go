@@ -43,14 +43,22 @@ func (b *batch) empty() bool {
 
 // dispatch runs the exchanges with Redis one at a time: whatever callers
 // ask for while one is in flight goes out together in the next.
+//
+// It runs while there is work (kick starts it) and returns once there is
+// none: an idle Semaphore runs no goroutine.
 func (s *Semaphore) dispatch() {
 	beat := time.NewTicker(s.cfg.beat())
 	defer beat.Stop()
-	for {
-		select {
-		case <-s.kickCh:
-		case <-beat.C:
-			s.requestBeat()
+	for first := true; ; first = false {
+		if !first {
+			if s.idle() {
+				return
+			}
+			select {
+			case <-s.kickCh:
+			case <-beat.C:
+				s.requestBeat()
+			}
 		}
 		for {
 			// Before each exchange: the callers the last reply woke (or a
@@ -62,6 +70,9 @@ func (s *Semaphore) dispatch() {
 			}
 			if b.empty() {
 				if closed {
+					s.dmu.Lock()
+					s.dispatching = false
+					s.dmu.Unlock()
 					return
 				}
 				break

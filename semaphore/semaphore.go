@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/background"
 	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/internal/hub"
 )
 
 var (
@@ -61,11 +62,15 @@ var (
 // of weight 1, AcquireN one of weight n). Waiters are served first come,
 // first served by their arrival at Redis, whatever their weights.
 //
-// Each Semaphore owns two goroutines: a dispatcher that batches every
-// Redis exchange of this process (acquires, releases, renewals) into one
-// script call at a time, and a listener for grant notifications. Close
-// stops both. A Semaphore is safe for concurrent use; use one per process
-// and semaphore name.
+// A Semaphore runs a dispatcher goroutine, which batches every Redis
+// exchange of this process (acquires, releases, renewals) into one script
+// call at a time, only while it has work: callers waiting, permits held,
+// or exchanges pending. Grant notifications come over the Pub/Sub
+// connection that every bucket and semaphore on the same Redis client
+// shares, listened to only while callers wait. An idle Semaphore runs no
+// goroutine and holds no connection. Close stops the dispatcher. A
+// Semaphore is safe for concurrent use; use one per process and semaphore
+// name.
 type Semaphore struct {
 	rdb         redis.UniversalClient
 	cfg         Config
@@ -74,12 +79,14 @@ type Semaphore struct {
 	fixedArgs   []any    // sync.lua's ARGV[2..6] and ARGV[14..15], boxed once
 	proc        string   // this Semaphore's id, the prefix of its permit ids
 	callTimeout time.Duration
-	ps          *redis.PubSub
+	hub         *hub.Hub // the Pub/Sub shared by every handle on rdb
 	nextID      atomic.Uint64
 	kickCh      chan struct{}
 	poke        *time.Timer       // asks for a beat when the first lease ends
-	bg          *background.Group // the dispatcher and the listener
-	psErr       error             // closing ps, at Close
+	bg          *background.Group // the dispatcher, while it has work
+	dispatching bool              // the dispatcher runs; guarded by dmu
+	dmu         sync.Mutex        // taken after mu, never before it
+	stopListen  func()            // stops the grant notifications; nil while none is wanted (under mu)
 
 	mu           sync.Mutex
 	closed       bool
@@ -172,16 +179,11 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 	s.tally.Limiter, s.tally.Name, s.tally.Observer = "semaphore", cfg.Name, cfg.Observer
 	s.poke = time.AfterFunc(time.Hour, s.requestBeat)
 	s.poke.Stop()
-	// No channel yet: Subscribe with channels would dial Redis here.
-	s.ps = rdb.Subscribe(context.Background())
+	s.hub = hub.Acquire(rdb)
+	// The dispatcher starts at the first kick; it ignores the group's ctx:
+	// at Close it still sends what is pending (leaves, releases), each
+	// exchange bounded by callTimeout, and returns once nothing is left.
 	s.bg = background.NewGroup()
-	// Receive waits on the socket as well as the ctx: closing ps ends it.
-	s.bg.OnClose(func() { s.psErr = s.ps.Close() })
-	s.bg.Go(s.listen)
-	// The dispatcher ignores the group's ctx: at Close it still sends what
-	// is pending (leaves, releases), each exchange bounded by callTimeout,
-	// and returns once nothing is left.
-	s.bg.Go(func(context.Context) { s.dispatch() })
 	return s, nil
 }
 
@@ -278,6 +280,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int) (_ *Permit, queued bool,
 		return nil, false, ErrClosed
 	}
 	s.waiters[w.id] = w
+	s.listenLocked()
 	// A process has one exchange in flight at a time, so everything asked
 	// for meanwhile goes out together in the next (and a leave can never
 	// overtake its arrival). A lone arrival (no exchange in flight, and
@@ -472,10 +475,11 @@ func (s *Semaphore) Close() error {
 	for _, p := range s.holders {
 		s.loseLocked(p, "")
 	}
+	s.unlistenLocked()
 	s.mu.Unlock()
 	s.kick()
 	s.bg.Close()
-	err := s.psErr
+	s.hub.Release()
 
 	s.poke.Stop()
 
@@ -483,9 +487,6 @@ func (s *Semaphore) Close() error {
 	s.mu.Lock()
 	s.pendRelease, s.pendLeave, s.retryRelease, s.retryLeave = nil, nil, nil, nil
 	s.mu.Unlock()
-	if err != nil {
-		return fmt.Errorf("semaphore: close: %w", err)
-	}
 	return nil
 }
 
@@ -529,11 +530,49 @@ func (s *Semaphore) pendingLocked() bool {
 	return len(s.pendAcquire)+len(s.pendRelease)+len(s.pendLeave) > 0 || s.beatDue
 }
 
-// kick wakes the dispatcher.
+// kick wakes the dispatcher, starting it if it is not running. It may be
+// called with mu held.
 func (s *Semaphore) kick() {
 	select {
 	case s.kickCh <- struct{}{}:
 	default:
+	}
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	if !s.dispatching && s.bg.Go(func(context.Context) { s.dispatch() }) {
+		s.dispatching = true
+	}
+}
+
+// idle reports, and marks the dispatcher stopped, when it has no work left:
+// nobody waits, nothing is held, nothing is pending or to retry.
+func (s *Semaphore) idle() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.waiters)+len(s.holders)+len(s.retryRelease)+len(s.retryLeave) > 0 || s.sending || s.pendingLocked() {
+		return false
+	}
+	s.dmu.Lock()
+	s.dispatching = false
+	s.dmu.Unlock()
+	return true
+}
+
+// listenLocked listens for grant notifications while callers wait. Called
+// with mu held.
+func (s *Semaphore) listenLocked() {
+	if s.stopListen == nil && !s.closed {
+		// A notification published before Redis confirms the
+		// subscription is lost: a beat then asks Redis.
+		s.stopListen = s.hub.Listen(s.chanPrefix+s.proc, s.wake, s.requestBeat)
+	}
+}
+
+// unlistenLocked stops listening once nobody waits. Called with mu held.
+func (s *Semaphore) unlistenLocked() {
+	if s.stopListen != nil && (len(s.waiters) == 0 || s.closed) {
+		s.stopListen()
+		s.stopListen = nil
 	}
 }
 
@@ -549,6 +588,7 @@ func (s *Semaphore) requestBeat() {
 func (s *Semaphore) abandonLocked(w *waiter) {
 	w.done = true
 	delete(s.waiters, w.id)
+	s.unlistenLocked()
 	if !w.sent {
 		for i, x := range s.pendAcquire {
 			if x == w {
@@ -566,6 +606,7 @@ func (s *Semaphore) abandonLocked(w *waiter) {
 func (s *Semaphore) finishLocked(w *waiter) {
 	w.done = true
 	delete(s.waiters, w.id)
+	s.unlistenLocked()
 	close(w.ch)
 }
 
@@ -633,41 +674,6 @@ func (s *Semaphore) releaseLocked(p *Permit) releaseOp {
 	delete(s.holders, p.id)
 	s.held.Add(-int64(p.weight))
 	return releaseOp{id: p.id, until: p.deadline, asked: true}
-}
-
-// listen receives grant notifications for this process's waiters.
-func (s *Semaphore) listen(ctx context.Context) {
-	// An error here is retried: the channel is recorded and subscribed
-	// again on every reconnection.
-	_ = s.ps.Subscribe(ctx, s.chanPrefix+s.proc)
-	pause := time.NewTimer(0)
-	<-pause.C
-	defer pause.Stop()
-	for {
-		msg, err := s.ps.Receive(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			// Notifications may have been lost: poll, and do not spin
-			// while Redis is down.
-			s.requestBeat()
-			pause.Reset(min(s.cfg.beat(), 100*time.Millisecond))
-			select {
-			case <-ctx.Done():
-				return
-			case <-pause.C:
-			}
-			continue
-		}
-		switch m := msg.(type) {
-		case *redis.Subscription:
-			// (Re)subscribed: anything published before is lost.
-			s.requestBeat()
-		case *redis.Message:
-			s.wake(m.Payload)
-		}
-	}
 }
 
 // wake grants the waiters named in a notification. Their grant keeps

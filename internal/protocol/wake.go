@@ -40,3 +40,10 @@ func ParseWake(payload string, f func(entry string, slot int64)) {
 func ConfigNotice(payload string) (id string, ok bool) {
 	return strings.CutPrefix(payload, "config ")
 }
+
+// HandoverNotice is the message a process publishes on a bucket's wake
+// channel when it releases the scheduler lock while callers may still wait
+// (it closes, or has no caller of its own queued): every process with a
+// caller queued tries to take the lock at once, rather than waiting for
+// its callers' next poll.
+const HandoverNotice = "handover"

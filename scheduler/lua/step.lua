@@ -9,7 +9,10 @@
 -- KEYS[1] queue, KEYS[2] state, KEYS[3] slot key prefix, KEYS[4] lock,
 -- KEYS[5] config (as in enqueue.lua)
 -- ARGV[1] lock token; the step does nothing unless the lock holds it
--- ARGV[2] lock TTL ms, renewed on every step that keeps the lock
+-- ARGV[2] lock TTL ms, renewed on every step that keeps the lock; 0 hands
+--         the lock over: the step releases it (and zeroes until, so that
+--         the next caller to enqueue starts a scheduler) even if callers
+--         still wait
 -- ARGV[3] lookahead µs
 -- ARGV[4] max callers to schedule in this step
 -- ARGV[5] grace µs added to every key's TTL; a slot key outlives its slot by this
@@ -21,8 +24,9 @@
 -- ARGV[8..] policies: configuration id, n, then cap, amount, freq µs, call for each
 --
 -- Reply {status, next µs, queue length, scheduled}:
---   status -1 fenced (the lock is not ours: stop); 0 queue empty, lock
---   released; 1 callers still wait: step again in next µs (0 = at once).
+--   status -1 fenced (the lock is not ours: stop); 0 lock released (the
+--   queue is empty, or the step handed the lock over); 1 callers still
+--   wait: step again in next µs (0 = at once).
 if redis.call('GET', KEYS[4]) ~= ARGV[1] then
   return {-1, 0, 0, 0}
 end
@@ -112,8 +116,15 @@ if qlen == 0 then
 end
 -- The lock and the state's until are renewed together: enqueue reads
 -- until instead of the lock.
-redis.call('PEXPIRE', KEYS[4], lock_ttl)
-save(KEYS[2], st, ps, now, grace, done + scheduled, now + lock_ttl * 1000, KEYS[5])
+local status = 1
+if lock_ttl == 0 then
+  status = 0
+  redis.call('DEL', KEYS[4])
+  save(KEYS[2], st, ps, now, grace, done + scheduled, 0, KEYS[5])
+else
+  redis.call('PEXPIRE', KEYS[4], lock_ttl)
+  save(KEYS[2], st, ps, now, grace, done + scheduled, now + lock_ttl * 1000, KEYS[5])
+end
 local tail = slot_k(st, ps, now, ahead_k(st, ps, qlen - 1, nil))
 redis.call('PEXPIRE', KEYS[1], ceil_ms(tail - now + grace))
 -- The head's slot, now that those ahead of it took their tokens; read
@@ -121,4 +132,4 @@ redis.call('PEXPIRE', KEYS[1], ceil_ms(tail - now + grace))
 -- step's takes, the same instant).
 local next = (blocked or slot_all(st, ps, now, 1)) - lookahead - now
 if next < 0 or scheduled >= batch then next = 0 end
-return {1, next, qlen, scheduled}
+return {status, next, qlen, scheduled}

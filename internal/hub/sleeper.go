@@ -1,4 +1,4 @@
-package bucket
+package hub
 
 import (
 	"container/heap"
@@ -12,8 +12,8 @@ import (
 // sleeper wakes callers at their slot with a precision Go timers lack: the
 // runtime waits for timers in its network poller, with millisecond
 // granularity, so a timer fires about 0.7 ms late at the median and several
-// ms late at p99 on a busy machine. A Bucket's callers hand their final wait
-// here; one goroutine, owned by the Bucket, keeps their deadlines in a heap
+// ms late at p99 on a busy machine. The callers of every bucket on a Hub hand
+// their final wait here; one goroutine, owned by the Hub, keeps their deadlines in a heap
 // and waits for the earliest on a kernel timer (a timerfd on Linux,
 // sleeper_linux.go) read through the runtime's poller: the goroutine parks,
 // holding no thread and no P, and the poller returns as soon as the
@@ -26,7 +26,7 @@ import (
 // docs/semaphore.md.)
 //
 // The goroutine starts when a caller waits and returns when none is left, so
-// an idle Bucket runs nothing; it belongs to the Bucket's group, whose Close
+// an idle Hub runs nothing; it belongs to the Hub's group, whose Close
 // stops it. A sleeper never releases a caller before its deadline. It is
 // safe for concurrent use.
 type sleeper struct {
@@ -47,7 +47,7 @@ type alarm struct {
 }
 
 // sleep waits until d has passed, or ctx ends (returning ctx.Err()), or done
-// is closed (ErrClosed), whichever comes first. It never returns nil
+// is closed (ErrStopped), whichever comes first. It never returns nil
 // before d has passed.
 func (w *sleeper) sleep(ctx context.Context, d time.Duration, done <-chan struct{}) error {
 	if d <= 0 {
@@ -75,7 +75,7 @@ func (w *sleeper) sleep(ctx context.Context, d time.Duration, done <-chan struct
 		return ctx.Err()
 	case <-done:
 		w.remove(a)
-		return ErrClosed
+		return ErrStopped
 	}
 }
 
@@ -89,7 +89,7 @@ func plainSleep(ctx context.Context, d time.Duration, done <-chan struct{}) erro
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-done:
-		return ErrClosed
+		return ErrStopped
 	}
 }
 

@@ -1,4 +1,4 @@
-package bucket
+package hub
 
 import (
 	"context"
@@ -88,7 +88,7 @@ func TestSleeperFiresEachAlarmNeverEarly(t *testing.T) {
 }
 
 // TestSleeperSleep checks sleep's outcomes: nil no earlier than d, the ctx's
-// error, ErrClosed when done closes, and plain timers after close.
+// error, ErrStopped when done closes, and plain timers after close.
 func TestSleeperSleep(t *testing.T) {
 	w := &sleeper{group: background.NewGroup()}
 	ctx := context.Background()
@@ -114,8 +114,8 @@ func TestSleeperSleep(t *testing.T) {
 
 	go func() { errc <- w.sleep(ctx, time.Hour, done) }()
 	close(done)
-	if err := <-errc; !errors.Is(err, ErrClosed) {
-		t.Errorf("sleep when done closes = %v, want ErrClosed", err)
+	if err := <-errc; !errors.Is(err, ErrStopped) {
+		t.Errorf("sleep when done closes = %v, want ErrStopped", err)
 	}
 
 	w.group.Close()

@@ -1,6 +1,6 @@
 //go:build linux
 
-package bucket
+package hub
 
 import (
 	"os"
