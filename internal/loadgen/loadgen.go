@@ -106,6 +106,10 @@ type Spec struct {
 	CostUnit string `json:"cost_unit,omitempty"`
 	CostMin  int    `json:"cost_min,omitempty"`
 	CostMax  int    `json:"cost_max,omitempty"`
+	// Hog, when set, makes a worker run this many goroutines that keep
+	// the CPU busy (see Hog) while its callers enter: a process starved
+	// of CPU by its own other work. Run itself ignores it.
+	Hog int `json:"hog,omitempty"`
 }
 
 // Run runs spec's callers through b and sends every grant to out. It
@@ -239,6 +243,7 @@ func worker(raw string) error {
 		}
 		t.Stop()
 	}
+	stopHog := Hog(spec.Hog)
 	var beat sync.WaitGroup
 	beatDone := make(chan struct{})
 	if spec.Heartbeat > 0 {
@@ -266,6 +271,7 @@ func worker(raw string) error {
 		w.Flush()
 		mu.Unlock()
 	})
+	stopHog()
 	close(beatDone)
 	beat.Wait()
 	// Close first, so that the lock's release is counted too.
