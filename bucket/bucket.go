@@ -308,7 +308,14 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 		policies = append([]Policy{{Capacity: cfg.Capacity, RefillAmount: cfg.RefillAmount, RefillFrequency: cfg.RefillFrequency}}, policies...)
 	}
 	qps := toQueue(policies)
-	q := queue.New(rdb, cfg.KeyPrefix, cfg.Name, queue.Options{
+	h := hub.Acquire(rdb)
+	// Script calls share round trips with every other handle's on rdb;
+	// not with ReplicaAcks, whose WAIT would hold up everyone's.
+	var qc queue.Client = h.Pipelining()
+	if cfg.ReplicaAcks > 0 {
+		qc = rdb
+	}
+	q := queue.New(qc, cfg.KeyPrefix, cfg.Name, queue.Options{
 		Policies:       qps,
 		Lookahead:      cfg.Lookahead,
 		LockTTL:        cfg.LockTTL,
@@ -322,7 +329,6 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 		Logger:         cfg.Logger,
 	})
 	bg := background.NewGroup()
-	h := hub.Acquire(rdb)
 	b := &Bucket{
 		cfg:      cfg,
 		rdb:      rdb,

@@ -61,12 +61,13 @@ type Queue struct {
 	keys Keys
 	opt  Options
 
-	// direct is rdb when it is one server (*redis.Client): then a poll is
-	// first TIME and GETDEL in one pipeline, which costs Redis a fraction
-	// of a script, and arrivals behind waiting callers may take the push
-	// lane. On Cluster or Ring, TIME could reach another node than the
-	// bucket's keys, with another clock, so both stay scripts.
-	direct *redis.Client
+	// direct is rdb when it is one server (*redis.Client, or a client
+	// that wraps one and says so with a Direct method): then a poll is first TIME and GETDEL in one
+	// pipeline, which costs Redis a fraction of a script, and arrivals
+	// behind waiting callers may take the push lane. On Cluster or Ring,
+	// TIME could reach another node than the bucket's keys, with another
+	// clock, so both stay scripts.
+	direct directClient
 
 	conf atomic.Pointer[conf] // the configuration this Queue runs under (config.go)
 	lane lane                 // the push lane (push.go)
@@ -81,10 +82,27 @@ func New(rdb Client, prefix, name string, opt Options) *Queue {
 	}
 	q := &Queue{rdb: rdb, keys: newKeys(prefix, name), opt: opt}
 	q.conf.Store(newConf(opt.Policies))
-	if c, ok := rdb.(*redis.Client); ok && c != nil {
-		q.direct = c
+	switch c := rdb.(type) {
+	case *redis.Client:
+		if c != nil {
+			q.direct = c
+		}
+	case interface {
+		directClient
+		Direct() *redis.Client
+	}:
+		if c.Direct() != nil {
+			q.direct = c
+		}
 	}
 	return q
+}
+
+// directClient is what a Queue needs of one server for its direct polls
+// and its push lane.
+type directClient interface {
+	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
+	TxPipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
 }
 
 // Keys returns the bucket's keys.

@@ -94,10 +94,10 @@ func New(rdb redis.UniversalClient, q *queue.Queue) *Scheduler {
 		rdb:     rdb,
 		q:       q,
 		hub:     hub.Acquire(rdb),
-		locker:  redislock.New(rdb),
 		lockTTL: o.LockTTL,
 		minRest: o.Lookahead / 2,
 	}
+	s.locker = redislock.New(s.hub.Pipelining())
 	s.job = s.hub.NewJob(s.run)
 	return s
 }

@@ -191,7 +191,7 @@ func (s *Semaphore) exchange(ctx context.Context, b batch) {
 	tctx, cancel := context.WithTimeout(ctx, s.callTimeout)
 	defer cancel()
 	sent := time.Now()
-	v, err := syncScript.Run(tctx, s.rdb, s.keys, args...).Result()
+	v, err := syncScript.Run(tctx, s.scripts, s.keys, args...).Result()
 	var r reply
 	if err == nil {
 		r, err = parseReply(v, &b)

@@ -79,7 +79,8 @@ type Semaphore struct {
 	fixedArgs   []any    // sync.lua's ARGV[2..6] and ARGV[14..15], boxed once
 	proc        string   // this Semaphore's id, the prefix of its permit ids
 	callTimeout time.Duration
-	hub         *hub.Hub // the Pub/Sub shared by every handle on rdb
+	hub         *hub.Hub       // the Pub/Sub shared by every handle on rdb
+	scripts     redis.Scripter // rdb, its script calls sharing round trips with every handle's (hub.Client)
 	nextID      atomic.Uint64
 	kickCh      chan struct{}
 	poke        *time.Timer       // asks for a beat when the first lease ends
@@ -180,6 +181,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 	s.poke = time.AfterFunc(time.Hour, s.requestBeat)
 	s.poke.Stop()
 	s.hub = hub.Acquire(rdb)
+	s.scripts = s.hub.Pipelining()
 	// The dispatcher starts at the first kick; it ignores the group's ctx:
 	// at Close it still sends what is pending (leaves, releases), each
 	// exchange bounded by callTimeout, and returns once nothing is left.

@@ -37,6 +37,7 @@ type Hub struct {
 	sleeper sleeper
 	subs    subscriptions
 	jobs    jobs
+	pipe    pipe
 }
 
 // registry holds the live Hub of each client.
@@ -49,6 +50,9 @@ var registry struct {
 // more handle on it. Each Acquire must be matched by one Release. It does
 // no I/O and starts no goroutine.
 func Acquire(rdb redis.UniversalClient) *Hub {
+	if c, ok := rdb.(*Client); ok {
+		rdb = c.UniversalClient
+	}
 	registry.mu.Lock()
 	defer registry.mu.Unlock()
 	if registry.hubs == nil {
@@ -68,6 +72,7 @@ func newHub(rdb redis.UniversalClient) *Hub {
 	h.sleeper.group = h.group
 	h.subs.init(h)
 	h.jobs.init(h)
+	h.pipe.h = h
 	return h
 }
 
