@@ -136,17 +136,6 @@ func subjects(rdb redis.UniversalClient) []subject {
 			takeN: func(ctx context.Context, l sluice.Limiter, n int) (func(), error) {
 				return func() {}, l.(*bucket.Bucket).EnterN(ctx, n)
 			},
-			// TODO(contract): bucket/CanceledWhileWaiting, the place
-			// given back: in about 1 run in 30 the caller after one who
-			// gave up starts a whole period late (4 s instead of 2 s),
-			// as if the one who gave up had consumed its turn. That one
-			// did leave the queue in time; the new caller arrives while
-			// its process's scheduler hands the lock over (no caller of
-			// the process was queued then), and no step runs until its
-			// own poll at the estimate. Calling Ensure after every
-			// queued arrival, not only when the reply says no scheduler
-			// runs, made it go away. Put the check back when fixed.
-			placeBackLeftOut: "the caller after one who gave up may start a period late (scheduler handover race)",
 		},
 		{
 			name: "semaphore", kind: "semaphore", holds: true,

@@ -727,8 +727,11 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report) (aga
 		rep.Slot = time.UnixMicro(er.Slot)
 		return b.sleepToSlot(ctx, sent, received, er.Delay, rep)
 	}
-	b.queued.Add(1)
-	if !er.SchedulerRunning {
+	// The first caller of this process to queue makes sure a scheduler
+	// runs even when the reply says one does: it may be this process's,
+	// handing the lock over because it had no caller queued (its last
+	// step and this arrival crossed).
+	if b.queued.Add(1) == 1 || !er.SchedulerRunning {
 		b.sched.Ensure()
 	}
 	return b.awaitSlot(ctx, er, received, rep)
