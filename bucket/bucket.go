@@ -592,7 +592,13 @@ type Report struct {
 	Polls      int           // polls for a slot (1 in the normal queued case)
 	RoundTrips int           // Redis round trips made by this caller
 	Late       time.Duration // how late after its slot Enter returned, at most (local clock, less the usual round trip)
-	Reentries  int           // times the caller entered again (stale or lost slot)
+	Reentries  int           // times the caller entered again (its slot lost, or a live change)
+	// Retimes counts the times the caller came later than MaxLateness
+	// for its slot and took the next one instead, ahead of the callers
+	// queued; Refunds how many of those slots' tokens went back to the
+	// bucket (the others were spent: see docs/design.md, "Overload").
+	Retimes int
+	Refunds int
 	// Slot is the instant the caller's token was due, on the Redis clock.
 	// It is for analysis only (comparing with the local clock assumes
 	// both are synchronised); Enter never uses it.
@@ -725,7 +731,7 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report) (aga
 		return false, fmt.Errorf("%w (estimated %v, MaxWait %v)", ErrWaitTooLong, er.Delay, b.cfg.MaxWait)
 	case er.Entry == "": // its slot at once
 		rep.Slot = time.UnixMicro(er.Slot)
-		return b.sleepToSlot(ctx, sent, received, er.Delay, rep)
+		return b.sleepToSlot(ctx, sent, received, er.Delay, rep, costs, "")
 	}
 	// The first caller of this process to queue makes sure a scheduler
 	// runs even when the reply says one does: it may be this process's,
@@ -734,7 +740,7 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report) (aga
 	if b.queued.Add(1) == 1 || !er.SchedulerRunning {
 		b.sched.Ensure()
 	}
-	return b.awaitSlot(ctx, er, received, rep)
+	return b.awaitSlot(ctx, er, received, rep, costs)
 }
 
 // awaitSlot sleeps until shortly before the estimated slot, then polls for
@@ -742,7 +748,7 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report) (aga
 // lock, starts one here. When the scheduler publishes the caller's slot
 // (pushed callers always, others when the slot came earlier than their
 // estimate), the caller polls a lead before that slot instead.
-func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.Time, rep *Report) (bool, error) {
+func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.Time, rep *Report, costs []int64) (bool, error) {
 	entry := er.Entry
 	hints, forget := b.notices.register(entry)
 	dequeued := sync.OnceFunc(func() {
@@ -799,8 +805,12 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 		case pr.Found:
 			dequeued()
 			rep.Slot = time.UnixMicro(pr.Slot)
-			return b.sleepToSlot(ctx, sent, received, pr.Delay, rep)
-		case pr.Stale, pr.Lost:
+			return b.sleepToSlot(ctx, sent, received, pr.Delay, rep, costs, pr.Room)
+		case pr.Stale:
+			// The poll itself came too late for the slot: keep the place.
+			dequeued()
+			return b.retime(ctx, rep, costs, pr.Room)
+		case pr.Lost:
 			return true, nil
 		}
 		rep.Position = pr.Position
@@ -828,7 +838,70 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 // caller sleeps until received+delay, never before the slot, and judges its
 // lateness from sent+delay, less the round trip the network always takes,
 // so that a reply that sat unread (a starved or frozen process) counts too.
-func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, delay time.Duration, rep *Report) (bool, error) {
+// A caller later than MaxLateness keeps its place (retime): costs and room
+// are what that needs.
+func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, delay time.Duration, rep *Report, costs []int64, room string) (bool, error) {
+	for {
+		late, err := b.sleepLate(ctx, sent, received, delay, rep)
+		if err != nil || !late {
+			return false, err
+		}
+		var r queue.Retimed
+		if sent, received, r, err = b.retimeOnce(ctx, rep, costs, room); err != nil {
+			return b.retimeFailed(ctx, err)
+		}
+		delay, room = r.Delay, r.Room
+	}
+}
+
+// retime gives a caller too late for its slot the next one (retimeOnce),
+// then sleeps to it as sleepToSlot does.
+func (b *Bucket) retime(ctx context.Context, rep *Report, costs []int64, room string) (bool, error) {
+	sent, received, r, err := b.retimeOnce(ctx, rep, costs, room)
+	if err != nil {
+		return b.retimeFailed(ctx, err)
+	}
+	return b.sleepToSlot(ctx, sent, received, r.Delay, rep, costs, r.Room)
+}
+
+// retimeOnce asks Redis for the next slot of a caller too late for its own
+// (queue.Retime): it keeps its place ahead of the callers queued, and the
+// missed slot's tokens go back to the bucket when that is exact. A late
+// caller thus throws nothing away and adds no arrival, so that a starved
+// host cannot feed its own overload (docs/design.md, "Overload").
+func (b *Bucket) retimeOnce(ctx context.Context, rep *Report, costs []int64, room string) (sent, received time.Time, r queue.Retimed, err error) {
+	sent = b.now()
+	r, err = b.q.Retime(ctx, room, costs)
+	received = b.now()
+	rep.RoundTrips++
+	if err != nil {
+		return sent, received, r, err
+	}
+	b.rtt.observe(received.Sub(sent))
+	rep.Retimes++
+	if r.Refunded {
+		rep.Refunds++
+	}
+	rep.Slot = time.UnixMicro(r.Slot)
+	return sent, received, r, nil
+}
+
+// retimeFailed: a Retime that failed leaves the missed slot's tokens spent;
+// the caller enters again, unless its ctx ended or Redis failed it.
+func (b *Bucket) retimeFailed(ctx context.Context, err error) (bool, error) {
+	if ctx.Err() != nil || errors.Is(err, queue.ErrNotReplicated) {
+		return false, b.redisErr(ctx, err)
+	}
+	var cerr *queue.ConfigError
+	if errors.As(err, &cerr) {
+		return true, nil // a live change: enter again under the policies in force
+	}
+	return false, b.redisErr(ctx, err)
+}
+
+// sleepLate sleeps until the slot and reports whether the caller is later
+// than MaxLateness.
+func (b *Bucket) sleepLate(ctx context.Context, sent, received time.Time, delay time.Duration, rep *Report) (bool, error) {
 	rep.Margin = sent.Add(delay).Sub(received)
 	if err := b.hub.Sleep(ctx, received.Add(delay).Sub(b.now()), b.bg.Done()); err != nil {
 		if errors.Is(err, hub.ErrStopped) {

@@ -428,3 +428,45 @@ func TestSchedulerDiesWithManyBuckets(t *testing.T) {
 	}
 	t.Logf("worst first grant after the kill: %v", worst)
 }
+
+// TestOverloadStarvedProcesses: three worker processes saturate a bucket
+// while each also runs busy goroutines (2 a CPU), so their callers often
+// wake past MaxLateness. The guarantee holds over every grant (slots and
+// starts), and the grants do not collapse: a late caller keeps its place
+// and gives its token back when that is exact, rather than queueing again
+// at the back and throwing the token away (before, such a run granted a
+// tenth of the limit).
+func TestOverloadStarvedProcesses(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	cfg := bucket.Config{Name: t.Name(), Capacity: 20, RefillAmount: 1, RefillFrequency: 5 * time.Millisecond}
+	const run = 3 * time.Second
+	start := time.Now().Add(500 * time.Millisecond)
+	var procs []*loadgen.Proc
+	for i := range 3 {
+		procs = append(procs, startWorker(t, loadgen.Spec{Proc: i, Addr: srv.Addr(), Bucket: cfg, Callers: 30, Until: run,
+			StartAt: start.UnixNano(), Hog: 2 * runtime.NumCPU(), QuietRedis: true}))
+	}
+	var all []loadgen.Grant
+	retimes, refunds, reentries := 0, 0, 0
+	for _, p := range procs {
+		g := wait(t, p)
+		all = append(all, g...)
+		for _, x := range g {
+			retimes += x.Retimes
+			refunds += x.Refunds
+			reentries += x.Reentries
+		}
+	}
+	checkGrants(t, all, cfg)
+	allowed := float64(cfg.Capacity) + run.Seconds()*float64(time.Second/cfg.RefillFrequency)
+	util := float64(len(all)) / allowed
+	t.Logf("%d grants of %.0f the limit allows over %v (%.2f), %d retimes (%d tokens given back), %d re-entries",
+		len(all), allowed, run, util, retimes, refunds, reentries)
+	// A floor between what this run gives under -race (0.65) and what it gave
+	// when a late caller queued again at the back (0.36; about 0.1 without
+	// -race). The goal (≥ 0.9) is the bench's.
+	if util < 0.5 {
+		t.Errorf("utilization %.2f: overload collapsed", util)
+	}
+}

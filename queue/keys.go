@@ -23,6 +23,10 @@ type Keys struct {
 	// (internal/protocol/config.go), with a TTL of 30 days renewed while
 	// the bucket is used: the limit outlives an idle bucket.
 	Config string
+	// Refunds counts, per policy, the tokens late callers gave back
+	// ("r1,r2,...": lua/retime.lua), so that each give-back can tell
+	// whether it is exact; it lives a while after the last one.
+	Refunds string
 }
 
 func newKeys(prefix, name string) Keys {
@@ -33,7 +37,8 @@ func newKeys(prefix, name string) Keys {
 		Slot:   base + "slot:",
 		Lock:   base + "lock",
 		Wake:   base + "wake",
-		Config: base + "config",
+		Config:  base + "config",
+		Refunds: base + "refunds",
 	}
 }
 
@@ -44,8 +49,11 @@ func (k Keys) slotKey(entry string) string { return k.Slot + protocol.EntryID(en
 // list is KEYS of the scripts that need them all: the queue, the state,
 // the prefix of the slot keys (declared so that Redis Cluster routes and
 // checks it like the keys made from it, which share its hash tag), the
-// lock and the config.
-func (k Keys) list() []string { return []string{k.Queue, k.State, k.Slot, k.Lock, k.Config} }
+// lock, the config and the refunds.
+func (k Keys) list() []string { return []string{k.Queue, k.State, k.Slot, k.Lock, k.Config, k.Refunds} }
+
+// retime is KEYS of lua/retime.lua.
+func (k Keys) retime() []string { return []string{k.Queue, k.State, k.Config, k.Refunds} }
 
 // List is the keys a scheduler step names: Keys.list.
 func (k Keys) List() []string { return k.list() }

@@ -248,6 +248,9 @@ type PollReply struct {
 	Position int           // still queued: 1-based place in the queue
 	LockTTL  time.Duration // still queued: the scheduler lock's remaining TTL, < 0 if none
 	Slot     int64         // Found: the slot, µs on the Redis clock (for analysis only)
+	// Room is what the step that gave the slot left for Retime (Found,
+	// Stale): a caller too late to use its slot passes it back.
+	Room string
 	// RoundTrips is how many round trips the poll took: 1, or 2 when the
 	// direct poll found no slot and the script ran after it.
 	RoundTrips int
@@ -301,20 +304,27 @@ func (q *Queue) pollDirect(ctx context.Context, entry string, tol int64) (PollRe
 	if err := q.acked(acks); err != nil {
 		return PollReply{}, true, err // the slot was found, and is spent
 	}
-	s, err := slot.Int64()
-	if err != nil {
+	s, room, ok := protocol.ParseSlotValue(slot.Val())
+	if !ok {
 		return PollReply{}, false, fmt.Errorf("%w: slot key holds %q", groundwork.ErrReply, slot.Val())
 	}
 	d := s - now.Val().UnixMicro()
 	if d < -tol {
-		return PollReply{Stale: true, Delay: dur(d, time.Microsecond)}, true, nil
+		return PollReply{Stale: true, Delay: dur(d, time.Microsecond), Slot: s, Room: room}, true, nil
 	}
-	return PollReply{Found: true, Delay: dur(d, time.Microsecond), Slot: s}, true, nil
+	return PollReply{Found: true, Delay: dur(d, time.Microsecond), Slot: s, Room: room}, true, nil
 }
 
 // parsePoll checks a poll reply: {kind, delay µs, position, lock TTL ms,
-// slot}, kind 1 found, 2 waiting, 3 stale, 4 lost (poll.lua).
+// slot[, room]}, kind 1 found, 2 waiting, 3 stale, 4 lost (poll.lua).
 func parsePoll(reply any, err error) (PollReply, error) {
+	var room string
+	if a, ok := reply.([]any); ok && len(a) == 6 && err == nil {
+		if room, ok = a[5].(string); !ok {
+			return PollReply{}, fmt.Errorf("%w: poll %v", groundwork.ErrReply, reply)
+		}
+		reply = a[:5]
+	}
 	v, err := groundwork.Ints(reply, err)
 	if err != nil {
 		return PollReply{}, err
@@ -330,6 +340,7 @@ func parsePoll(reply any, err error) (PollReply, error) {
 		Position: int(v[2]),
 		LockTTL:  dur(v[3], time.Millisecond),
 		Slot:     v[4],
+		Room:     room,
 	}
 	if v[3] < 0 {
 		r.LockTTL = -1

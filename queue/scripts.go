@@ -15,6 +15,8 @@ var (
 	cancelLua string
 	//go:embed lua/estimate.lua
 	estimateLua string
+	//go:embed lua/retime.lua
+	retimeLua string
 )
 
 var (
@@ -22,4 +24,5 @@ var (
 	pollScript     = protocol.Script(pollLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
 	cancelScript   = protocol.Script(cancelLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
 	estimateScript = protocol.Script(estimateLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
+	retimeScript   = protocol.Script(retimeLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
 )

@@ -40,8 +40,10 @@ type Grant struct {
 	RoundTrips int    `json:"rt"`
 	Late       int64  `json:"l,omitempty"` // ns
 	Reentries  int    `json:"re,omitempty"`
-	Slot       int64  `json:"sl,omitempty"` // unix µs of the slot on the Redis clock
-	Margin     int64  `json:"mg,omitempty"` // ns: bucket.Report.Margin
+	Retimes    int    `json:"rtm,omitempty"` // bucket.Report.Retimes
+	Refunds    int    `json:"rf,omitempty"`  // bucket.Report.Refunds
+	Slot       int64  `json:"sl,omitempty"`  // unix µs of the slot on the Redis clock
+	Margin     int64  `json:"mg,omitempty"`  // ns: bucket.Report.Margin
 	Err        string `json:"err,omitempty"`
 	// Seq numbers a caller's Enters from 1 when Spec.Announce is set
 	// (0 otherwise), so that an outcome can be matched with its
@@ -156,7 +158,7 @@ func Run(ctx context.Context, b *bucket.Bucket, spec Spec, out func(Grant)) {
 				end := time.Now()
 				cancel()
 				g := Grant{Proc: spec.Proc, Caller: c, Ticket: rep.Ticket, Start: start.UnixNano(), End: end.UnixNano(),
-					Position: rep.Position, Polls: rep.Polls, RoundTrips: rep.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries, Margin: int64(rep.Margin), Seq: seq, Cost: cost}
+					Position: rep.Position, Polls: rep.Polls, RoundTrips: rep.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries, Retimes: rep.Retimes, Refunds: rep.Refunds, Margin: int64(rep.Margin), Seq: seq, Cost: cost}
 				if !rep.Slot.IsZero() {
 					g.Slot = rep.Slot.UnixMicro()
 				}

@@ -78,3 +78,12 @@ func EntryCosts(entry string) string {
 	_, _, costs, _ := entryParts(entry)
 	return costs
 }
+
+// ParseSlotValue reads a slot key's value (entry.lua's slot_value): the
+// slot, µs on the Redis clock, and the room after it ("" for a bare
+// slot), which Retime takes back.
+func ParseSlotValue(v string) (slot int64, room string, ok bool) {
+	head, room, _ := strings.Cut(v, " ")
+	slot, err := strconv.ParseInt(head, 10, 64)
+	return slot, room, err == nil
+}

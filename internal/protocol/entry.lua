@@ -42,3 +42,35 @@ local function entry_parts(e)
   end
   return id, tonumber(est)
 end
+
+-- A slot key holds "<slot µs> <step µs> <config id> <r1>,<r2>,...
+-- <l1>,<l2>,..." (its Go twin is ParseSlotValue in entry.go): the slot the
+-- step gave its caller, when the step ran, under which configuration, the
+-- tokens late callers had given back by then (the refunds key), and every
+-- policy's level once the step had taken what it gave. The rest after the
+-- slot is the caller's "room" (retime.lua): what tells whether giving its
+-- tokens back later, should it come too late to use them, is exact. A bare
+-- slot (no room) is read as well.
+
+-- slot_value makes a slot key's value; refunds is the refunds key's value
+-- ('' when missing).
+local function slot_value(slot, now, id, st, refunds)
+  local ls = {}
+  for i = 1, #st do ls[i] = string.format('%d', st[i].level) end
+  if refunds == '' then
+    local zs = {}
+    for i = 1, #st do zs[i] = '0' end
+    refunds = table.concat(zs, ',')
+  end
+  return string.format('%d %d ', slot, now) .. id .. ' ' .. refunds .. ' ' .. table.concat(ls, ',')
+end
+
+-- slot_of is the slot a slot key's value holds.
+local function slot_of(v)
+  return tonumber(string.match(v, '^(%-?%d+)'))
+end
+
+-- room_of is the room a slot key's value holds ('' for none).
+local function room_of(v)
+  return string.match(v, '^%-?%d+ (.*)$') or ''
+end

@@ -26,6 +26,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/protocol"
+
 	"github.com/sluicehq/sluice/internal/groundwork"
 )
 
@@ -286,12 +288,16 @@ func Slots(ctx context.Context, rdb redis.Cmdable, slotPrefix string) (map[strin
 	iter := rdb.Scan(ctx, 0, groundwork.GlobEscape(slotPrefix)+"*", 1000).Iterator()
 	for iter.Next(ctx) {
 		key := iter.Val()
-		v, err := rdb.Get(ctx, key).Int64()
+		raw, err := rdb.Get(ctx, key).Result()
 		if errors.Is(err, redis.Nil) {
 			continue // collected or expired meanwhile
 		}
 		if err != nil {
 			return nil, err
+		}
+		v, _, ok := protocol.ParseSlotValue(raw)
+		if !ok {
+			return nil, fmt.Errorf("slot key %s holds %q", key, raw)
 		}
 		out[strings.TrimPrefix(key, slotPrefix)] = v
 	}

@@ -7,13 +7,14 @@
 -- ARGV[2] tolerance µs: a slot older than this is stale and not handed out
 -- ARGV[3..] policies: configuration id, n, then cap, amount, freq µs, call for each
 --
--- Reply {kind, delay µs, position, lock TTL ms, slot}:
+-- Reply {kind, delay µs, position, lock TTL ms, slot[, room]}:
 --   kind 1 slot found: start after delay (may be negative: late);
 --   2 still queued: delay = estimate of the slot, lock TTL as PTTL (-2: no
 --   scheduler); 3 stale: the slot passed more than tolerance ago, the token
 --   is spent, enter again; 4 lost: neither queued nor scheduled (expired, or
 --   Redis lost its data), enter again. slot (µs, Redis time) is set for
---   kind 1, for analysis only.
+--   kinds 1 and 3, for analysis only; room (entry.lua's room_of) too, for
+--   retime.lua.
 local now = now_us()
 local id = ARGV[1]
 local tolerance = tonumber(ARGV[2])
@@ -21,14 +22,15 @@ local tolerance = tonumber(ARGV[2])
 local key = KEYS[3] .. entry_parts(id)
 -- GET then DEL, not GETDEL: a GETDEL in INFO commandstats is then always a
 -- client's direct poll (see Queue.Poll), never this script's.
-local slot = redis.call('GET', key)
-if slot then
+local raw = redis.call('GET', key)
+if raw then
   redis.call('DEL', key)
-  local d = tonumber(slot) - now
+  local slot = slot_of(raw)
+  local d = slot - now
   if d < -tolerance then
-    return {3, d, 0, 0, 0}
+    return {3, d, 0, 0, slot, room_of(raw)}
   end
-  return {1, d, 0, 0, tonumber(slot)}
+  return {1, d, 0, 0, slot, room_of(raw)}
 end
 
 local pos = redis.call('LPOS', KEYS[1], id)

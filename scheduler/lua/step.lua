@@ -7,7 +7,7 @@
 -- the same script as it deletes the lock) and starts a new one.
 --
 -- KEYS[1] queue, KEYS[2] state, KEYS[3] slot key prefix, KEYS[4] lock,
--- KEYS[5] config (as in enqueue.lua)
+-- KEYS[5] config (as in enqueue.lua), KEYS[6] refunds (retime.lua)
 -- ARGV[1] lock token; the step does nothing unless the lock holds it
 -- ARGV[2] lock TTL ms, renewed on every step that keeps the lock; 0 hands
 --         the lock over: the step releases it (and zeroes until, so that
@@ -91,12 +91,15 @@ else
   end
 end
 local early = {} -- the wake message (wake.lua)
+local refunds = ''
+if #ids > 0 then refunds = redis.call('GET', KEYS[6]) or '' end
 for k, id in ipairs(ids) do
   local slot = slots[k]
   -- A slot key per caller, read and deleted by its poll; one its caller
-  -- never collects (it died) expires grace after the slot.
+  -- never collects (it died) expires grace after the slot. It carries the
+  -- room (entry.lua's slot_value) for a caller that comes too late.
   local bare, est = entry_parts(id)
-  redis.call('SET', KEYS[3] .. bare, int(slot), 'PX', ceil_ms(slot - now + grace))
+  redis.call('SET', KEYS[3] .. bare, slot_value(slot, now, cid, st, refunds), 'PX', ceil_ms(slot - now + grace))
   -- An estimate of 0: pushed without one (queue/push.go); its caller
   -- waits for this message.
   if est and (est == 0 or slot < est - lead) then

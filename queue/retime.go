@@ -1,0 +1,54 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/internal/protocol"
+)
+
+// Retimed is what Retime did.
+type Retimed struct {
+	Delay    time.Duration // until the new slot, from when Redis read its clock
+	Slot     int64         // the new slot, µs on the Redis clock (for analysis only)
+	Refunded bool          // the missed slot's tokens went back to the bucket
+	Room     string        // the new slot's room, for a caller late again
+}
+
+// Retime gives a caller that came too late to use its slot the next slot
+// the bucket has, ahead of the callers still queued, and gives the missed
+// slot's tokens back when that is exact (lua/retime.lua). room is what the
+// poll that found the slot said of it (PollReply.Room; "" for none: the
+// tokens then stay spent); costs are the caller's, one per policy (nil:
+// each policy's Call). One round trip.
+func (q *Queue) Retime(ctx context.Context, room string, costs []int64) (Retimed, error) {
+	reply, err := q.runFor(ctx, retimeScript, q.keys.retime(), true, func(c *conf) ([]any, error) {
+		if costs != nil && len(costs) != len(c.policies) {
+			return nil, &ConfigError{Mine: c.id}
+		}
+		args := make([]any, 0, 3+len(c.args))
+		args = append(args, room, protocol.Costs(costs), us(q.opt.Grace))
+		return append(args, c.args...), nil
+	})
+	if err != nil {
+		return Retimed{}, err
+	}
+	v, ok := reply.([]any)
+	if !ok || len(v) != 3 {
+		return Retimed{}, fmt.Errorf("%w: retime %v", groundwork.ErrReply, reply)
+	}
+	delay, ok1 := v[0].(int64)
+	refunded, ok2 := v[1].(int64)
+	r, ok3 := v[2].(string)
+	if !ok1 || !ok2 || !ok3 {
+		return Retimed{}, fmt.Errorf("%w: retime %v", groundwork.ErrReply, reply)
+	}
+	out := Retimed{Delay: dur(delay, time.Microsecond), Refunded: refunded == 1, Room: r}
+	// The room starts with Redis's now (slot_value): the slot is now + delay.
+	if now, _, ok := protocol.ParseSlotValue(r); ok {
+		out.Slot = now + delay
+	}
+	return out, nil
+}
