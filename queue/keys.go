@@ -32,11 +32,11 @@ type Keys struct {
 func newKeys(prefix, name string) Keys {
 	base := groundwork.KeyBase(prefix, name)
 	return Keys{
-		Queue:  base + "queue",
-		State:  base + "state",
-		Slot:   base + "slot:",
-		Lock:   base + "lock",
-		Wake:   base + "wake",
+		Queue:   base + "queue",
+		State:   base + "state",
+		Slot:    base + "slot:",
+		Lock:    base + "lock",
+		Wake:    base + "wake",
 		Config:  base + "config",
 		Refunds: base + "refunds",
 	}
