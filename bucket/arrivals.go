@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/background"
+	"github.com/sluicehq/sluice/internal/hub"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -66,12 +67,13 @@ func (c *comings) init(g *background.Group, q *queue.Queue, arriveTimeout, leave
 // Redis.
 func (c *comings) enqueue(ctx context.Context, id string, costs []int64) (queue.Arrival, time.Time, error) {
 	if c.arr.Claim() {
-		sent := c.now()
+		sentFn, left := c.sentAt(ctx)
 		var cs [][]int64
 		if costs != nil {
 			cs = [][]int64{costs}
 		}
-		rs, err := c.q.Enqueue(ctx, []string{id}, cs)
+		rs, err := c.q.Enqueue(left, []string{id}, cs)
+		sent := sentFn()
 		c.arr.Release()
 		if err != nil {
 			return queue.Arrival{}, sent, err
@@ -114,8 +116,9 @@ func (c *comings) sendArrivals(ctx context.Context, batch []*arrival) {
 			costs[i] = ar.costs
 		}
 	}
-	sent := c.now()
-	replies, err := c.q.Enqueue(ctx, ids, costs)
+	sentFn, left := c.sentAt(ctx)
+	replies, err := c.q.Enqueue(left, ids, costs)
+	sent := sentFn()
 	var abandoned []string
 	c.handoff.Lock()
 	for i, ar := range batch {
@@ -134,6 +137,26 @@ func (c *comings) sendArrivals(ctx context.Context, batch []*arrival) {
 	for _, entry := range abandoned {
 		c.leave(entry)
 	}
+}
+
+// sentAt returns ctx for a call to Redis and a function that tells, once
+// the call returned, when it left for Redis on the local clock: not before
+// it was made, later when it waited in the client's shared pipelining
+// (hub.SentAt). A caller judges its lateness from it.
+func (c *comings) sentAt(ctx context.Context) (func() time.Time, context.Context) {
+	return sentAt(ctx, c.now)
+}
+
+// sentAt is comings.sentAt for any call, on the local clock now.
+func sentAt(ctx context.Context, now func() time.Time) (func() time.Time, context.Context) {
+	asked, real := now(), time.Now()
+	var at time.Time
+	return func() time.Time {
+		if at.After(real) {
+			return asked.Add(at.Sub(real))
+		}
+		return asked
+	}, hub.SentAt(ctx, &at)
 }
 
 // leave takes a caller that gave up out of the queue, by its entry or, if

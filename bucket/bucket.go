@@ -767,7 +767,7 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 	// trip, against a lead of a quarter of the lookahead.
 	local := func(us int64) time.Time { return enqueued.Add(time.Duration(us-er.Now) * time.Microsecond) }
 	backoff := time.Millisecond
-	wait := er.Delay - b.lead
+	wait := er.Delay - b.leadNow()
 	for {
 		slot, err := b.sleep(ctx, wait, hints)
 		if err != nil {
@@ -776,14 +776,14 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 		}
 		if slot > 0 {
 			// The scheduler gave the slot: poll a lead before it.
-			if _, err := b.sleep(ctx, local(slot).Add(-b.lead).Sub(b.now()), nil); err != nil {
+			if _, err := b.sleep(ctx, local(slot).Add(-b.leadNow()).Sub(b.now()), nil); err != nil {
 				b.cancel(entry)
 				return false, err
 			}
 		}
-		sent := b.now()
-		pr, err := b.q.Poll(ctx, entry)
-		received := b.now()
+		sentFn, pctx := sentAt(ctx, b.now)
+		pr, err := b.q.Poll(pctx, entry)
+		received, sent := b.now(), sentFn()
 		rep.Polls++
 		rep.RoundTrips += max(pr.RoundTrips, 1)
 		if errors.As(err, new(*queue.ConfigError)) {
@@ -821,7 +821,7 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 		// early): trust the new estimate. At or past it: the scheduler is
 		// late or dead; back off, but never beyond the moment its lock
 		// expires, when this caller may take over.
-		wait = pr.Delay - b.lead
+		wait = pr.Delay - b.leadNow()
 		if wait < backoff {
 			wait = backoff
 			if pr.LockTTL > 0 {
@@ -830,6 +830,15 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 			backoff = min(2*backoff, b.cfg.LockTTL/4)
 		}
 	}
+}
+
+// leadNow is how long before its slot a caller polls: a quarter of the
+// lookahead, or twice the round trip the client's calls take now when
+// that is longer (thousands of callers polling at once), but at most half
+// the lookahead, by when the scheduler has surely given the slot. A poll
+// whose reply came after the slot leaves the caller late.
+func (b *Bucket) leadNow() time.Duration {
+	return min(max(b.lead, 2*b.hub.RoundTrip()), b.cfg.Lookahead/2)
 }
 
 // sleepToSlot sleeps until the slot, then checks that the caller is not so
@@ -870,9 +879,9 @@ func (b *Bucket) retime(ctx context.Context, rep *Report, costs []int64, room st
 // caller thus throws nothing away and adds no arrival, so that a starved
 // host cannot feed its own overload (docs/design.md, "Overload").
 func (b *Bucket) retimeOnce(ctx context.Context, rep *Report, costs []int64, room string) (sent, received time.Time, r queue.Retimed, err error) {
-	sent = b.now()
-	r, err = b.q.Retime(ctx, room, costs)
-	received = b.now()
+	sentFn, rctx := sentAt(ctx, b.now)
+	r, err = b.q.Retime(rctx, room, costs)
+	received, sent = b.now(), sentFn()
 	rep.RoundTrips++
 	if err != nil {
 		return sent, received, r, err

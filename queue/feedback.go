@@ -37,7 +37,7 @@ type FeedbackResult struct {
 // them: when the configuration in force is another, Feedback changes
 // nothing and returns a *ConfigError.
 func (q *Queue) Feedback(ctx context.Context, id string, hold time.Duration, held []int, syncs []Sync) (FeedbackResult, error) {
-	reply, err := q.run(ctx, feedbackScript, q.keys.arrival(), func(c *conf) ([]any, error) {
+	reply, err := q.run(ctx, feedbackScript, q.keys.retime(), func(c *conf) ([]any, error) {
 		if c.id != id {
 			return nil, &ConfigError{Mine: id}
 		}

@@ -23,9 +23,11 @@ type Keys struct {
 	// (internal/protocol/config.go), with a TTL of 30 days renewed while
 	// the bucket is used: the limit outlives an idle bucket.
 	Config string
-	// Refunds counts, per policy, the tokens late callers gave back
-	// ("r1,r2,...": lua/retime.lua), so that each give-back can tell
-	// whether it is exact; it lives a while after the last one.
+	// Refunds counts the upstream's answers that moved the bucket's
+	// refills (holds, syncs: lua/feedback.lua) and, per policy, the tokens
+	// late callers gave back ("d,r1,r2,...": lua/retime.lua), so that each
+	// give-back can tell whether it is exact; it lives a while after the
+	// last change.
 	Refunds string
 }
 
@@ -52,7 +54,8 @@ func (k Keys) slotKey(entry string) string { return k.Slot + protocol.EntryID(en
 // lock, the config and the refunds.
 func (k Keys) list() []string { return []string{k.Queue, k.State, k.Slot, k.Lock, k.Config, k.Refunds} }
 
-// retime is KEYS of lua/retime.lua.
+// retime is KEYS of lua/retime.lua and lua/feedback.lua: arrival's and the
+// refunds.
 func (k Keys) retime() []string { return []string{k.Queue, k.State, k.Config, k.Refunds} }
 
 // List is the keys a scheduler step names: Keys.list.

@@ -3,6 +3,7 @@ package hub
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -38,6 +39,10 @@ const pipelineTimeout = 5 * time.Second
 type pipe struct {
 	h *Hub
 
+	// rtt is how long sends take now (ns): it follows a slower one at
+	// once and a faster one by an eighth of the difference.
+	rtt atomic.Int64
+
 	mu       sync.Mutex
 	inflight int // sends in flight: inline calls, transactions, pipelines
 	pending  []*unit
@@ -61,7 +66,10 @@ func (p *pipe) do(ctx context.Context, fn func(redis.Pipeliner) error) (cmds []r
 	if p.inflight < maxInflight && len(p.pending) == 0 {
 		p.inflight++
 		p.mu.Unlock()
+		start := time.Now()
+		stamp(ctx, start)
 		cmds, err = p.h.rdb.Pipelined(ctx, fn)
+		p.observe(time.Since(start))
 		p.done()
 		return cmds, err, true
 	}
@@ -76,6 +84,42 @@ func (p *pipe) do(ctx context.Context, fn func(redis.Pipeliner) error) (cmds []r
 		return nil, ctx.Err(), false
 	}
 }
+
+// sentAtKey is the ctx key of SentAt.
+type sentAtKey struct{}
+
+// SentAt returns ctx such that a call made under it through h's
+// pipelining records in *at when it (its last round trip) left for Redis:
+// a call may wait for a shared pipeline, and a caller that judges how late
+// it is from when it asked would count that wait. *at is set before the
+// call returns its reply, and never when it returns early on ctx.
+func SentAt(ctx context.Context, at *time.Time) context.Context {
+	return context.WithValue(ctx, sentAtKey{}, at)
+}
+
+func stamp(ctx context.Context, t time.Time) {
+	if at, ok := ctx.Value(sentAtKey{}).(*time.Time); ok {
+		*at = t
+	}
+}
+
+// observe notes how long a send took.
+func (p *pipe) observe(d time.Duration) {
+	for {
+		cur := p.rtt.Load()
+		next := int64(d)
+		if int64(d) < cur {
+			next = cur - (cur-int64(d))/8
+		}
+		if p.rtt.CompareAndSwap(cur, next) {
+			return
+		}
+	}
+}
+
+// RoundTrip is how long the calls made through h's pipelining take now: a
+// busy process's callers poll earlier by it.
+func (h *Hub) RoundTrip() time.Duration { return time.Duration(h.pipe.rtt.Load()) }
 
 // done ends a send.
 func (p *pipe) done() {
@@ -112,6 +156,7 @@ func (p *pipe) tx(ctx context.Context, c *redis.Client, fn func(redis.Pipeliner)
 		}
 	}
 	defer p.done()
+	stamp(ctx, time.Now())
 	return c.TxPipelined(ctx, fn)
 }
 
@@ -150,7 +195,14 @@ func (p *pipe) send(ctx context.Context, batch []*unit) {
 		ends[i] = pl.Len()
 	}
 	ctx, cancel := context.WithTimeout(ctx, pipelineTimeout)
+	start := time.Now()
+	for _, u := range batch {
+		if u.err == nil {
+			stamp(u.ctx, start) // read by its caller after done closes
+		}
+	}
 	cmds, err := pl.Exec(ctx)
+	p.observe(time.Since(start))
 	cancel()
 	from := 0
 	for i, u := range batch {

@@ -43,10 +43,11 @@ local function entry_parts(e)
   return id, tonumber(est)
 end
 
--- A slot key holds "<slot µs> <step µs> <config id> <r1>,<r2>,...
+-- A slot key holds "<slot µs> <step µs> <config id> <d>,<r1>,<r2>,...
 -- <l1>,<l2>,..." (its Go twin is ParseSlotValue in entry.go): the slot the
 -- step gave its caller, when the step ran, under which configuration, the
--- tokens late callers had given back by then (the refunds key), and every
+-- refunds key then (the upstream's changes to the refills, and the tokens
+-- late callers had given back per policy), and every
 -- policy's level once the step had taken what it gave. The rest after the
 -- slot is the caller's "room" (retime.lua): what tells whether giving its
 -- tokens back later, should it come too late to use them, is exact. A bare
@@ -58,8 +59,8 @@ local function slot_value(slot, now, id, st, refunds)
   local ls = {}
   for i = 1, #st do ls[i] = string.format('%d', st[i].level) end
   if refunds == '' then
-    local zs = {}
-    for i = 1, #st do zs[i] = '0' end
+    local zs = {'0'}
+    for i = 1, #st do zs[i + 1] = '0' end
     refunds = table.concat(zs, ',')
   end
   return string.format('%d %d ', slot, now) .. id .. ' ' .. refunds .. ' ' .. table.concat(ls, ',')

@@ -1,7 +1,10 @@
 -- feedback.lua: what the upstream said, applied to the bucket for every
 -- process at once (bucket.Feedback, Hold, Sync; docs/upstream.md).
 --
--- KEYS[1] queue, KEYS[2] state, KEYS[3] config (as in enqueue.lua)
+-- KEYS[1] queue, KEYS[2] state, KEYS[3] config (as in enqueue.lua),
+-- KEYS[4] refunds (retime.lua): a hold or a sync counts there as a change
+-- of the refills, so that a late caller's give-back does not count past
+-- refills on a grid that moved
 -- ARGV[1] grace µs added to the state's TTL
 -- ARGV[2] hold µs from now (0: none): no slot of a held policy comes
 --         before now + hold
@@ -72,5 +75,11 @@ for c = 1, m do
 end
 if hold > 0 or lowered > 0 then
   save(KEYS[2], st, ps, now, grace, done, till, KEYS[3])
+  local marks = parse_costs(redis.call('GET', KEYS[4]) or '') or {}
+  marks[1] = (marks[1] or 0) + 1
+  for k = 2, #ps + 1 do marks[k] = marks[k] or 0 end
+  local out = {}
+  for k = 1, #marks do out[k] = string.format('%d', marks[k]) end
+  redis.call('SET', KEYS[4], table.concat(out, ','), 'PX', ceil_ms(3 * grace))
 end
 return {owed, lowered}
