@@ -182,11 +182,14 @@ type Config struct {
 	// MaxLateness is how late after its slot a caller may still start. A
 	// caller that wakes later (its process was frozen or starved of CPU)
 	// does not start on its stale slot, which would bunch starts together
-	// at the upstream: it enters again at the back of the queue, and its
-	// old token is spent. Lateness is judged conservatively, from when the
-	// request left less the shortest round trip seen, so round trips to
-	// Redis that vary by more than MaxLateness cause re-entries: set it
-	// above that spread. 0 means 25 ms; negative means never re-enter.
+	// at the upstream: it keeps its place and takes the bucket's next
+	// slot, ahead of the callers queued, and its missed token goes back to
+	// the bucket when that provably keeps the limit (else it is spent;
+	// Report.Retimes and Refunds count both). Lateness is judged
+	// conservatively, from when the request left less the shortest round
+	// trip seen, so round trips to Redis that vary by more than MaxLateness
+	// make callers late: set it above that spread. 0 means 25 ms; negative
+	// means a caller always starts on its slot, however late.
 	MaxLateness time.Duration
 }
 
@@ -288,7 +291,11 @@ func (b *Bucket) newID() string {
 
 // New validates cfg and rdb and returns a Bucket. It does no I/O (a Redis
 // that is down shows at the first Enter) and starts no goroutine until a
-// caller has to wait. rdb must have ContextTimeoutEnabled set (see
+// caller has to wait. Make as many Buckets on one client as you have
+// quotas: every Bucket and Semaphore on a client shares one Pub/Sub
+// connection, one pipelining of their calls to Redis and one scheduler
+// loop, and an idle one costs no goroutine, connection or command. Close
+// each when done; the shared part ends with the last one on the client. rdb must have ContextTimeoutEnabled set (see
 // redis.Options), or New refuses it: go-redis would otherwise ignore
 // deadlines shorter than its read timeout, and a caller's deadline would
 // not hold while Redis is slow.
@@ -518,10 +525,12 @@ func (b *Bucket) Stats() Stats {
 }
 
 // Close stops this process's goroutines for the bucket, waits for them and
-// releases the scheduler lock if this process held it; callers still
-// waiting in Enter return ErrClosed, and cancels not yet sent are sent
-// first. Other processes go on using the bucket. Close is safe to call more
-// than once; it always returns nil (the signature is io.Closer's).
+// hands the scheduler lock over if this process held it (the other
+// processes' callers take it at once); callers still waiting in Enter
+// return ErrClosed, and cancels not yet sent are sent first. Other
+// processes, and other handles on the same client, go on using theirs.
+// Close is safe to call more than once; it always returns nil (the
+// signature is io.Closer's).
 func (b *Bucket) Close() error {
 	b.closeOnce.Do(func() {
 		b.bg.Close()
