@@ -37,7 +37,8 @@ type Job struct {
 	again   bool      // Schedule was called while it ran
 	againAt time.Time // then: when to run again at the latest
 	stopped bool
-	done    chan struct{} // while running: closed when the run ends
+	done    chan struct{}      // while running: closed when the run ends
+	cancel  context.CancelFunc // while running: ends the run's ctx (Stop)
 }
 
 type jobs struct {
@@ -101,6 +102,9 @@ func (j *Job) Stop() {
 	}
 	done := j.done
 	running := j.running
+	if running && j.cancel != nil {
+		j.cancel() // a run waiting on Redis returns now
+	}
 	js.mu.Unlock()
 	if running {
 		<-done
@@ -163,7 +167,16 @@ func (js *jobs) loop(ctx context.Context) {
 			}
 			if !js.h.group.Go(func(ctx context.Context) {
 				defer func() { <-js.workers }()
+				ctx, cancel := context.WithCancel(ctx)
+				js.mu.Lock()
+				j.cancel = cancel
+				stopped := j.stopped
+				js.mu.Unlock()
+				if stopped {
+					cancel()
+				}
 				next, more := j.run(ctx)
+				cancel()
 				js.finish(j, next, more)
 			}) {
 				<-js.workers
@@ -179,6 +192,7 @@ func (js *jobs) finish(j *Job, next time.Duration, more bool) {
 	js.mu.Lock()
 	defer js.mu.Unlock()
 	j.running = false
+	j.cancel = nil
 	close(j.done)
 	if j.stopped {
 		return
