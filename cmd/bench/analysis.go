@@ -229,22 +229,41 @@ type Saturation struct {
 	// Early counts grants that returned more than 100 µs before their slot.
 	Early int `json:"early"`
 	// Tardy counts grants that returned more than MaxLateness after their
-	// slot: the bucket promises to re-enter such callers instead.
+	// slot: the bucket gives a caller that late the next slot instead,
+	// judging lateness on its own conservative terms.
 	Tardy       int           `json:"tardy"`
 	MaxLateness time.Duration `json:"max_lateness_ns"`
 
+	// Retimes sums Report.Retimes: the times a caller later than
+	// MaxLateness took the next slot, ahead of the queue; Refunds how many
+	// of those missed slots' tokens went back to the bucket.
+	Retimes int `json:"retimes"`
+	Refunds int `json:"refunds"`
+
+	// Reentries sums Report.Reentries: the times a caller queued again at
+	// the back (its slot lost, or a live change of the limits).
 	Reentries      int `json:"reentries"`       // total
 	ReenteredCalls int `json:"reentered_calls"` // grants with at least one
 }
 
-// limitRows writes the rows that say whether the limit held: for slots,
-// for start times, and for start times in the longer windows the bucket
-// promises them.
+// limitRows writes the rows that say whether the limit held: for grant
+// times, for start times, and for start times in the longer windows the
+// bucket promises them.
 func (s Saturation) limitRows(row func(name, value, note string)) {
-	row("busiest window, by slot (Redis clock)", vsLimit(s.ExcessSlots.All), "the promise: never over; "+windows(s.ExcessSlots))
-	row("busiest window, by start", vsLimit(s.ExcessStarts.All), "no promise alone: a start may lag its slot by MaxLateness; "+windows(s.ExcessStarts))
-	row(fmt.Sprintf("busiest window, by start, + %v", s.MaxLateness+startSlack), vsLimit(s.ExcessStartsSlack),
-		fmt.Sprintf("the promise for starts: never over in windows MaxLateness + %v (the reply's trip) longer", startSlack))
+	row("busiest window, grant times (Redis's clock)", vsLimit(s.ExcessSlots.All), "the promise: never over; "+windows(s.ExcessSlots))
+	row("busiest window, start times", vsLimit(s.ExcessStarts.All), "no promise alone: a caller may start up to MaxLateness after its grant time; "+windows(s.ExcessStarts))
+	row(fmt.Sprintf("busiest window, start times, windows %s longer", dur(s.MaxLateness+startSlack)), vsLimit(s.ExcessStartsSlack),
+		fmt.Sprintf("the promise for start times: never over in windows MaxLateness (%s) + %s (the reply's trip) longer", dur(s.MaxLateness), dur(startSlack)))
+}
+
+// lateRows writes the rows of the callers that came late or lost their
+// place: retimes (and the tokens given back) and re-entries.
+func (s Saturation) lateRows(row func(name, value, note string)) {
+	row("late callers given the next grant time (retimes)", commas(s.Retimes),
+		fmt.Sprintf("%.2f a grant; callers that came > MaxLateness (%s) after their grant time took the next one, ahead of the queue; %s of their missed tokens went back to the bucket, the rest stayed spent (giving them back could have broken the limit)",
+			per(int64(s.Retimes), s.Grants), dur(s.MaxLateness), commas(s.Refunds)))
+	row("queued again at the back (re-entries)", commas(s.Reentries),
+		fmt.Sprintf("%s of grants, %s callers at least once: their grant time was lost (e.g. Redis restarted) or the limit changed while they waited", pct(s.Reentries, s.Grants), commas(s.ReenteredCalls)))
 }
 
 // RoundTripsPerGrant is RoundTrips per successful Enter.
@@ -318,6 +337,8 @@ func analyse(grants []loadgen.Grant, l guarantee.Limit, warmup, maxLate time.Dur
 		if g.Time().Sub(g.SlotTime()) > maxLate {
 			s.Tardy++
 		}
+		s.Retimes += g.Retimes
+		s.Refunds += g.Refunds
 		s.Reentries += g.Reentries
 		if g.Reentries > 0 {
 			s.ReenteredCalls++

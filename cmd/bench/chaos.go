@@ -100,7 +100,11 @@ type Chaos struct {
 	// restart (Restarts × Capacity is printed next to it).
 	AcrossEpochs int `json:"excess_slots_across_epochs"`
 	Restarts     int `json:"restarts"`
-	Reentries    int `json:"reentries"`
+	// Reentries, Retimes and Refunds sum the grants' Report figures of
+	// the same names.
+	Reentries int `json:"reentries"`
+	Retimes   int `json:"retimes"`
+	Refunds   int `json:"refunds"`
 	// PerSecond is grants per second over the run; Limit the bucket's.
 	PerSecond float64 `json:"grants_per_s"`
 	Limit     float64 `json:"limit_per_s"`
@@ -170,7 +174,7 @@ type chaosRun struct {
 
 func (*Chaos) about() about {
 	return about{name: "chaos", takes: "--duration plus ~5 s",
-		what: "saturated callers while faults happen at random; judged for excess per Redis epoch, hangs and lost callers"}
+		what: "saturated callers while faults happen at random; judged for excess between Redis restarts, hangs and lost callers"}
 }
 
 func (c *Chaos) flags(fs *flag.FlagSet) {
@@ -633,6 +637,8 @@ func (r *chaosRun) judge(c *Chaos, stopAt time.Time, lost []loadgen.Grant) {
 		}
 		c.Grants++
 		c.Reentries += g.Reentries
+		c.Retimes += g.Retimes
+		c.Refunds += g.Refunds
 		e := epochOf(g.SlotTime())
 		epochs[e].slots = append(epochs[e].slots, g.SlotTime())
 		allSlots = append(allSlots, g.SlotTime())
@@ -687,18 +693,15 @@ func (r *chaosRun) judge(c *Chaos, stopAt time.Time, lost []loadgen.Grant) {
 }
 
 func (c *Chaos) table(t *table, l Limit) {
-	verdict := "PASSED: never over the limit, no hang, no lost caller"
-	if !c.OK() {
-		verdict = "FAILED"
-	}
 	t.title("CHAOS: seed %d, %v, %d callers in %d worker slots (%d behind a fault proxy), capacity %d, %d every %v = %s/s, deadline %v, LockTTL %v",
 		c.Seed, c.Duration, c.Callers, c.Procs, c.Proxied, l.Capacity, l.RefillAmount, l.RefillFrequency, num(l.PerSecond), c.Deadline, c.LockTTL)
 	if !c.OwnServer {
 		fmt.Fprintln(t, "  (--redis: not our server, so no Redis kill, restart or pause)")
 	}
-	fmt.Fprintf(t, "  verdict: %s\n", verdict)
+	fmt.Fprintf(t, "  verdict: %s\n", t.goal(c.OK(), "never over the limit, no start before its grant time, no hang, no lost caller"))
+	t.miss("verdict")
 	t.row("Enters", commas(c.Enters), fmt.Sprintf("%s processes started in all (replacements and cancellation bursts included)", commas(c.Started)))
-	t.row("grants", commas(c.Grants), fmt.Sprintf("%s/s over the run (limit %s/s); %s re-entries", num(c.PerSecond), num(c.Limit), commas(c.Reentries)))
+	t.row("grants", commas(c.Grants), fmt.Sprintf("%s/s over the run (limit %s/s); %s times a caller queued again at the back (re-entries), %s times a late caller took the next grant time (retimes; %s tokens given back)", num(c.PerSecond), num(c.Limit), commas(c.Reentries), commas(c.Retimes), commas(c.Refunds)))
 	kinds := slices.Collect(maps.Keys(c.Errors))
 	slices.SortFunc(kinds, func(a, b string) int { return cmp.Or(c.Errors[b]-c.Errors[a], strings.Compare(a, b)) })
 	var parts []string
@@ -709,10 +712,10 @@ func (c *Chaos) table(t *table, l Limit) {
 	}
 	t.row("errors", commas(total), strings.Join(parts, ", "))
 	t.row("  cancelled by the stop at the end", commas(c.Stopped), "not counted as errors")
-	t.row("busiest window, by slot", vsLimit(c.ExcessSlots), fmt.Sprintf("judged per Redis epoch (%d restarts, %d epochs): a restarted Redis starts a full bucket", c.Restarts, len(c.Epochs)))
-	t.row("busiest window, by start", vsLimit(c.ExcessStart), fmt.Sprintf("per epoch, windows %v longer (MaxLateness + %v + the delay fault's one-way %v)", c.StartSlack, startSlack, chaosMaxDelay))
-	t.row("  by slot, epochs as one", vsLimit(c.AcrossEpochs), fmt.Sprintf("nothing allowed for restarts: may be up to capacity × restarts = %d over", l.Capacity*c.Restarts))
-	t.row("returned > 100 µs before slot", commas(c.Early), "")
+	t.row("busiest window, grant times", vsLimit(c.ExcessSlots), fmt.Sprintf("judged between Redis restarts (%d restarts): a restarted Redis starts with a full bucket", c.Restarts))
+	t.row("busiest window, start times", vsLimit(c.ExcessStart), fmt.Sprintf("between restarts, windows %s longer (MaxLateness + %s for the reply's trip + the delay fault's one-way %s)", dur(c.StartSlack), dur(startSlack), dur(chaosMaxDelay)))
+	t.row("  grant times, across restarts", vsLimit(c.AcrossEpochs), fmt.Sprintf("nothing allowed for restarts: may be up to capacity × restarts = %d over", l.Capacity*c.Restarts))
+	t.row("returned > 100 µs before grant time", commas(c.Early), "")
 	t.row("hangs", commas(c.Hangs), fmt.Sprintf("returned > %v past the deadline, or never (worst overrun %s); %d returned late because their own process was stopped (excused)", c.HangSlack, dur(c.WorstOver), c.FrozenLate))
 	t.row("lost callers", commas(c.Lost), "begun in a live process, no grant and no error")
 	t.Flush()
@@ -735,8 +738,12 @@ func (c *Chaos) table(t *table, l Limit) {
 	if len(c.Evidence) > 0 {
 		fmt.Fprintln(t, "\n  evidence (records of hangs, lost callers, early starts):")
 		for _, g := range c.Evidence {
-			fmt.Fprintf(t, "    proc %d caller %d enter %d: begun %s, wait %s, slot %d, err %q, begun-only %v\n",
-				g.Proc, g.Caller, g.Seq, time.Unix(0, g.Start).UTC().Format("15:04:05.000000"), dur(g.Wait()), g.Slot, g.Err, g.Begun)
+			granted := "none"
+			if g.Slot != 0 {
+				granted = g.SlotTime().UTC().Format("15:04:05.000000")
+			}
+			fmt.Fprintf(t, "    proc %d caller %d enter %d: begun %s, wait %s, grant time %s, err %q, only announced %v\n",
+				g.Proc, g.Caller, g.Seq, time.Unix(0, g.Start).UTC().Format("15:04:05.000000"), dur(g.Wait()), granted, g.Err, g.Begun)
 		}
 	}
 }

@@ -37,7 +37,7 @@ func TestChaosSoak(t *testing.T) {
 		t.Fatalf("no chaos section: %s", stdout.String())
 	}
 	var out bytes.Buffer
-	tab := newTable(&out)
+	tab := newTable(&out, "chaos")
 	c.table(tab, rep.Limit)
 	tab.Flush()
 	t.Logf("%s", out.String())

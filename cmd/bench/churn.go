@@ -98,12 +98,12 @@ func (c *Churn) caseNames() []string {
 }
 
 func (*Churn) about() about {
-	return about{name: "churn", takes: "~35 s", all: true,
+	return about{name: "churn", takes: "~25 s", all: true,
 		what: "short-lived processes (New, Enter, Close, exit) arriving at 1.5× the limit, closing or not, at two paces: utilization, waits against a FIFO queue's"}
 }
 
 func (c *Churn) flags(fs *flag.FlagSet) {
-	fs.DurationVar(&c.Duration, "churn-duration", 5*time.Second, "how long processes keep arriving in each case")
+	fs.DurationVar(&c.Duration, "churn-duration", 4*time.Second, "how long processes keep arriving in each case")
 	fs.Float64Var(&c.Over, "churn-over", 1.5, "processes arrive this many times faster than the limit")
 	fs.StringVar(&c.Cases, "churn-cases", "", "run only these cases, comma-separated (calm-close, calm-exit, busy-close, busy-exit); \"\" runs all")
 }
@@ -289,20 +289,20 @@ func (c *Churn) table(t *table, _ Limit) {
 		t.row(r.Case, "", fmt.Sprintf("%d processes at %s/s on %s/s burst %d; %s", r.Procs, num(r.Arrivals), num(r.Limit), r.Capacity, churnVariantWords(r.NoClose)))
 		tp := r.Throughput
 		t.row("  utilization", fmt.Sprintf("%.2f %%", 100*tp.Utilization),
-			fmt.Sprintf("%s; grants after the initial burst / what the limit allows from the first slot to the last (%.3f s)",
-				goal(tp.Utilization >= churnUtilGoal, fmt.Sprintf("≥ %.0f %%", 100*churnUtilGoal)), tp.Span.Seconds()))
+			fmt.Sprintf("%s; grants after the initial burst / what the limit allows from the first grant time to the last (%.3f s)",
+				t.goal(tp.Utilization >= churnUtilGoal, fmt.Sprintf("≥ %.0f %%", 100*churnUtilGoal)), tp.Span.Seconds()))
 		note := fmt.Sprintf("%d errors, %d processes reported nothing", r.Errors, r.Failed)
 		if r.Err != "" {
 			note += "; first: " + r.Err
 		}
 		t.row("  grants", commas(r.Grants), note)
 		t.row("  excess over the limit", fmt.Sprintf("%d", max(r.ExcessSlots.All, r.ExcessStartsSlack, 0)),
-			goal(r.NoExcess(), "0")+fmt.Sprintf(": every grant judged; by slot %s, by start + %v %s", vsLimit(r.ExcessSlots.All), r.MaxLateness+startSlack, vsLimit(r.ExcessStartsSlack)))
+			t.goal(r.NoExcess(), "0")+fmt.Sprintf(": every grant judged; busiest window, grant times: %s, start times in windows %s longer: %s", vsLimit(r.ExcessSlots.All), dur(r.MaxLateness+startSlack), vsLimit(r.ExcessStartsSlack)))
 		t.row("  wait p50 / p99", fmt.Sprintf("%s / %s", dur(r.Waits.P50), dur(r.Waits.P99)),
-			fmt.Sprintf("%s; Enter's call to its return; max %s", goal(r.p99Met(), fmt.Sprintf("p99 ≤ %.1f× the FIFO queue's", churnP99Goal)), dur(r.Waits.Max)))
+			fmt.Sprintf("%s; Enter's call to its return; max %s", t.goal(r.p99Met(), fmt.Sprintf("p99 ≤ %.1f× the FIFO queue's", churnP99Goal)), dur(r.Waits.Max)))
 		t.row("  a FIFO queue at the limit", fmt.Sprintf("%s / %s", dur(r.FIFO.P50), dur(r.FIFO.P99)),
 			fmt.Sprintf("the same calls to Enter served in order of arrival by a perfect bucket of the limit; p99 ratio %.2f", r.P99OverFIFO()))
-		t.row("  re-entries", commas(r.Reentries), pct(r.Reentries, r.Grants)+" of grants")
+		r.Saturation.lateRows(func(name, v, note string) { t.row("  "+name, v, note) })
 		t.row("  launch to Enter p50 / p99", fmt.Sprintf("%s / %s", dur(r.Startup.P50), dur(r.Startup.P99)),
 			fmt.Sprintf("the process starting, its client and bucket; launches fell up to %s behind their schedule", dur(r.Behind)))
 		if m := r.Machine; m != nil {
@@ -329,6 +329,7 @@ func (c *Churn) gobench(g *gobench) {
 			ms(r.FIFO.P99), "ms-fifo-wait-p99",
 			f(r.P99OverFIFO()), "p99/fifo-p99",
 			r.Reentries, "reentries",
+			r.Retimes, "retimes",
 			r.Errors+r.Failed, "errors")
 	}
 }
@@ -391,7 +392,7 @@ func churnProcess(raw string) error {
 	end := time.Now()
 	cancel()
 	g := loadgen.Grant{Ticket: rep.Ticket, Start: start.UnixNano(), End: end.UnixNano(), Position: rep.Position, Polls: rep.Polls,
-		RoundTrips: rep.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries, Margin: int64(rep.Margin)}
+		RoundTrips: rep.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries, Retimes: rep.Retimes, Refunds: rep.Refunds, Margin: int64(rep.Margin)}
 	if !rep.Slot.IsZero() {
 		g.Slot = rep.Slot.UnixMicro()
 	}

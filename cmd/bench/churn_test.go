@@ -54,7 +54,7 @@ func TestChurnScenario(t *testing.T) {
 	}
 
 	var table bytes.Buffer
-	tw := newTable(&table)
+	tw := newTable(&table, "churn")
 	c.table(tw, Limit{})
 	tw.Flush()
 	for _, w := range []string{"CHURN", "calm-exit", "busy-close", "utilization", "goal ≥ 90 %", "excess over the limit", "goal 0",

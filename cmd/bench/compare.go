@@ -163,7 +163,7 @@ func (c *Compare) table(t *table, _ Limit) {
 	cells("saturated: grants", func(r CompareResult) float64 { return float64(r.Saturated.Grants) }, n, false)
 	cells("  utilization", func(r CompareResult) float64 { return r.Saturated.Throughput.Utilization }, func(x float64) string { return fmt.Sprintf("%.2f %%", 100*x) }, true)
 	cells("  busiest window, by return", func(r CompareResult) float64 { return float64(r.Saturated.Excess.All) }, vs, false)
-	cells(fmt.Sprintf("  the same, windows + %v", bucketSlack()), func(r CompareResult) float64 { return float64(r.Saturated.ExcessSlack) }, vs, false)
+	cells(fmt.Sprintf("  the same, windows %s longer", dur(bucketSlack())), func(r CompareResult) float64 { return float64(r.Saturated.ExcessSlack) }, vs, false)
 	cells("  wait p50 (steady)", func(r CompareResult) float64 { return float64(r.Saturated.Wait.P50) }, d, true)
 	cells("  wait max (steady)", func(r CompareResult) float64 { return float64(r.Saturated.Wait.Max) }, d, true)
 	cells("  wait max / median", func(r CompareResult) float64 { return r.Saturated.MaxOverMedian }, f3, true)
@@ -172,8 +172,8 @@ func (c *Compare) table(t *table, _ Limit) {
 	cells("  cut off at the end", func(r CompareResult) float64 { return float64(r.Saturated.CutOff) }, n, false)
 	cells("  errors", func(r CompareResult) float64 { return float64(r.Saturated.Errors) }, n, false)
 	t.Flush()
-	fmt.Fprintf(t, "  busiest window: the most grants in any window against what the limit allows there (\"1 OVER\": one more);\n"+
-		"  by return, a grant counts when its call returned; windows + %v allow Sluice's MaxLateness and the reply's trip\n", bucketSlack())
+	fmt.Fprintf(t, "  busiest window: the most grants in any window against what the limit allows there (\"1 OVER the limit\": one more);\n"+
+		"  by return, a grant counts when its call returned; windows %s longer allow Sluice's MaxLateness and the reply's trip\n", dur(bucketSlack()))
 }
 
 func (c *Compare) gobench(g *gobench) {

@@ -378,22 +378,22 @@ func (l *Limits) table(t *table, _ Limit) {
 				}
 			}
 			t.row("  until every process had a grant under it", reach,
-				fmt.Sprintf("per process: %s, from the call to its first Enter returned with a slot assigned after the change (> %v, the lookahead, after it); it includes the process's turn in the queue, at 1 slot every %v", strings.Join(per, ", "), defaultLookahead, p.RefillFrequency))
+				fmt.Sprintf("per process: %s, from the call to the return of its first Enter given its grant time under the new limit (> %s after the call: the bucket assigns grant times up to that far ahead); it includes the process's turn in the queue, at one grant every %s", strings.Join(per, ", "), dur(defaultLookahead), dur(p.RefillFrequency)))
 		}
 		t.row("  grant rate, middle half of the phase", num(p.Rate)+"/s",
-			fmt.Sprintf("%s; %.1f %% of the limit, %d slots", goal(p.Utilization >= limitsUtilizationGoal, fmt.Sprintf("≥ %.0f %% of the limit", 100*limitsUtilizationGoal)), 100*p.Utilization, p.Steady))
-		span := "from the first slot"
+			fmt.Sprintf("%s; %.1f %% of the limit, %d grants", t.goal(p.Utilization >= limitsUtilizationGoal, fmt.Sprintf("≥ %.0f %% of the limit", 100*limitsUtilizationGoal)), 100*p.Utilization, p.Steady))
+		span := "from the first grant time"
 		if i > 0 {
 			span = "from its change"
 		}
 		if i+1 < len(l.Phases) {
 			span += " to the end of the next change"
 		} else {
-			span += " to the last slot"
+			span += " to the last grant time"
 		}
-		t.row("  busiest window, by slot", vsLimit(p.ExcessSlots), fmt.Sprintf("goal no excess: %s; %s slots %s, judged against this limit", metWord(p.ExcessSlots <= 0), commas(p.Judged), span))
-		t.row(fmt.Sprintf("  busiest window, by start, + %v", defaultMaxLateness+startSlack), vsLimit(p.ExcessStarts),
-			fmt.Sprintf("goal no excess: %s; a start may lag its slot by up to MaxLateness (and the reply's trip)", metWord(p.ExcessStarts <= 0)))
+		t.row("  busiest window, grant times", vsLimit(p.ExcessSlots), fmt.Sprintf("%s; %s grants %s, judged against this limit", t.goal(p.ExcessSlots <= 0, "never over"), commas(p.Judged), span))
+		t.row(fmt.Sprintf("  busiest window, start times, windows %s longer", dur(defaultMaxLateness+startSlack)), vsLimit(p.ExcessStarts),
+			t.goal(p.ExcessStarts <= 0, "never over")+"; a start may come up to MaxLateness (and the reply's trip) after its grant time")
 	}
 }
 
@@ -428,7 +428,7 @@ func writeLimitsPlot(path string, grants []loadgen.Grant, phases []LimitsPhase, 
 	end := math.Max(sec(slots[len(slots)-1]), sec(starts[len(starts)-1]))
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("Grant rate (grants per %v) as SetLimits changes the limit", bin)
-	p.X.Label.Text = "s since the first slot"
+	p.X.Label.Text = "s since the first grant time"
 	p.Y.Label.Text = "grants/s"
 	p.Legend.Top = true
 	// The limit in force: a step at each change (drawn at its return).
@@ -456,10 +456,10 @@ func writeLimitsPlot(path string, grants []loadgen.Grant, phases []LimitsPhase, 
 	if err := addLine(p, lim, colLimit, true, "limit in force", vg.Points(2)); err != nil {
 		return err
 	}
-	if err := addLine(p, binned(slots), colSlot, false, "by slot (Redis clock)"); err != nil {
+	if err := addLine(p, binned(slots), colSlot, false, "grant times (Redis's clock)"); err != nil {
 		return err
 	}
-	if err := addLine(p, binned(starts), colStart, false, "by start (Enter returned)"); err != nil {
+	if err := addLine(p, binned(starts), colStart, false, "start times (Enter returned)"); err != nil {
 		return err
 	}
 	p.Y.Min, p.Y.Max = 0, math.Max(p.Y.Max, 1.25*top)

@@ -45,20 +45,41 @@ func main() {
 
 // run parses args, runs the scenarios they pick and writes the report to
 // stdout; progress goes to stderr. --help writes the usage to stdout and
-// returns nil.
+// returns nil. With --check, a goal not met is an error, after the report.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	rep, com, err := measure(ctx, args, stdout, stderr)
+	if err != nil || rep == nil {
+		return err // rep is nil after --help
+	}
+	switch {
+	case com.json:
+		err = writeJSON(stdout, *rep)
+	case com.gobench:
+		err = writeGobench(stdout, *rep)
+	default:
+		err = writeTable(stdout, *rep)
+	}
+	if err != nil || !com.check {
+		return err
+	}
+	return goalsMet(*rep)
+}
+
+// measure parses args and runs the scenarios they pick: run without the
+// report. After --help, which it writes to stdout, the report is nil.
+func measure(ctx context.Context, args []string, stdout, stderr io.Writer) (*Report, common, error) {
 	list, chaos := scenarios(), false
 	if len(args) > 0 && args[0] == "chaos" {
 		list, chaos, args = []scenario{&Chaos{}}, true, args[1:]
 	}
 	com, picked, err := parse(args, list, chaos, stdout)
 	if err != nil || picked == nil {
-		return err // picked is nil after --help
+		return nil, com, err // picked is nil after --help
 	}
 	rep := Report{Machine: machine(), Limit: limitOf(com.limit)}
 	tg, closeServer, err := connect(com.redisURL, stderr, &rep.Redis)
 	if err != nil {
-		return err
+		return nil, com, err
 	}
 	defer closeServer()
 	probe := client(tg.opt, 1)
@@ -73,36 +94,47 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		a := s.about()
 		e := &env{target: tg, limit: com.limit, name: name + "-" + a.name, log: stderr}
 		if err := s.run(ctx, e); err != nil {
-			return fmt.Errorf("%s: %w", a.name, err)
+			return nil, com, fmt.Errorf("%s: %w", a.name, err)
 		}
 		rep.Scenarios = append(rep.Scenarios, s)
 	}
-	switch {
-	case com.json:
-		return writeJSON(stdout, rep)
-	case com.gobench:
-		return writeGobench(stdout, rep)
+	return &rep, com, nil
+}
+
+// goalsMet returns an error naming every goal the report says was not
+// met, or nil: --check's verdict, given after the report.
+func goalsMet(rep Report) error {
+	missed := missedGoals(rep)
+	switch len(missed) {
+	case 0:
+		return nil
+	case 1:
+		return fmt.Errorf("1 goal not met: %s", missed[0])
 	}
-	return writeTable(stdout, rep)
+	return fmt.Errorf("%d goals not met: %s", len(missed), strings.Join(missed, "; "))
 }
 
 // common are the flags of every run.
 type common struct {
 	redisURL      string
 	json, gobench bool
-	limit         bucket.Config
+	// check makes a goal not met an error (a non-zero exit), after the
+	// report is written.
+	check bool
+	limit bucket.Config
 }
 
 func (c *common) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.redisURL, "redis", "", "redis:// or rediss:// `URL` of an existing server (default: start a throwaway redis-server)")
 	fs.BoolVar(&c.json, "json", false, "print the figures as JSON instead of the table")
 	fs.BoolVar(&c.gobench, "gobench", false, "print the figures as Go benchmark lines (for benchstat) instead of the table")
+	fs.BoolVar(&c.check, "check", false, "after the report, exit non-zero when a goal was not met, naming the goals")
 	fs.IntVar(&c.limit.Capacity, "capacity", 50, "the limited bucket's capacity: the largest burst")
 	fs.IntVar(&c.limit.RefillAmount, "refill-amount", 1, "the limited bucket's tokens added per refill")
 	fs.DurationVar(&c.limit.RefillFrequency, "refill-frequency", 2*time.Millisecond, "the limited bucket's time between refills")
 }
 
-func (c *common) check() error {
+func (c *common) validate() error {
 	l := c.limit
 	switch {
 	case c.json && c.gobench:
@@ -173,7 +205,7 @@ func parse(args []string, list []scenario, chaos bool, stdout io.Writer) (common
 	if unused != nil {
 		return com, nil, unused
 	}
-	if err := com.check(); err != nil {
+	if err := com.validate(); err != nil {
 		return com, nil, err
 	}
 	for _, s := range picked {
@@ -192,7 +224,7 @@ func usage(w io.Writer, list []scenario, chaos bool, sets []*flag.FlagSet) error
 			"The chaos soak: saturated callers in worker processes while, at random, processes\n"+
 			"and redis-server are killed, stopped and restarted, links are delayed and cut, and\n"+
 			"bursts of callers are cancelled. Then every grant is judged: never over the limit\n"+
-			"in any Redis epoch, no hang, no lost caller; a fault log shows each recovery.\n"+
+			"between Redis restarts, no hang, no lost caller; a fault log shows each recovery.\n"+
 			"It runs for --duration plus about 5 s, and starts a throwaway redis-server on a\n"+
 			"free loopback port, which it kills, pauses and restarts (a server given with\n"+
 			"--redis is never touched), worker processes of this same program, and a fault\n"+
@@ -214,11 +246,12 @@ func usage(w io.Writer, list []scenario, chaos bool, sets []*flag.FlagSet) error
 			}
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", a.name, a.takes, in, a.what)
 		}
-		fmt.Fprintf(tw, "  all = %s: about 75 s\n", strings.Join(all, ","))
+		fmt.Fprintf(tw, "  all = %s: about %s\n", strings.Join(all, ","), allTakes)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	fmt.Fprint(w, legend)
 	for i, set := range sets {
 		switch n := 0; {
 		case i == 0:
@@ -233,6 +266,48 @@ func usage(w io.Writer, list []scenario, chaos bool, sets []*flag.FlagSet) error
 	}
 	return nil
 }
+
+// allTakes is how long --scenario all runs with the default flags, on a
+// 2-CPU machine.
+const allTakes = "2 min"
+
+// legend explains the report's words that a row cannot say in short.
+const legend = `
+Words in the report:
+  grant time      the instant, on Redis's clock, at which the bucket gave a caller its
+                  token (its "slot"); Enter returns then, in the caller's process.
+  start time      when Enter returned in the caller's process, by the machine's clock.
+  lateness        how long after its grant time Enter returned.
+  utilization     grants after the initial burst (a full bucket's capacity) divided by
+                  what the limit allows from the first grant time to the last: 100 %
+                  means every refill was used.
+  busiest window  of all windows of time, the one with the most grants compared with
+                  what the limit allows in a window that long (capacity + the refills in
+                  it). "3 below the limit" is 3 fewer, "exactly the limit" is all of it,
+                  "1 OVER the limit" one more. The excess is how many over: 0 means the
+                  limit held.
+  start times, windows N longer
+                  the bucket's promise for start times. A caller may start up to
+                  MaxLateness (25 ms by default) after its grant time, plus the reply's
+                  trip (2 ms allowed), so start times are judged in windows that much
+                  longer. Grant times are held to the limit itself.
+  retime          a caller that comes later than MaxLateness after its grant time (its
+                  process was frozen or starved of CPU) does not start then: it takes the
+                  next grant time, ahead of the callers queued. Its missed token goes
+                  back to the bucket (a refund) when that provably keeps the limit; else
+                  it stays spent.
+  re-entry        a caller that lost its grant time (e.g. Redis restarted) or met a
+                  change of the limit while queued queues again, at the back.
+  poll            a queued caller asking Redis for its grant time.
+  scheduler step  one round in which a process assigns grant times to the callers at the
+                  head of the queue; one process at a time holds the scheduler's lock, and
+                  a step refused because another took it is "fenced".
+  overtaken       a caller granted (or started) after one that reached Redis after it.
+  steady state    Enters begun after the warm-up, once every caller has been through
+                  the queue once.
+  goal ...: NOT MET
+                  a figure missed its goal; --check then exits non-zero, naming them.
+`
 
 // target says where the callers connect.
 type target struct {

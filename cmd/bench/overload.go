@@ -15,9 +15,9 @@ import (
 // Overload is the saturated run on a starved host: the saturate
 // scenario's worker processes, each with goroutines beside its callers
 // that keep every CPU busy, as a container under its CPU limit or a
-// process busy with its own work is. A late caller must not throw away
-// the token it was given: the bucket should still grant near its limit,
-// and never above it.
+// process busy with its own work is. A caller that wakes too late for its
+// slot takes the next one and gives its token back when it can: the
+// bucket should still grant near its limit, and never above it.
 type Overload struct {
 	Callers  int           `json:"callers"`
 	Procs    int           `json:"procs"`
@@ -103,21 +103,21 @@ func (o *Overload) table(t *table, l Limit) {
 	row("", "value", "")
 	tp := o.Throughput
 	row("utilization", fmt.Sprintf("%.2f %%", 100*tp.Utilization),
-		fmt.Sprintf("%s; grants after the initial burst / what the limit allows from the first slot to the last (%s/s over %.3f s)",
-			goal(tp.Utilization >= overloadUtilGoal, fmt.Sprintf("≥ %.0f %%", 100*overloadUtilGoal)), num(tp.Limit), tp.Span.Seconds()))
+		fmt.Sprintf("%s; grants after the initial burst / what the limit allows from the first grant time to the last (%s/s over %.3f s)",
+			t.goal(tp.Utilization >= overloadUtilGoal, fmt.Sprintf("≥ %.0f %%", 100*overloadUtilGoal)), num(tp.Limit), tp.Span.Seconds()))
 	note := fmt.Sprintf("%d errors", o.Errors)
 	if o.Err != "" {
 		note += "; first: " + o.Err
 	}
 	row("grants", commas(o.Grants), note)
 	row("excess over the limit", fmt.Sprintf("%d", max(o.ExcessSlots.All, o.ExcessStartsSlack, 0)),
-		goal(o.NoExcess(), "0")+": every grant judged, by slot (Redis clock) and by start in windows MaxLateness + 2 ms longer")
+		t.goal(o.NoExcess(), "0")+fmt.Sprintf(": every grant judged, by grant time (Redis's clock) and by start time in windows MaxLateness + %s longer", dur(startSlack)))
 	o.Saturation.limitRows(row)
-	row("re-entries", commas(o.Reentries), fmt.Sprintf("%s of grants; %d grants re-entered at least once: each threw a token away and queued again", pct(o.Reentries, o.Grants), o.ReenteredCalls))
-	row("returned > MaxLateness after slot", commas(o.Tardy), fmt.Sprintf("MaxLateness %v", o.MaxLateness))
+	o.Saturation.lateRows(row)
+	row("returned > MaxLateness after grant time", commas(o.Tardy), fmt.Sprintf("MaxLateness %s, by this machine's clock (the bucket judges lateness conservatively, from its own round trips)", dur(o.MaxLateness)))
 	row("wait p50 / p99 / max", fmt.Sprintf("%s / %s / %s", dur(o.Wait.P50), dur(o.Wait.P99), dur(o.Wait.Max)), "queued callers, steady state")
-	row("lateness p50 / p99 / max", fmt.Sprintf("%s / %s / %s", dur(o.Late.P50), dur(o.Late.P99), dur(o.Late.Max)), "Enter's return − slot, all grants")
-	row("scheduler steps", commas(int(o.Steps)), fmt.Sprintf("%d fenced off (another process held the lock), %d errors", o.Fenced, o.SchedulerErrors))
+	row("lateness p50 / p99 / max", fmt.Sprintf("%s / %s / %s", dur(o.Late.P50), dur(o.Late.P99), dur(o.Late.Max)), "how long after its grant time Enter returned, all grants")
+	row("scheduler steps", commas(int(o.Steps)), fmt.Sprintf("%d refused because another process held the scheduler's lock (fenced), %d errors", o.Fenced, o.SchedulerErrors))
 	if m := o.Machine; m != nil {
 		row("machine CPUs during the run", m.String(), "/proc/stat, all CPUs: near 100 % busy is the point here")
 	}
@@ -131,6 +131,8 @@ func (o *Overload) gobench(g *gobench) {
 		o.ExcessStartsSlack, "excess-starts-slack",
 		o.Reentries, "reentries",
 		f(100*per(int64(o.Reentries), o.Grants)), "pct-reentries",
+		o.Retimes, "retimes",
+		o.Refunds, "refunds",
 		ms(o.Wait.P50), "ms-wait-p50",
 		ms(o.Wait.P99), "ms-wait-p99",
 		ms(o.Late.P99), "ms-late-p99",

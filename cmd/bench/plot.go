@@ -160,7 +160,7 @@ func cumulativePlot(slots, starts []time.Time, l guarantee.Limit, sec func(time.
 func envelopePlot(title, units string, slots, starts []guarantee.Grant, l guarantee.Limit, sec func(time.Time) float64) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = title
-	p.X.Label.Text = "s since the first slot"
+	p.X.Label.Text = "s since the first grant time"
 	p.Y.Label.Text = units
 	p.Legend.Top, p.Legend.Left = true, true
 	cumXY := func(gs []guarantee.Grant) plotter.XYs {
@@ -185,13 +185,13 @@ func envelopePlot(title, units string, slots, starts []guarantee.Grant, l guaran
 		env = plotter.XYs{{X: 0, Y: float64(l.Allowed(0))}, {X: end, Y: float64(l.Allowed(time.Duration(end * float64(time.Second))))}}
 	}
 	// Wide and pale, under the grants: at this scale the lines meet.
-	if err := addLine(p, env, color.RGBA{R: 240, G: 150, B: 150, A: 255}, false, "allowed since the first slot: capacity + refills", vg.Points(5)); err != nil {
+	if err := addLine(p, env, color.RGBA{R: 240, G: 150, B: 150, A: 255}, false, "allowed since the first grant time: capacity + refills", vg.Points(5)); err != nil {
 		return nil, err
 	}
-	if err := addLine(p, cumXY(slots), colSlot, false, units+" by slot (Redis clock)"); err != nil {
+	if err := addLine(p, cumXY(slots), colSlot, false, units+" by grant time (Redis's clock)"); err != nil {
 		return nil, err
 	}
-	if err := addLine(p, cumXY(starts), colStart, false, units+" by start (Enter returned)"); err != nil {
+	if err := addLine(p, cumXY(starts), colStart, false, units+" by start time (Enter returned)"); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -237,7 +237,7 @@ func ratePlot(slots, starts []time.Time, l guarantee.Limit, sec func(time.Time) 
 	const bin = 100 * time.Millisecond
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("Grants per %v", bin)
-	p.X.Label.Text = "s since the first slot"
+	p.X.Label.Text = "s since the first grant time"
 	p.Y.Label.Text = "grants"
 	binned := func(ts []time.Time) plotter.XYs { return binCounts(ts, sec, bin, sec(ts[len(ts)-1]), 1) }
 	perBin := float64(l.Amount) * float64(bin) / float64(l.Every)
@@ -245,10 +245,10 @@ func ratePlot(slots, starts []time.Time, l guarantee.Limit, sec func(time.Time) 
 	if err := addLine(p, plotter.XYs{{X: 0, Y: perBin}, {X: end, Y: perBin}}, colLimit, true, fmt.Sprintf("limit: %.0f per %v", perBin, bin)); err != nil {
 		return nil, err
 	}
-	if err := addLine(p, binned(slots), colSlot, false, "by slot"); err != nil {
+	if err := addLine(p, binned(slots), colSlot, false, "by grant time"); err != nil {
 		return nil, err
 	}
-	if err := addLine(p, binned(starts), colStart, false, "by start"); err != nil {
+	if err := addLine(p, binned(starts), colStart, false, "by start time"); err != nil {
 		return nil, err
 	}
 	p.Y.Min = 0
@@ -303,7 +303,7 @@ func excessPlot(slots, starts []time.Time, l guarantee.Limit, sec func(time.Time
 		w = time.Second
 		p.Title.Text = "Worst window ≤ 1 s ending at each grant: grants − allowed"
 	}
-	p.X.Label.Text = "s since the first slot"
+	p.X.Label.Text = "s since the first grant time"
 	p.Y.Label.Text = "excess (≤ 0: the limit held)"
 	p.Legend.Top, p.Legend.Left = false, true
 	xy := func(ts []time.Time) plotter.XYs {
@@ -318,10 +318,10 @@ func excessPlot(slots, starts []time.Time, l guarantee.Limit, sec func(time.Time
 	if err := addLine(p, plotter.XYs{{X: 0, Y: 0}, {X: end, Y: 0}}, colLimit, true, "limit (excess 0)"); err != nil {
 		return nil, err
 	}
-	if err := addLine(p, xy(slots), colSlot, false, "by slot"); err != nil {
+	if err := addLine(p, xy(slots), colSlot, false, "by grant time"); err != nil {
 		return nil, err
 	}
-	if err := addLine(p, xy(starts), colStart, false, "by start"); err != nil {
+	if err := addLine(p, xy(starts), colStart, false, "by start time"); err != nil {
 		return nil, err
 	}
 	// The first grants' windows are far below the allowance (a window of

@@ -72,9 +72,10 @@ type QuotaPolicy struct {
 	// for starts.
 	ExcessSlots  int `json:"excess_slots"`
 	ExcessStarts int `json:"excess_starts_slack"`
-	// Reentered is the units taken by callers that started too late and
-	// entered again: spent, never granted.
-	Reentered int `json:"reentered_units"`
+	// Missed is the units taken for slots their callers never used: lost
+	// (the caller queued again at the back) or missed by a caller later
+	// than MaxLateness whose tokens did not go back to the bucket.
+	Missed int `json:"missed_units"`
 }
 
 func (p QuotaPolicy) limit() guarantee.Limit {
@@ -114,7 +115,11 @@ type QuotaFigures struct {
 	Queued         int     `json:"queued"`
 	PollsPerQueued float64 `json:"polls_per_queued"`
 	MaxPolls       int     `json:"max_polls"`
-	Reentries      int     `json:"reentries"`
+	// Reentries, Retimes and Refunds sum the grants' Report figures of
+	// the same names.
+	Reentries int `json:"reentries"`
+	Retimes   int `json:"retimes"`
+	Refunds   int `json:"refunds"`
 	// Wait is how long queued callers waited in Enter.
 	Wait        Dist          `json:"wait_queued"`
 	MaxLateness time.Duration `json:"max_lateness_ns"`
@@ -210,11 +215,13 @@ func judgeQuota(grants []loadgen.Grant, ps []QuotaPolicy, maxLate time.Duration)
 		for i, p := range ps {
 			c := p.cost(g)
 			ps[i].Units += c
-			ps[i].Reentered += g.Reentries * c
+			ps[i].Missed += (g.Reentries + g.Retimes - g.Refunds) * c
 			bySlot[i] = append(bySlot[i], guarantee.Grant{At: g.SlotTime(), Cost: c})
 			byStart[i] = append(byStart[i], guarantee.Grant{At: g.Time(), Cost: c})
 		}
 		qf.Reentries += g.Reentries
+		qf.Retimes += g.Retimes
+		qf.Refunds += g.Refunds
 		if g.Polls > 0 || g.Position > 0 {
 			qf.Queued++
 			polls += g.Polls
@@ -272,8 +279,7 @@ func (q *Quota) table(t *table, _ Limit) {
 		note += "; first: " + q.Err
 	}
 	t.row("grants", commas(q.Grants), note)
-	t.row("from the first slot to the last", dur(q.Span), "")
-	never := "goal never over"
+	t.row("from the first grant time to the last", dur(q.Span), "")
 	for i, p := range q.Policies {
 		role := "not binding"
 		if i == q.Binding {
@@ -284,36 +290,30 @@ func (q *Quota) table(t *table, _ Limit) {
 		if p.Unit != "" {
 			unit = "PU"
 		}
-		t.row("  granted", commas(p.Units)+" "+unit, fmt.Sprintf("%s taken by callers that started too late and entered again", commas(p.Reentered)))
+		t.row("  granted", commas(p.Units)+" "+unit, fmt.Sprintf("%s more spent on grant times their callers lost or came too late for (tokens not given back)", commas(p.Missed)))
 		switch {
 		case i == q.Binding:
 			t.row("  utilization after the initial burst", fmt.Sprintf("%.4f", p.Utilization),
-				fmt.Sprintf("%s; (granted − capacity) / refills from the first slot to the last", goal(p.Utilization >= quotaUtilizationGoal, fmt.Sprintf("≥ %.2f", quotaUtilizationGoal))))
+				fmt.Sprintf("%s; (granted − capacity) / refills from the first grant time to the last", t.goal(p.Utilization >= quotaUtilizationGoal, fmt.Sprintf("≥ %.2f", quotaUtilizationGoal))))
 		case p.Units <= p.Capacity:
 			t.row("  utilization after the initial burst", "–", fmt.Sprintf("never emptied: its capacity alone covers what was granted (%.0f %% of it)", 100*float64(p.Units)/float64(p.Capacity)))
 		default:
 			t.row("  utilization after the initial burst", fmt.Sprintf("%.4f", p.Utilization), "no goal: the binding policy held callers back first")
 		}
-		t.row("  busiest window, by slot", vsLimit(p.ExcessSlots), fmt.Sprintf("%s: %s", never, metWord(p.ExcessSlots <= 0)))
-		t.row(fmt.Sprintf("  busiest window, by start, + %v", q.MaxLateness+startSlack), vsLimit(p.ExcessStarts),
-			fmt.Sprintf("%s: %s; a start may lag its slot by up to MaxLateness (and the reply's trip)", never, metWord(p.ExcessStarts <= 0)))
+		t.row("  busiest window, grant times", vsLimit(p.ExcessSlots), t.goal(p.ExcessSlots <= 0, "never over"))
+		t.row(fmt.Sprintf("  busiest window, start times, windows %s longer", dur(q.MaxLateness+startSlack)), vsLimit(p.ExcessStarts),
+			t.goal(p.ExcessStarts <= 0, "never over")+"; a start may come up to MaxLateness (and the reply's trip) after its grant time")
 	}
-	t.row("grants overtaken, by slot", pct(q.OvertakenSlot, q.Grants),
-		fmt.Sprintf("%s; %d grants a later arrival's slot preceded, whatever the costs", goal(q.OvertakenSlot == 0, "0 %"), q.OvertakenSlot))
-	t.row("grants overtaken, by start", pct(q.OvertakenStart, q.Grants),
-		fmt.Sprintf("no goal: %d grants a later arrival started > %v before, which the processes' scheduling adds", q.OvertakenStart, q.StartTol))
-	t.row("polls per queued waiter", fmt.Sprintf("%.3f", q.PollsPerQueued),
-		fmt.Sprintf("%s; %s queued grants, max %d polls", goal(q.PollsPerQueued <= quotaPollsGoal, fmt.Sprintf("≤ %.2f", quotaPollsGoal)), commas(q.Queued), q.MaxPolls))
-	t.row("re-entries", commas(q.Reentries), fmt.Sprintf("callers that woke > MaxLateness (%v) after their slot: their cost is spent and they enter again", q.MaxLateness))
+	t.row("grants overtaken, by grant time", pct(q.OvertakenSlot, q.Grants),
+		fmt.Sprintf("%s; %d callers granted later than one that reached Redis after them, whatever the costs", t.goal(q.OvertakenSlot == 0, "0 %"), q.OvertakenSlot))
+	t.row("grants overtaken, by start time", pct(q.OvertakenStart, q.Grants),
+		fmt.Sprintf("no goal: %d callers that one reaching Redis after them started > %s before, which the processes' scheduling adds", q.OvertakenStart, dur(q.StartTol)))
+	t.row("polls per queued caller", fmt.Sprintf("%.3f", q.PollsPerQueued),
+		fmt.Sprintf("%s; times a queued caller asked Redis for its grant time; %s queued grants, max %d polls", t.goal(q.PollsPerQueued <= quotaPollsGoal, fmt.Sprintf("≤ %.2f", quotaPollsGoal)), commas(q.Queued), q.MaxPolls))
+	t.row("late callers given the next grant time (retimes)", commas(q.Retimes),
+		fmt.Sprintf("came > MaxLateness (%s) after their grant time and took the next one, ahead of the queue; %s gave their cost back to the bucket, the rest stayed spent", dur(q.MaxLateness), commas(q.Refunds)))
+	t.row("queued again at the back (re-entries)", commas(q.Reentries), "lost their grant time (e.g. Redis restarted) or met a change of the limits: their cost is spent")
 	t.row("wait of queued callers, p50 / p99 / max", fmt.Sprintf("%s / %s / %s", dur(q.Wait.P50), dur(q.Wait.P99), dur(q.Wait.Max)), "")
-}
-
-// metWord says a goal was met, or plainly that it was not.
-func metWord(ok bool) string {
-	if ok {
-		return "met"
-	}
-	return "NOT MET"
 }
 
 func (q *Quota) gobench(g *gobench) {
@@ -323,6 +323,7 @@ func (q *Quota) gobench(g *gobench) {
 		f(100*per(int64(q.OvertakenSlot), q.Grants)), "pct-overtaken-slot",
 		f(q.PollsPerQueued), "polls/waiter",
 		q.Reentries, "reentries",
+		q.Retimes, "retimes",
 		q.Errors, "errors")
 	for _, p := range q.Policies {
 		g.line("Quota/"+slug(p.Name), p.Units, p.ExcessSlots, "excess-slots", p.ExcessStarts, "excess-starts-slack", f(p.Utilization), "utilization")

@@ -79,13 +79,27 @@ func writeTable(w io.Writer, r Report) error {
 	fmt.Fprintf(w, "machine: %s/%s, %d CPUs (GOMAXPROCS %d), %s, %s\n", m.OS, m.Arch, m.CPUs, m.GOMAXPROCS, m.Go, m.Time.Format(time.RFC3339))
 	fmt.Fprintf(w, "redis:   %s, %s\n", r.Redis.Version, r.Redis.Server)
 	for _, s := range r.Scenarios {
-		t := newTable(w)
+		t := newTable(w, s.about().name)
 		s.table(t, r.Limit)
 		if err := t.Flush(); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// missedGoals names the goals the report says were not met, in the order
+// it shows them: those of each scenario's table, drawn without being
+// shown, so that they are the same whatever the output format.
+func missedGoals(r Report) []string {
+	var missed []string
+	for _, s := range r.Scenarios {
+		t := newTable(io.Discard, s.about().name)
+		s.table(t, r.Limit)
+		t.miss("") // a goal not followed by a row
+		missed = append(missed, t.missed...)
+	}
+	return missed
 }
 
 // writeGobench writes the figures as Go benchmark results, for benchstat.
@@ -148,11 +162,11 @@ func commas(n int) string {
 func vsLimit(excess int) string {
 	switch {
 	case excess < 0:
-		return commas(-excess) + " under"
+		return commas(-excess) + " below the limit"
 	case excess == 0:
-		return "at the limit"
+		return "exactly the limit"
 	}
-	return commas(excess) + " OVER"
+	return commas(excess) + " OVER the limit"
 }
 
 // windows describes the busiest window of e, and the busiest of those at
@@ -160,11 +174,11 @@ func vsLimit(excess int) string {
 func windows(e Excess) string {
 	short := func(p *int) string {
 		if p == nil {
-			return "skipped"
+			return "not computed (too many grants)"
 		}
 		return vsLimit(*p)
 	}
-	return fmt.Sprintf("busiest: %d grants in %s; of windows ≤ 1 s: %s, ≤ 100 ms: %s", e.Count, dur(e.Span), short(e.Sec), short(e.Tenth))
+	return fmt.Sprintf("the busiest held %s grants in %s; of windows up to 1 s long: %s, up to 100 ms: %s", commas(e.Count), dur(e.Span), short(e.Sec), short(e.Tenth))
 }
 
 func ns(d time.Duration) int64 { return int64(d) }

@@ -172,19 +172,19 @@ func (s *Saturate) table(t *table, l Limit) {
 	}
 	val("grants", commas(s.Grants), note)
 	tp := s.Throughput
-	val("rate after the initial burst", num(tp.Rate)+"/s", fmt.Sprintf("(grants − capacity) / %.3f s from first to last slot", tp.Span.Seconds()))
+	val("rate after the initial burst", num(tp.Rate)+"/s", fmt.Sprintf("(grants − capacity) / %.3f s from the first grant time to the last", tp.Span.Seconds()))
 	val("utilization", fmt.Sprintf("%.2f %%", 100*tp.Utilization), fmt.Sprintf("rate / limit (%s/s)", num(tp.Limit)))
 	s.Saturation.limitRows(val)
 	val("wait max / median", fmt.Sprintf("%.3f", s.MaxOverMedian), "queued callers, steady state")
-	val("grants overtaken, by slot", pct(s.OvertakenSlot, s.Grants), fmt.Sprintf("%d grants whose slot a later caller's slot preceded", s.OvertakenSlot))
-	val("grants overtaken, by start", pct(s.OvertakenStart, s.Grants), fmt.Sprintf("%d grants a later caller started > %v before", s.OvertakenStart, s.StartTol))
-	val("polls per queued waiter", fmt.Sprintf("%.3f", s.PollsPerQueued), fmt.Sprintf("%s queued grants; max %d polls", commas(s.Queued), s.MaxPolls))
+	val("grants overtaken, by grant time", pct(s.OvertakenSlot, s.Grants), fmt.Sprintf("%d callers granted later than one that reached Redis after them", s.OvertakenSlot))
+	val("grants overtaken, by start time", pct(s.OvertakenStart, s.Grants), fmt.Sprintf("%d callers that one reaching Redis after them started > %s before", s.OvertakenStart, dur(s.StartTol)))
+	val("polls per queued caller", fmt.Sprintf("%.3f", s.PollsPerQueued), fmt.Sprintf("times a queued caller asked Redis for its grant time; %s queued grants; max %d polls", commas(s.Queued), s.MaxPolls))
 	val("round trips per grant, all", fmt.Sprintf("%.3f", s.RoundTripsPerGrant()), fmt.Sprintf("%s commands and pipelines sent by all processes; connection handshakes (%s) left out", commas(int(s.RoundTrips)), commas(int(s.SetupRoundTrips))))
 	val("round trips per grant, callers", fmt.Sprintf("%.3f", s.CallerRoundTripsPerGrant()), "the calls each caller waited for (EnterReport's RoundTrips); a batched call counts for every caller in it")
-	val("returned > 100 µs before slot", commas(s.Early), "")
-	val("returned > MaxLateness after slot", commas(s.Tardy), fmt.Sprintf("MaxLateness %v: such callers are re-entered instead", s.MaxLateness))
-	val("re-entries", commas(s.Reentries), fmt.Sprintf("%d grants re-entered at least once", s.ReenteredCalls))
-	val("scheduler steps", commas(int(s.Steps)), fmt.Sprintf("%d fenced off (another process held the lock), %d errors", s.Fenced, s.SchedulerErrors))
+	val("returned > 100 µs before grant time", commas(s.Early), "")
+	val("returned > MaxLateness after grant time", commas(s.Tardy), fmt.Sprintf("MaxLateness %s, by this machine's clock (the bucket judges lateness conservatively, from its own round trips)", dur(s.MaxLateness)))
+	s.Saturation.lateRows(val)
+	val("scheduler steps", commas(int(s.Steps)), fmt.Sprintf("%d refused because another process held the scheduler's lock (fenced), %d errors", s.Fenced, s.SchedulerErrors))
 	if m := s.Machine; m != nil {
 		val("machine CPUs during the run", m.String(), "/proc/stat, all CPUs: stolen = time the hypervisor ran other VMs; tails grow with both")
 	}
@@ -194,7 +194,7 @@ func (s *Saturate) table(t *table, l Limit) {
 			shared = "SHARED server (--redis): other clients count too, an upper bound"
 		}
 		val("Redis time per grant, commands", dur(c.PerGrant), fmt.Sprintf("%s; INFO commandstats Δ usec %s (scripts %s) / grants, inner commands not counted twice; %s",
-			goal(c.PerGrant <= redisCPUGoal, "≤ "+dur(redisCPUGoal)), dur(time.Duration(c.CommandsUsec)*time.Microsecond), dur(time.Duration(c.ScriptsUsec)*time.Microsecond), shared))
+			t.goal(c.PerGrant <= redisCPUGoal, "≤ "+dur(redisCPUGoal)), dur(time.Duration(c.CommandsUsec)*time.Microsecond), dur(time.Duration(c.ScriptsUsec)*time.Microsecond), shared))
 		val("Redis CPU per grant, process", dur(c.ProcessCPUPerGrant), fmt.Sprintf("INFO used_cpu_sys + used_cpu_user Δ %s / grants: all threads, I/O and event loop included", dur(c.ProcessCPU)))
 		val("  costliest commands", "", c.topString(4))
 		if c.FloorUsec > 0 {
@@ -205,9 +205,9 @@ func (s *Saturate) table(t *table, l Limit) {
 	t.Flush() // a block of its own: the values above are wide
 	t.row("", "p50", "p99", "max", "")
 	t.dist("wait, queued callers, steady state", s.Wait, fmt.Sprintf("%s Enters begun ≥ %v after the first", commas(s.Wait.N), s.Warmup.Round(time.Millisecond)))
-	t.dist("lateness: Enter return − slot", s.Late, "all grants")
+	t.dist("lateness: Enter's return after grant time", s.Late, "all grants")
 	t.dist("lateness, steady state", s.LateSteady, fmt.Sprintf("%s Enters begun ≥ %v after the first", commas(s.LateSteady.N), s.Warmup.Round(time.Millisecond)))
-	t.dist("  of those answered before the slot", s.LateInTime, fmt.Sprintf("what the final wait itself adds; %s were answered at or after their slot (late before the final wait)", commas(s.LateAnswer)))
+	t.dist("  of those told their grant time before it came", s.LateInTime, fmt.Sprintf("what the final wait itself adds; %s were told at or after their grant time (late before the final wait began)", commas(s.LateAnswer)))
 }
 
 func (s *Saturate) gobench(g *gobench) {
@@ -230,6 +230,8 @@ func (s *Saturate) gobench(g *gobench) {
 		ms(s.LateSteady.P99), "ms-late-steady-p99",
 		s.Tardy, "tardy",
 		s.Reentries, "reentries",
+		s.Retimes, "retimes",
+		s.Refunds, "refunds",
 		s.Errors, "errors")
 	if c := s.RedisCPU; c != nil {
 		g.line("Saturate/redis-cpu", s.Grants, f(float64(c.PerGrant)/float64(time.Microsecond)), "redis-us/op",

@@ -167,7 +167,7 @@ func (s *Scale) table(t *table, _ Limit) {
 		commas(s.Callers), s.Procs, s.Stagger, s.Deadline)
 	row := func(name, v, note string) { t.row(name, v, note) }
 	row("callers queued at the peak", commas(int(s.QueuedPeak)), fmt.Sprintf("LLEN of the queue key, sampled every %v (%d samples as it grew)", scaleSample, s.Samples))
-	row("Redis memory per waiting caller", fmt.Sprintf("%.0f B", s.PerWaiter), fmt.Sprintf("%s; INFO used_memory Δ %s B / queued", goal(s.PerWaiter <= scaleGoalBytes, fmt.Sprintf("≤ %d B", scaleGoalBytes)), commas(int(s.UsedMemory))))
+	row("Redis memory per waiting caller", fmt.Sprintf("%.0f B", s.PerWaiter), fmt.Sprintf("%s; INFO used_memory Δ %s B / queued", t.goal(s.PerWaiter <= scaleGoalBytes, fmt.Sprintf("≤ %d B", scaleGoalBytes)), commas(int(s.UsedMemory))))
 	row("  less connection buffers", fmt.Sprintf("%.0f B", s.PerWaiterData), fmt.Sprintf("(used_memory Δ − mem_clients_normal Δ %s B of %d more connections) / queued", commas(int(s.ClientMemory)), s.Connections))
 	row("  the queue key alone", fmt.Sprintf("%.0f B", s.PerWaiterQueue), fmt.Sprintf("MEMORY USAGE %s B / queued", commas(int(s.QueueKeyMemory))))
 	note := fmt.Sprintf("%s left at their deadline; %d errors", commas(s.Deadlines), s.Errors)
@@ -177,13 +177,13 @@ func (s *Scale) table(t *table, _ Limit) {
 	row("grants", commas(s.Grants), note)
 	s.Saturation.limitRows(row)
 	row("utilization", fmt.Sprintf("%.2f %%", 100*s.Throughput.Utilization), fmt.Sprintf("rate after the initial burst %s/s", num(s.Throughput.Rate)))
-	row("grants overtaken, by slot", pct(s.OvertakenSlot, s.Grants), "")
-	row("polls per queued waiter (granted)", fmt.Sprintf("%.3f", s.PollsPerQueued), fmt.Sprintf("%s queued grants; max %d polls", commas(s.Queued), s.MaxPolls))
+	row("grants overtaken, by grant time", pct(s.OvertakenSlot, s.Grants), fmt.Sprintf("%d callers granted later than one that reached Redis after them", s.OvertakenSlot))
+	row("polls per queued caller (granted)", fmt.Sprintf("%.3f", s.PollsPerQueued), fmt.Sprintf("%s queued grants; max %d polls", commas(s.Queued), s.MaxPolls))
 	row("polls per caller (all)", fmt.Sprintf("%.3f", s.PollsPer), fmt.Sprintf("%s polls by %s callers, those that left included", commas(s.Polls), commas(s.Callers)))
 	row("round trips per grant, all", fmt.Sprintf("%.3f", s.RoundTripsPerGrant()), fmt.Sprintf("%s sent by all processes (cancellations included); handshakes (%s) left out", commas(int(s.RoundTrips)), commas(int(s.SetupRoundTrips))))
 	row("round trips per caller, all", fmt.Sprintf("%.3f", per(s.RoundTrips, s.Callers)), fmt.Sprintf("scheduler steps %s", commas(int(s.Steps))))
 	row("wait of queued grants p50 / p99 / max", fmt.Sprintf("%s / %s / %s", dur(s.Wait.P50), dur(s.Wait.P99), dur(s.Wait.Max)), "every caller arrives once: no steady state")
-	row("lateness p50 / p99 / max", fmt.Sprintf("%s / %s / %s", dur(s.Late.P50), dur(s.Late.P99), dur(s.Late.Max)), fmt.Sprintf("%d returned > MaxLateness after slot, %d re-entries", s.Tardy, s.Reentries))
+	row("lateness p50 / p99 / max", fmt.Sprintf("%s / %s / %s", dur(s.Late.P50), dur(s.Late.P99), dur(s.Late.Max)), fmt.Sprintf("after the grant time; %d returned > MaxLateness after it, %d late callers took the next grant time (retimes), %d queued again (re-entries)", s.Tardy, s.Retimes, s.Reentries))
 }
 
 func (s *Scale) gobench(g *gobench) {

@@ -52,15 +52,64 @@ type env struct {
 func (e *env) logf(format string, a ...any) { fmt.Fprintf(e.log, format+"\n", a...) }
 
 // table is one scenario's section of the report for people: a title line,
-// then aligned rows.
-type table struct{ *tabwriter.Writer }
+// then aligned rows. It records the goals its rows say were not met, so
+// that --check judges the very goals the report shows.
+type table struct {
+	*tabwriter.Writer
+	scenario string   // what --scenario calls it: the first word of a missed goal's name
+	section  string   // the last row not indented: the group of the rows under it
+	pending  []string // goals not met written since the last row, by what they want
+	missed   []string // goals not met, each named by its scenario and row
+}
 
-func newTable(w io.Writer) *table { return &table{tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)} }
+func newTable(w io.Writer, scenario string) *table {
+	return &table{Writer: tabwriter.NewWriter(w, 0, 0, 2, ' ', 0), scenario: scenario}
+}
 
 func (t *table) title(format string, a ...any) { fmt.Fprintf(t, "\n"+format+"\n", a...) }
 
-// row writes one indented row of cells; the last is not padded.
-func (t *table) row(cells ...string) { fmt.Fprintf(t, "  %s\n", strings.Join(cells, "\t")) }
+// row writes one indented row of cells; the last is not padded. The goals
+// its cells say were not met are named after its first cell (after the
+// row it is indented under, if any).
+func (t *table) row(cells ...string) {
+	fmt.Fprintf(t, "  %s\n", strings.Join(cells, "\t"))
+	label := ""
+	if len(cells) > 0 {
+		label = cells[0]
+	}
+	name := strings.TrimSpace(label)
+	switch {
+	case strings.HasPrefix(label, " ") && t.section != "":
+		name = t.section + " " + name
+	case label != "":
+		t.section = name
+	}
+	t.miss(name)
+}
+
+// miss records the pending goals not met under name: by name alone when
+// the row had one goal, else with what each wanted.
+func (t *table) miss(name string) {
+	name = strings.TrimSpace(t.scenario + " " + name)
+	for _, want := range t.pending {
+		if len(t.pending) > 1 {
+			t.missed = append(t.missed, name+" ("+want+")")
+		} else {
+			t.missed = append(t.missed, name)
+		}
+	}
+	t.pending = nil
+}
+
+// goal says in words whether a figure met its goal ("goal ≥ 90 %: met"),
+// and records a goal not met under the row it is written in.
+func (t *table) goal(met bool, want string) string {
+	if met {
+		return "goal " + want + ": met"
+	}
+	t.pending = append(t.pending, want)
+	return "goal " + want + ": NOT MET"
+}
 
 // dist writes a row of a distribution: p50, p99, max.
 func (t *table) dist(name string, d Dist, note string) {
@@ -77,12 +126,4 @@ func (g *gobench) line(name string, n int, metrics ...any) {
 		fmt.Fprintf(g, " %v %s", metrics[i], metrics[i+1])
 	}
 	g.WriteByte('\n')
-}
-
-// goal says in words whether a figure met its goal.
-func goal(met bool, want string) string {
-	if met {
-		return "goal " + want + ": met"
-	}
-	return "goal " + want + ": NOT MET"
 }

@@ -53,7 +53,7 @@ func (sm *Semaphore) table(t *table, _ Limit) {
 	for _, x := range sm.Rows {
 		verdict := ""
 		if x.Goal != "" {
-			verdict = goal(x.OK, x.Goal)
+			verdict = t.goal(x.OK, x.Goal)
 		}
 		t.row(x.Metric, x.Value, verdict)
 	}

@@ -52,8 +52,14 @@ type TenantsRow struct {
 	// each bucket's limit given the same calls (fifoGrants).
 	LastGrant time.Duration `json:"last_grant_ns"`
 	Ideal     time.Duration `json:"ideal_ns"`
-	// Reentries sums Report.Reentries over every caller, granted or not.
+	// Reentries sums Report.Reentries over every caller, granted or not:
+	// the times one queued again at the back (its slot lost, or a live
+	// change). Retimes and Refunds sum Report.Retimes and Refunds: the
+	// times one came later than MaxLateness and took the next slot, and
+	// how many of those missed slots' tokens went back to its bucket.
 	Reentries int `json:"reentries"`
+	Retimes   int `json:"retimes"`
+	Refunds   int `json:"refunds"`
 	// ExcessSlots and ExcessStarts are the worst bucket's busiest window
 	// against its limit, by slot and by start (windows MaxLateness + 2 ms
 	// longer): ≤ 0 when every bucket held its limit.
@@ -263,7 +269,7 @@ func (t *Tenants) runOne(ctx context.Context, e *env, callers int) (TenantsRow, 
 				defer cancel()
 				start := time.Now()
 				rep, err := b.EnterReport(cctx)
-				g := loadgen.Grant{Proc: i, Caller: k, Ticket: rep.Ticket, Start: start.UnixNano(), End: time.Now().UnixNano(), Reentries: rep.Reentries}
+				g := loadgen.Grant{Proc: i, Caller: k, Ticket: rep.Ticket, Start: start.UnixNano(), End: time.Now().UnixNano(), Reentries: rep.Reentries, Retimes: rep.Retimes, Refunds: rep.Refunds}
 				if !rep.Slot.IsZero() {
 					g.Slot = rep.Slot.UnixMicro()
 				}
@@ -334,6 +340,8 @@ func (r *TenantsRow) judgeBuckets(grants []loadgen.Grant, callers int, begin tim
 			// The ideal serves every caller, granted or not.
 			arrivals = append(arrivals, time.Unix(0, g.Start))
 			r.Reentries += g.Reentries
+			r.Retimes += g.Retimes
+			r.Refunds += g.Refunds
 			if !g.OK() {
 				r.Errors++
 				if r.Err == "" {
@@ -507,31 +515,34 @@ func (t *Tenants) table(tb *table, _ Limit) {
 		tb.row(fmt.Sprintf("%d callers a handle", r.Callers), "", fmt.Sprintf("%s bucket callers and %s semaphore callers at once; pool %d",
 			commas(r.BucketCallers), commas(r.SemaphoreCallers), r.Pool))
 		note := fmt.Sprintf("ideal %s (a FIFO queue at each bucket's limit, same calls): %.2f×; %s", dur(r.Ideal), r.Ratio(),
-			goal(r.doneMet(), fmt.Sprintf("all granted, ≤ %.1f× the ideal", r.ratioGoal())))
+			tb.goal(r.doneMet(), fmt.Sprintf("all granted, ≤ %.1f× the ideal", r.ratioGoal())))
 		tb.row("  last grant", dur(r.LastGrant), note)
 		errs := fmt.Sprintf("%s errors (deadline %v)", commas(r.Errors), t.Deadline)
 		if r.Err != "" {
 			errs += "; first: " + r.Err
 		}
 		tb.row("  granted", fmt.Sprintf("%s of %s", commas(r.Granted), commas(r.BucketCallers)), errs)
-		reNote := "of every caller, per grant: each threw a token away and queued again"
+		reNote := "of every caller, per grant: each lost its grant time (e.g. Redis restarted) or met a change of the limit, and queued again at the back"
 		if r.heavy() {
-			reNote = goal(r.reentriesMet(), fmt.Sprintf("≤ %.0f %% of grants", 100*tenantsReentries)) + "; " + reNote
+			reNote = tb.goal(r.reentriesMet(), fmt.Sprintf("≤ %.0f %% of grants", 100*tenantsReentries)) + "; " + reNote
 		}
-		tb.row("  re-entries", fmt.Sprintf("%s (%.2f %%)", commas(r.Reentries), 100*r.ReentryShare()), reNote)
+		tb.row("  queued again at the back (re-entries)", fmt.Sprintf("%s (%.2f %%)", commas(r.Reentries), 100*r.ReentryShare()), reNote)
+		tb.row("  late callers given the next grant time (retimes)", commas(r.Retimes),
+			fmt.Sprintf("came > MaxLateness (%s) after their grant time and took the next one, ahead of the queue; %s of their missed tokens went back to the bucket, the rest stayed spent",
+				dur(defaultMaxLateness), commas(r.Refunds)))
 		tb.row("  excess over the limit", fmt.Sprintf("%d", max(r.ExcessSlots, r.ExcessStarts, r.MostHeld-tenantsPermits, 0)),
-			goal(r.NoExcess(), "0")+fmt.Sprintf(": every grant judged; worst bucket by slot %s, by start + %v %s; most permits of one semaphore held at once %d",
-				vsLimit(r.ExcessSlots), defaultMaxLateness+startSlack, vsLimit(r.ExcessStarts), r.MostHeld))
+			tb.goal(r.NoExcess(), "0")+fmt.Sprintf(": every grant judged; the worst bucket's busiest window, grant times: %s, start times in windows %s longer: %s; most permits of one semaphore held at once %d",
+				vsLimit(r.ExcessSlots), dur(defaultMaxLateness+startSlack), vsLimit(r.ExcessStarts), r.MostHeld))
 		tb.row("  semaphores: last acquire", dur(r.LastAcquire), fmt.Sprintf("%s of %s acquired, %d errors; with perfect hand-overs the last acquires after %v",
 			commas(r.Acquired), commas(r.SemaphoreCallers), r.SemaphoreErrors, time.Duration(r.Callers-1)*tenantsHold))
 		tb.row("  Redis connections, most", commas(r.ConnsPeak), fmt.Sprintf("%s; this client's (CLIENT LIST, by name), sampled every %v from the burst on; idle %s, after Close %s",
-			goal(r.connsMet(), fmt.Sprintf("≤ pool + %d (%d)", tenantsConnsOver, r.Pool+tenantsConnsOver)), tenantsSample, commas(r.ConnsIdle), commas(r.ConnsAfterClose)))
+			tb.goal(r.connsMet(), fmt.Sprintf("≤ pool + %d (%d)", tenantsConnsOver, r.Pool+tenantsConnsOver)), tenantsSample, commas(r.ConnsIdle), commas(r.ConnsAfterClose)))
 		tb.row("  goroutines, idle", commas(r.GoroutinesIdle), fmt.Sprintf("%s; beyond the process's before the client; most during the burst %s, after Close %s",
-			goal(r.goroutinesMet(), fmt.Sprintf("≤ %d whatever the count of handles", tenantsGoroutines)), commas(r.GoroutinesPeak), commas(r.GoroutinesAfterClose)))
+			tb.goal(r.goroutinesMet(), fmt.Sprintf("≤ %d whatever the count of handles", tenantsGoroutines)), commas(r.GoroutinesPeak), commas(r.GoroutinesAfterClose)))
 		tb.row("  heap per idle handle", bytesOf(r.HeapPerHandle), fmt.Sprintf("%s; live heap after GC %s beyond the one before the handles, / %s handles",
-			goal(r.heapMet(), "≤ 10 KB"), bytesOf(float64(r.HeapIdle)), commas(handles)))
+			tb.goal(r.heapMet(), "≤ 10 KB"), bytesOf(float64(r.HeapIdle)), commas(handles)))
 		tb.row("  Redis commands/s, idle", fmt.Sprintf("%.1f", r.CommandsPerSec), fmt.Sprintf("%s; INFO total_commands_processed over %v, %v after the last caller returned, our own INFO left out",
-			goal(r.commandsMet(), fmt.Sprintf("≤ %.0f", tenantsCommandsIdle)), t.Idle, tenantsSettle))
+			tb.goal(r.commandsMet(), fmt.Sprintf("≤ %.0f", tenantsCommandsIdle)), t.Idle, tenantsSettle))
 		tb.row("  Close of every handle", dur(r.Close), fmt.Sprintf("%s handles one after another: %s each", commas(handles), dur(r.Close/time.Duration(max(handles, 1)))))
 	}
 }
@@ -555,6 +566,8 @@ func (t *Tenants) gobench(g *gobench) {
 			f(r.Ratio()), "last/ideal",
 			r.Granted, "granted",
 			f(100*r.ReentryShare()), "pct-reentries",
+			r.Retimes, "retimes",
+			r.Refunds, "refunds",
 			max(r.ExcessSlots, r.ExcessStarts, 0), "excess",
 			r.ConnsPeak, "conns",
 			r.GoroutinesIdle, "goroutines-idle",

@@ -54,10 +54,10 @@ func TestTenantsScenario(t *testing.T) {
 	}
 
 	var table bytes.Buffer
-	tw := newTable(&table)
+	tw := newTable(&table, "tenants")
 	tn.table(tw, Limit{})
 	tw.Flush()
-	for _, w := range []string{"TENANTS", "3 callers a handle", "8 callers a handle", "last grant", "ideal", "re-entries",
+	for _, w := range []string{"TENANTS", "3 callers a handle", "8 callers a handle", "last grant", "ideal", "re-entries", "retimes",
 		"excess over the limit", "Redis connections, most", "goroutines, idle", "heap per idle handle", "Redis commands/s, idle",
 		"Close of every handle", "goal ≤ pool + 2", "goal ≤ 50 whatever the count of handles", "goal ≤ 10 KB", "goal ≤ 5",
 		"≤ 1.5× the ideal", "≤ 2.0× the ideal", "goal ≤ 1 % of grants"} {

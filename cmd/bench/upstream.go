@@ -461,9 +461,9 @@ func (u *Upstream) table(t *table, _ Limit) {
 		case r.Feedback == fbOff:
 			verdict = "no goal: for contrast"
 		case r.Case == "at-limit":
-			verdict = goal(share <= upstreamAtLimitRefused, "429s ≤ 0.1 %") + "; " + goal(r.Utilization >= upstreamAtLimitUtil, "utilization ≥ 0.99")
+			verdict = t.goal(share <= upstreamAtLimitRefused, "429s ≤ 0.1 %") + "; " + t.goal(r.Utilization >= upstreamAtLimitUtil, "utilization ≥ 0.99")
 		case r.Case == "25pct-over":
-			verdict = goal(share <= upstreamOverRefused, "429s ≤ 1 %") + "; " + goal(r.Utilization >= upstreamOverUtil, "utilization ≥ 0.9")
+			verdict = t.goal(share <= upstreamOverRefused, "429s ≤ 1 %") + "; " + t.goal(r.Utilization >= upstreamOverUtil, "utilization ≥ 0.9")
 		case r.Outage != nil:
 			verdict = "the hold is judged below; utilization not judged"
 		default:
@@ -494,14 +494,14 @@ func (u *Upstream) table(t *table, _ Limit) {
 		late := o.DuringHold - o.InFlight
 		hold := fmt.Sprintf("%d of them within %v of the first 503, already on their way", o.InFlight, upstreamInFlight)
 		if r.Feedback != fbOff {
-			hold = goal(late == 0, "none after those") + "; " + hold
+			hold = t.goal(late == 0, "none after those") + "; " + hold
 		} else {
 			hold = "no goal: each caller stops only at its own 503; " + hold
 		}
 		t.row(fmt.Sprintf("  requests during the %v hold", o.RetryAfter), fmt.Sprint(o.DuringHold), "", "", "", hold)
 		never := fmt.Sprintf("windows %v longer, as the bucket promises for starts", defaultMaxLateness+startSlack)
 		if r.Feedback != fbOff {
-			never = goal(o.Excess <= 0, "never over") + "; " + never
+			never = t.goal(o.Excess <= 0, "never over") + "; " + never
 		}
 		t.row("  busiest window of arrivals vs the bucket's promise", vsLimit(o.Excess), "", "", "", never)
 		t.row("  accepted after the hold", commas(o.After), "", "", "", fmt.Sprintf("%d answered 503 in all", o.Unavailable))

@@ -59,7 +59,7 @@ func TestUpstreamScenario(t *testing.T) {
 	}
 
 	var table bytes.Buffer
-	tw := newTable(&table)
+	tw := newTable(&table, "upstream")
 	u.table(tw, Limit{})
 	tw.Flush()
 	for _, w := range []string{"UPSTREAM", "at-limit", "25pct-over", "requests during the 2s hold", "goal 429s ≤ 0.1 %", "goal utilization ≥ 0.9"} {
