@@ -272,17 +272,23 @@ func (c *Client) Eval(ctx context.Context, script string, keys []string, args ..
 	return c.eval(ctx, func(p redis.Pipeliner) *redis.Cmd { return p.Eval(ctx, script, keys, args...) })
 }
 
+// The functions below hand do a closure that sets a variable of theirs,
+// which a shared pipeline runs on its own goroutine: they read it only
+// once do reported the call sent (the pipeline's end happened before), and
+// otherwise return a command of their own, never touching the variable.
+
 func (c *Client) eval(ctx context.Context, queue func(redis.Pipeliner) *redis.Cmd) *redis.Cmd {
 	var cmd *redis.Cmd
 	_, err, sent := c.p.do(ctx, func(p redis.Pipeliner) error {
 		cmd = queue(p)
 		return nil
 	})
-	if !sent || cmd == nil {
-		cmd = redis.NewCmd(ctx)
-		cmd.SetErr(err)
+	if sent && cmd != nil {
+		return cmd
 	}
-	return cmd
+	failed := redis.NewCmd(ctx)
+	failed.SetErr(err)
+	return failed
 }
 
 // Get is the client's, in a shared pipeline (a bucket reads its
@@ -293,11 +299,12 @@ func (c *Client) Get(ctx context.Context, key string) *redis.StringCmd {
 		cmd = p.Get(ctx, key)
 		return nil
 	})
-	if !sent || cmd == nil {
-		cmd = redis.NewStringCmd(ctx)
-		cmd.SetErr(err)
+	if sent && cmd != nil {
+		return cmd
 	}
-	return cmd
+	failed := redis.NewStringCmd(ctx)
+	failed.SetErr(err)
+	return failed
 }
 
 // SetNX is the client's, in a shared pipeline (a bucket stores its
@@ -308,9 +315,10 @@ func (c *Client) SetNX(ctx context.Context, key string, value any, expiration ti
 		cmd = p.SetNX(ctx, key, value, expiration)
 		return nil
 	})
-	if !sent || cmd == nil {
-		cmd = redis.NewBoolCmd(ctx)
-		cmd.SetErr(err)
+	if sent && cmd != nil {
+		return cmd
 	}
-	return cmd
+	failed := redis.NewBoolCmd(ctx)
+	failed.SetErr(err)
+	return failed
 }
