@@ -29,27 +29,18 @@ type Keys struct {
 	// give-back can tell whether it is exact; it lives a while after the
 	// last change.
 	Refunds string
-	// RefundLog holds the tokens each give-back returned, scored by when
-	// the grant it undid was made (lua/retime.lua), for a while.
-	RefundLog string
-	// StepLog holds, for a while, each step that gave slots: its instant,
-	// each policy's level after it and the refunds key then (the step
-	// writes it, lua/retime.lua reads it).
-	StepLog string
 }
 
 func newKeys(prefix, name string) Keys {
 	base := groundwork.KeyBase(prefix, name)
 	return Keys{
-		Queue:     base + "queue",
-		State:     base + "state",
-		Slot:      base + "slot:",
-		Lock:      base + "lock",
-		Wake:      base + "wake",
-		Config:    base + "config",
-		Refunds:   base + "refunds",
-		RefundLog: base + "refundlog",
-		StepLog:   base + "steplog",
+		Queue:   base + "queue",
+		State:   base + "state",
+		Slot:    base + "slot:",
+		Lock:    base + "lock",
+		Wake:    base + "wake",
+		Config:  base + "config",
+		Refunds: base + "refunds",
 	}
 }
 
@@ -60,16 +51,12 @@ func (k Keys) slotKey(entry string) string { return k.Slot + protocol.EntryID(en
 // list is KEYS of the scripts that need them all: the queue, the state,
 // the prefix of the slot keys (declared so that Redis Cluster routes and
 // checks it like the keys made from it, which share its hash tag), the
-// lock, the config, the refunds and the step log.
-func (k Keys) list() []string {
-	return []string{k.Queue, k.State, k.Slot, k.Lock, k.Config, k.Refunds, k.StepLog}
-}
+// lock, the config and the refunds.
+func (k Keys) list() []string { return []string{k.Queue, k.State, k.Slot, k.Lock, k.Config, k.Refunds} }
 
-// retime is KEYS of lua/retime.lua and lua/feedback.lua: arrival's, the
-// refunds and their logs.
-func (k Keys) retime() []string {
-	return []string{k.Queue, k.State, k.Config, k.Refunds, k.RefundLog, k.StepLog}
-}
+// retime is KEYS of lua/retime.lua and lua/feedback.lua: arrival's and the
+// refunds.
+func (k Keys) retime() []string { return []string{k.Queue, k.State, k.Config, k.Refunds} }
 
 // List is the keys a scheduler step names: Keys.list.
 func (k Keys) List() []string { return k.list() }

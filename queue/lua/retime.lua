@@ -15,13 +15,8 @@
 -- t0 the level rose only by refills and by tokens given back (grants and
 -- syncs lower it; a hold delays refills), and the bucket without the grants
 -- given back so far is above the bucket as it is by at most what was given
--- back since t0 of grants made at or before t0: the level l already
--- counts grants made at t0, and a grant made after t0 and given back since
--- added nothing it had not taken first. That is g = r − r0 (given back
--- since t0) less what the refund log (scored by when each grant undone was
--- made) holds of grants made after t0. So the tokens c go back when, for
--- every policy,
---     l + amount × n + g + c ≤ cap,
+-- back since t0 (r − r0). So the tokens c go back when, for every policy,
+--     l + amount × n + (r − r0) + c ≤ cap,
 -- where n is the refills in (t0, now]: those of the policy's grid (its
 -- anchor, every freq), or at most ⌊(now − t0) / freq⌋ + 1 when the
 -- upstream moved the grid since (a hold or a sync: the first field of the
@@ -33,8 +28,7 @@
 --
 -- KEYS[1] queue, KEYS[2] state, KEYS[3] config (as in enqueue.lua),
 -- KEYS[4] refunds: "d,r1,r2,...", the upstream's changes to the refills,
--- then the tokens given back per policy; KEYS[5] the refund log, a sorted
--- set of "<n>:<c1>,<c2>,..." scored by when the grant given back was made
+-- then the tokens given back per policy
 -- ARGV[1] room ("" when the missed slot was given without one)
 -- ARGV[2] the caller's costs, "c1,c2,..." ("" for each policy's call)
 -- ARGV[3] grace µs added to the state's TTL
@@ -61,58 +55,22 @@ if t0 and id == cid then
   local l, r0 = parse_costs(ls), parse_costs(r0s)
   local ok = #l == #ps and #r0 == #ps + 1 and now >= t0 and now - t0 <= grace and rs[1] >= r0[1]
   local moved = rs[1] ~= r0[1]
-  -- The segments: from t0 (the missed slot's step) and from each step
-  -- that gave slots since, each with the levels after it and the refunds
-  -- key then, to the next one or now.
-  local segs = {{t = t0, l = l, r = r0}}
-  if ok and not moved then
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. string.format('%d', t0), now)) do
-      local ta, ra, la = string.match(m, '^(%d+) ([%d,]+) ([%-%d,]+)$')
-      local lv, rv = parse_costs(la or ''), parse_costs(ra or '')
-      if ta and lv and rv and #lv == #ps and #rv == #ps + 1 and rv[1] == r0[1] then
-        segs[#segs + 1] = {t = tonumber(ta), l = lv, r = rv}
-      end
-    end
-  end
-  -- What was given back of grants made after each segment's start (the
-  -- refund log is scored by when the grant undone was made).
-  local gone = {}
-  if ok then
-    gone = redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. string.format('%d', t0), '+inf', 'WITHSCORES')
-  end
-  for k = 1, #segs do
-    local seg = segs[k]
-    local b = now
-    if k < #segs then b = segs[k + 1].t end
-    local later = {}
-    for j = 1, #gone, 2 do
-      if tonumber(gone[j + 1]) > seg.t then
-        local cs_m = parse_costs(string.match(gone[j], ':(.*)$') or '') or {}
-        for i = 1, #ps do later[i] = (later[i] or 0) + (cs_m[i] or 0) end
-      end
-    end
-    for i = 1, #ps do
-      if ok then
-        local p, s = ps[i], st[i]
-        -- Refills in (seg.t, b]: on the policy's grid, or at most a
-        -- window's worth when the grid moved or lies ahead.
-        local n
-        if moved or s.anchor > now then
-          n = math.floor((b - seg.t) / p.freq) + 1
-        else
-          local last = s.anchor - math.floor((s.anchor - b) / p.freq) * p.freq -- last grid point ≤ b
-          if last > b then last = last - p.freq end
-          if last > seg.t then n = math.floor((last - seg.t - 1) / p.freq) + 1 else n = 0 end
-        end
-        local since = rs[i + 1] - seg.r[i + 1] - (later[i] or 0)
-        if since < 0 or seg.l[i] + p.amount * n + since + ks[i] > p.cap then
-          ok = false
-        end
-      end
-    end
-  end
   for i = 1, #ps do
-    if ok and st[i].level + ks[i] > ps[i].cap then ok = false end
+    if ok then
+      local p, s = ps[i], st[i]
+      local n
+      if moved or s.anchor > now then
+        n = math.floor((now - t0) / p.freq) + 1
+      elseif s.anchor > t0 then
+        n = math.ceil((s.anchor - t0) / p.freq)
+      else
+        n = 0
+      end
+      local since = rs[i + 1] - r0[i + 1]
+      if since < 0 or l[i] + p.amount * n + since + ks[i] > p.cap or s.level + ks[i] > p.cap then
+        ok = false
+      end
+    end
   end
   if ok then
     for i = 1, #ps do
@@ -124,13 +82,6 @@ if t0 and id == cid then
     for i = 1, #rs do out[i] = string.format('%d', rs[i]) end
     raw_r = table.concat(out, ',')
     redis.call('SET', KEYS[4], raw_r, 'PX', ceil_ms(3 * grace))
-    local given = {}
-    for i = 1, #ps do given[i] = string.format('%d', ks[i]) end
-    local n = 0
-    for i = 2, #rs do n = n + rs[i] end
-    redis.call('ZADD', KEYS[5], t0, string.format('%d:', n) .. table.concat(given, ','))
-    redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. string.format('%d', now - 2 * grace))
-    redis.call('PEXPIRE', KEYS[5], ceil_ms(3 * grace))
   end
 end
 local slot = slot_k(st, ps, now, ks)

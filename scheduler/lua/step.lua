@@ -7,10 +7,7 @@
 -- the same script as it deletes the lock) and starts a new one.
 --
 -- KEYS[1] queue, KEYS[2] state, KEYS[3] slot key prefix, KEYS[4] lock,
--- KEYS[5] config (as in enqueue.lua), KEYS[6] refunds, KEYS[7] step log
--- (retime.lua): a step that gives slots logs its instant, each policy's
--- level after it and the refunds key, so that a late caller's give-back
--- can bound the level between steps
+-- KEYS[5] config (as in enqueue.lua), KEYS[6] refunds (retime.lua)
 -- ARGV[1] lock token; the step does nothing unless the lock holds it
 -- ARGV[2] lock TTL ms, renewed on every step that keeps the lock; 0 hands
 --         the lock over: the step releases it (and zeroes until, so that
@@ -111,14 +108,6 @@ for k, id in ipairs(ids) do
 end
 local scheduled = #ids
 wake_publish(channel, early)
-if scheduled > 0 then
-  -- The level after this step's takes: the room of its slots, and the
-  -- step log's entry.
-  local room = string.match(slot_value(now, now, cid, st, refunds), '^%-?%d+ %-?%d+ %S+ (.*)$')
-  redis.call('ZADD', KEYS[7], now, string.format('%d ', now) .. room)
-  redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', '(' .. int(now - 2 * grace))
-  redis.call('PEXPIRE', KEYS[7], ceil_ms(3 * grace))
-end
 
 local qlen = redis.call('LLEN', KEYS[1])
 if qlen == 0 then
