@@ -45,7 +45,7 @@ type jobs struct {
 	h *Hub
 
 	mu      sync.Mutex
-	due     jobHeap
+	due     deadlines[*Job]
 	looping bool
 	kick    chan struct{}
 	workers chan struct{}
@@ -217,31 +217,8 @@ func (js *jobs) finish(j *Job, next time.Duration, more bool) {
 	js.wake()
 }
 
-// jobHeap is a min-heap of jobs by time (container/heap).
-type jobHeap []*Job
-
-func (h jobHeap) Len() int           { return len(h) }
-func (h jobHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
-func (h jobHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].index = i
-	h[j].index = j
-}
-
-func (h *jobHeap) Push(x any) {
-	j := x.(*Job)
-	j.index = len(*h)
-	*h = append(*h, j)
-}
-
-func (h *jobHeap) Pop() any {
-	old := *h
-	j := old[len(old)-1]
-	old[len(old)-1] = nil
-	j.index = -1
-	*h = old[:len(old)-1]
-	return j
-}
+func (j *Job) deadline() time.Time { return j.at }
+func (j *Job) setIndex(i int)      { j.index = i }
 
 // Active reports whether j is due or running.
 func (j *Job) Active() bool {

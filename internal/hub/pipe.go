@@ -272,53 +272,39 @@ func (c *Client) Eval(ctx context.Context, script string, keys []string, args ..
 	return c.eval(ctx, func(p redis.Pipeliner) *redis.Cmd { return p.Eval(ctx, script, keys, args...) })
 }
 
-// The functions below hand do a closure that sets a variable of theirs,
-// which a shared pipeline runs on its own goroutine: they read it only
-// once do reported the call sent (the pipeline's end happened before), and
-// otherwise return a command of their own, never touching the variable.
-
-func (c *Client) eval(ctx context.Context, queue func(redis.Pipeliner) *redis.Cmd) *redis.Cmd {
-	var cmd *redis.Cmd
+// call runs one command, queued by queue, through the pipelining. The
+// closure it hands do sets a variable of its own, which a shared pipeline
+// runs on its own goroutine: call reads it only once do reported the call
+// sent (the pipeline's end happened before), and otherwise returns a
+// command of its own (made by failed) carrying the error, never touching
+// the variable.
+func call[C redis.Cmder](ctx context.Context, c *Client, queue func(redis.Pipeliner) C, failed func(context.Context) C) C {
+	var cmd C
+	var queued bool
 	_, err, sent := c.p.do(ctx, func(p redis.Pipeliner) error {
-		cmd = queue(p)
+		cmd, queued = queue(p), true
 		return nil
 	})
-	if sent && cmd != nil {
+	if sent && queued {
 		return cmd
 	}
-	failed := redis.NewCmd(ctx)
-	failed.SetErr(err)
-	return failed
+	f := failed(ctx)
+	f.SetErr(err)
+	return f
+}
+
+func (c *Client) eval(ctx context.Context, queue func(redis.Pipeliner) *redis.Cmd) *redis.Cmd {
+	return call(ctx, c, queue, func(ctx context.Context) *redis.Cmd { return redis.NewCmd(ctx) })
 }
 
 // Get is the client's, in a shared pipeline (a bucket reads its
 // configuration so on its first call: two thousand at once, otherwise).
 func (c *Client) Get(ctx context.Context, key string) *redis.StringCmd {
-	var cmd *redis.StringCmd
-	_, err, sent := c.p.do(ctx, func(p redis.Pipeliner) error {
-		cmd = p.Get(ctx, key)
-		return nil
-	})
-	if sent && cmd != nil {
-		return cmd
-	}
-	failed := redis.NewStringCmd(ctx)
-	failed.SetErr(err)
-	return failed
+	return call(ctx, c, func(p redis.Pipeliner) *redis.StringCmd { return p.Get(ctx, key) }, func(ctx context.Context) *redis.StringCmd { return redis.NewStringCmd(ctx) })
 }
 
 // SetNX is the client's, in a shared pipeline (a bucket stores its
 // configuration so on its first call).
 func (c *Client) SetNX(ctx context.Context, key string, value any, expiration time.Duration) *redis.BoolCmd {
-	var cmd *redis.BoolCmd
-	_, err, sent := c.p.do(ctx, func(p redis.Pipeliner) error {
-		cmd = p.SetNX(ctx, key, value, expiration)
-		return nil
-	})
-	if sent && cmd != nil {
-		return cmd
-	}
-	failed := redis.NewBoolCmd(ctx)
-	failed.SetErr(err)
-	return failed
+	return call(ctx, c, func(p redis.Pipeliner) *redis.BoolCmd { return p.SetNX(ctx, key, value, expiration) }, func(ctx context.Context) *redis.BoolCmd { return redis.NewBoolCmd(ctx) })
 }

@@ -33,7 +33,7 @@ type sleeper struct {
 	group *background.Group
 
 	mu      sync.Mutex
-	alarms  alarms
+	alarms  deadlines[*alarm]
 	running bool // the goroutine is started and not yet past its last look at alarms
 	clock   *kernelTimer
 }
@@ -185,28 +185,5 @@ func (w *sleeper) run(ctx context.Context) {
 	}
 }
 
-// alarms is a min-heap of alarms by deadline (container/heap).
-type alarms []*alarm
-
-func (h alarms) Len() int           { return len(h) }
-func (h alarms) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
-func (h alarms) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].i = i
-	h[j].i = j
-}
-
-func (h *alarms) Push(x any) {
-	a := x.(*alarm)
-	a.i = len(*h)
-	*h = append(*h, a)
-}
-
-func (h *alarms) Pop() any {
-	old := *h
-	a := old[len(old)-1]
-	old[len(old)-1] = nil
-	a.i = -1
-	*h = old[:len(old)-1]
-	return a
-}
+func (a *alarm) deadline() time.Time { return a.at }
+func (a *alarm) setIndex(i int)      { a.i = i }
