@@ -37,7 +37,7 @@ func checkCosts(t *testing.T, gs []costGrant, policies []bucket.Policy) {
 		for i, g := range gs {
 			grants[i] = guarantee.Grant{At: g.slot, Cost: g.cost[p.Unit]}
 		}
-		r := guarantee.CheckCosts(grants, guarantee.Limit{Capacity: p.Capacity, Amount: p.RefillAmount, Every: p.RefillFrequency}, 0)
+		r := guarantee.CheckCosts(grants, guarantee.Limit{Capacity: p.Capacity, RefillAmount: p.RefillAmount, RefillFrequency: p.RefillFrequency}, 0)
 		if !r.OK() {
 			t.Errorf("policy %d (%q, capacity %d): %v", pi, p.Unit, p.Capacity, r)
 		}

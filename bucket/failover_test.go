@@ -143,7 +143,7 @@ func judgeFailover(all []outcome, cfg bucket.Config) (bySlot, byStart []guarante
 		}
 	}
 	for _, p := range policiesOf(cfg) {
-		l := guarantee.Limit{Capacity: p.Capacity, Amount: p.RefillAmount, Every: p.RefillFrequency}
+		l := guarantee.Limit{Capacity: p.Capacity, RefillAmount: p.RefillAmount, RefillFrequency: p.RefillFrequency}
 		bySlot = append(bySlot, guarantee.CheckCosts(slots, l, 0))
 		byStart = append(byStart, guarantee.CheckCosts(starts, l, cfg.MaxLateness+2*time.Millisecond))
 	}
@@ -320,7 +320,7 @@ func spanningExcess(all []outcome, p bucket.Policy, at time.Time) int {
 		}
 	}
 	slices.SortFunc(slots, func(a, b time.Time) int { return a.Compare(b) })
-	l := guarantee.Limit{Capacity: p.Capacity, Amount: p.RefillAmount, Every: p.RefillFrequency}
+	l := guarantee.Limit{Capacity: p.Capacity, RefillAmount: p.RefillAmount, RefillFrequency: p.RefillFrequency}
 	worst := -1 << 62
 	for i := 0; i < len(slots) && slots[i].Before(at); i++ {
 		for j := len(slots) - 1; j > i && slots[j].After(at); j-- {

@@ -248,8 +248,8 @@ func (b *Bucket) adaptStep(ctx context.Context, down bool) error {
 func slowed(ps []queue.Policy, f float64) []queue.Policy {
 	out := slices.Clone(ps)
 	for i, p := range out {
-		us := float64(p.Every.Microseconds()) / f
-		out[i].Every = time.Duration(math.Ceil(us)) * time.Microsecond
+		us := float64(p.RefillFrequency.Microseconds()) / f
+		out[i].RefillFrequency = time.Duration(math.Ceil(us)) * time.Microsecond
 	}
 	return out
 }

@@ -90,7 +90,7 @@ func (b *Bucket) Inspect(ctx context.Context) (Inspection, error) {
 		}
 		lv := Level{Tokens: level}
 		if level < p.Capacity {
-			lv.NextRefill = time.Duration(anchor+p.Every.Microseconds()-s.Now) * time.Microsecond
+			lv.NextRefill = time.Duration(anchor+p.RefillFrequency.Microseconds()-s.Now) * time.Microsecond
 		}
 		in.Levels = append(in.Levels, lv)
 		k := s.Queued*p.Call() + extra + p.Call()

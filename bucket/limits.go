@@ -169,7 +169,7 @@ func (b *Bucket) changed(id string) {
 func toQueue(ps []Policy) []queue.Policy {
 	out := make([]queue.Policy, len(ps))
 	for i, p := range ps {
-		out[i] = queue.Policy{Unit: p.Unit, Capacity: int64(p.Capacity), Amount: int64(p.RefillAmount), Every: p.RefillFrequency}
+		out[i] = queue.Policy{Unit: p.Unit, Capacity: int64(p.Capacity), RefillAmount: int64(p.RefillAmount), RefillFrequency: p.RefillFrequency}
 	}
 	return out
 }
@@ -177,7 +177,7 @@ func toQueue(ps []Policy) []queue.Policy {
 func fromQueue(ps []queue.Policy) []Policy {
 	out := make([]Policy, len(ps))
 	for i, p := range ps {
-		out[i] = Policy{Unit: p.Unit, Capacity: int(p.Capacity), RefillAmount: int(p.Amount), RefillFrequency: p.Every}
+		out[i] = Policy{Unit: p.Unit, Capacity: int(p.Capacity), RefillAmount: int(p.RefillAmount), RefillFrequency: p.RefillFrequency}
 	}
 	return out
 }

@@ -211,7 +211,7 @@ func TestSetLimitsUnderLoad(t *testing.T) {
 				slots = append(slots, s)
 			}
 		}
-		l := guarantee.Limit{Capacity: c.p.Capacity, Amount: c.p.RefillAmount, Every: c.p.RefillFrequency}
+		l := guarantee.Limit{Capacity: c.p.Capacity, RefillAmount: c.p.RefillAmount, RefillFrequency: c.p.RefillFrequency}
 		res := guarantee.Check(slots, l)
 		if !res.OK() {
 			t.Errorf("phase %d (%d every %v, burst %d): %v", i, c.p.RefillAmount, c.p.RefillFrequency, c.p.Capacity, res)

@@ -45,7 +45,7 @@ func newBucket(t *testing.T, rdb redis.UniversalClient, cfg bucket.Config) *buck
 }
 
 func limitOf(cfg bucket.Config) guarantee.Limit {
-	return guarantee.Limit{Capacity: cfg.Capacity, Amount: cfg.RefillAmount, Every: cfg.RefillFrequency}
+	return guarantee.Limit{Capacity: cfg.Capacity, RefillAmount: cfg.RefillAmount, RefillFrequency: cfg.RefillFrequency}
 }
 
 // enterAll runs callers goroutines, each entering n times, and returns the

@@ -18,7 +18,7 @@ func Example() {
 	defer rdb.Close()
 
 	q := queue.New(rdb, "sluice", "docs", queue.Options{
-		Policies:  []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Minute}},
+		Policies:  []queue.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Minute}},
 		Lookahead: 20 * time.Millisecond,
 		LockTTL:   time.Second,
 		Grace:     10 * time.Second,

@@ -24,7 +24,7 @@ func TestPushMatchesEnqueue(t *testing.T) {
 	defer rdb.Close()
 	rng := rand.New(rand.NewPCG(3, 4))
 	for round := range 30 {
-		p := Policy{Capacity: 1 + rng.Int64N(20), Amount: 1 + rng.Int64N(3), Every: time.Duration(1+rng.Int64N(50)) * time.Second}
+		p := Policy{Capacity: 1 + rng.Int64N(20), RefillAmount: 1 + rng.Int64N(3), RefillFrequency: time.Duration(1+rng.Int64N(50)) * time.Second}
 		opt := Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Second, Grace: time.Minute, MaxLateness: time.Second}
 		viaScript := newQ(rdb, "sluice", fmt.Sprintf("%s-%d-script", t.Name(), round), []Policy{p}, opt)
 		viaPush := newQ(rdb, "sluice", fmt.Sprintf("%s-%d-push", t.Name(), round), []Policy{p}, opt)
@@ -39,7 +39,7 @@ func TestPushMatchesEnqueue(t *testing.T) {
 		// queue), anchored up to one period ago, with a live or dead
 		// scheduler, and some callers already waiting.
 		level := -rng.Int64N(5 * p.Capacity)
-		anchor := now.UnixMicro() - rng.Int64N(p.Every.Microseconds())
+		anchor := now.UnixMicro() - rng.Int64N(p.RefillFrequency.Microseconds())
 		until := now.UnixMicro() + (rng.Int64N(3)-1)*int64(time.Minute/time.Microsecond)
 		state := fmt.Sprintf("%d %d %d %d %d %s 0 0", rng.Int64N(1000), until, level, anchor, protocol.StateFormat, protocol.ConfigID([]Policy{p}))
 		waiting := rng.IntN(4)
@@ -90,7 +90,7 @@ func TestPushMatchesEnqueue(t *testing.T) {
 func TestPushQueueTTL(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, Policy{Capacity: 1, Amount: 1, Every: time.Hour}, Options{Grace: 5 * time.Second})
+	q := newQueue(t, rdb, Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour}, Options{Grace: 5 * time.Second})
 	if _, err := q.push(ctx, []string{"first"}); err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestPushQueueTTL(t *testing.T) {
 func TestNoPushThroughScripter(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	p := Policy{Capacity: 1, Amount: 1, Every: time.Second}
+	p := Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}
 	for name, q := range map[string]*Queue{
 		"scripter":  newQ(scriptOnly{rdb}, "sluice", "a", []Policy{p}, Options{}),
 		"two":       newQ(rdb, "sluice", "b", []Policy{p, p}, Options{}),

@@ -15,7 +15,7 @@ import (
 )
 
 // Policy is one limit of a bucket: it holds at most Capacity tokens and gains
-// Amount tokens every Every (used in whole microseconds).
+// RefillAmount tokens every RefillFrequency (used in whole microseconds).
 type Policy = protocol.Policy
 
 // Options describe a Queue. Durations are used in whole microseconds.

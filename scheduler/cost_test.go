@@ -23,7 +23,7 @@ import (
 func TestTicketsUnique(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 3, Amount: 1, Every: 200 * time.Microsecond}, queue.Options{Lookahead: time.Millisecond})
+	q := newQueue(t, rdb, queue.Policy{Capacity: 3, RefillAmount: 1, RefillFrequency: 200 * time.Microsecond}, queue.Options{Lookahead: time.Millisecond})
 	takeLock(t, rdb, q, "tok")
 	rng := rand.New(rand.NewPCG(1, 2))
 	var queued []string
@@ -92,7 +92,7 @@ func TestTicketsUnique(t *testing.T) {
 func TestSchedulerRunningFromState(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: 200 * time.Millisecond},
+	q := newQueue(t, rdb, queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 200 * time.Millisecond},
 		queue.Options{Lookahead: time.Millisecond, LockTTL: 300 * time.Millisecond})
 	enqueue := func(id string) queue.Arrival {
 		t.Helper()
@@ -159,7 +159,7 @@ func TestSchedulerRunningFromState(t *testing.T) {
 func TestQueuedArrivalWritesNoState(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: time.Second}, queue.Options{})
+	q := newQueue(t, rdb, queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}, queue.Options{})
 	if r, err := enqueueOne(q, "first"); err != nil || kindOf(r) != kGranted {
 		t.Fatalf("first: %+v %v", r, err)
 	}
@@ -198,7 +198,7 @@ func TestDirectPollMatchesScript(t *testing.T) {
 			if !direct {
 				s = scriptOnly{rdb}
 			}
-			q := newQ(s, "sluice", t.Name(), []queue.Policy{{Capacity: 1, Amount: 1, Every: 10 * time.Millisecond}},
+			q := newQ(s, "sluice", t.Name(), []queue.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}},
 				queue.Options{Lookahead: time.Second, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 30 * time.Millisecond})
 			ids := enqueueN(t, rdb, q, 3)
 			takeLock(t, rdb, q, "tok")

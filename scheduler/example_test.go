@@ -18,7 +18,7 @@ func Example() {
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	q := queue.New(rdb, "sluice", "docs-scheduler", queue.Options{
-		Policies:    []queue.Policy{{Capacity: 1, Amount: 1, Every: 50 * time.Millisecond}},
+		Policies:    []queue.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: 50 * time.Millisecond}},
 		Lookahead:   10 * time.Millisecond,
 		LockTTL:     time.Second,
 		Grace:       10 * time.Second,

@@ -120,7 +120,7 @@ func enqueueN(t *testing.T, rdb *redis.Client, q *queue.Queue, n int) []string {
 func TestFIFOSlotsInArrivalOrder(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 3, Amount: 1, Every: 100 * time.Microsecond}, queue.Options{Lookahead: time.Second})
+	q := newQueue(t, rdb, queue.Policy{Capacity: 3, RefillAmount: 1, RefillFrequency: 100 * time.Microsecond}, queue.Options{Lookahead: time.Second})
 	ids := enqueueN(t, rdb, q, 50)
 	takeLock(t, rdb, q, "tok")
 	r, err := scheduler.Step(ctx, rdb, q, "tok")
@@ -150,7 +150,7 @@ func TestFIFOSlotsInArrivalOrder(t *testing.T) {
 func TestTwoSchedulersAtOnce(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	p := queue.Policy{Capacity: 2, Amount: 1, Every: 50 * time.Microsecond}
+	p := queue.Policy{Capacity: 2, RefillAmount: 1, RefillFrequency: 50 * time.Microsecond}
 	q := newQueue(t, rdb, p, queue.Options{Lookahead: time.Second, MaxBatch: 3})
 	ids := enqueueN(t, rdb, q, 300)
 	takeLock(t, rdb, q, "shared")
@@ -191,7 +191,7 @@ func TestTwoSchedulersAtOnce(t *testing.T) {
 	for i, s := range slots {
 		times[i] = time.UnixMicro(s)
 	}
-	if res := guarantee.Check(times, guarantee.Limit{Capacity: 2, Amount: 1, Every: p.Every}); !res.OK() {
+	if res := guarantee.Check(times, guarantee.Limit{Capacity: 2, RefillAmount: 1, RefillFrequency: p.RefillFrequency}); !res.OK() {
 		t.Fatalf("two schedulers broke the guarantee: %v", res)
 	}
 }
@@ -201,7 +201,7 @@ func TestTwoSchedulersAtOnce(t *testing.T) {
 func TestStaleSchedulerIsFenced(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: time.Millisecond}, queue.Options{Lookahead: time.Second})
+	q := newQueue(t, rdb, queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Millisecond}, queue.Options{Lookahead: time.Second})
 	enqueueN(t, rdb, q, 10)
 	takeLock(t, rdb, q, "new-holder")
 	before, _ := rdb.Get(ctx, q.Keys().State).Result()
@@ -232,7 +232,7 @@ func TestStaleSchedulerIsFenced(t *testing.T) {
 func TestSlotConsumedOnce(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: time.Millisecond}, queue.Options{Lookahead: time.Second})
+	q := newQueue(t, rdb, queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Millisecond}, queue.Options{Lookahead: time.Second})
 	ids := enqueueN(t, rdb, q, 1)
 	takeLock(t, rdb, q, "tok")
 	if _, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil {
@@ -253,7 +253,7 @@ func TestSlotConsumedOnce(t *testing.T) {
 func TestStaleSlotRefused(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: time.Millisecond}, queue.Options{Lookahead: 5 * time.Millisecond, MaxLateness: time.Millisecond})
+	q := newQueue(t, rdb, queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Millisecond}, queue.Options{Lookahead: 5 * time.Millisecond, MaxLateness: time.Millisecond})
 	ids := enqueueN(t, rdb, q, 1)
 	takeLock(t, rdb, q, "tok")
 	if r, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil || r.Scheduled != 1 {
@@ -287,7 +287,7 @@ func TestEnqueueRefusalsConsumeNothing(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
 	// Slots 1 s apart: a stall of the test machine cannot change the estimates much.
-	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: time.Second}, queue.Options{MaxQueue: 3, MaxWait: 2500 * time.Millisecond, Lookahead: time.Millisecond})
+	q := newQueue(t, rdb, queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}, queue.Options{MaxQueue: 3, MaxWait: 2500 * time.Millisecond, Lookahead: time.Millisecond})
 	if r, _ := enqueueOne(q, "a"); kindOf(r) != kGranted {
 		t.Fatalf("first caller: %+v, want granted", r)
 	}
@@ -301,7 +301,7 @@ func TestEnqueueRefusalsConsumeNothing(t *testing.T) {
 	if err != nil || kindOf(r) != kWaitTooLong || r.Delay <= 2500*time.Millisecond {
 		t.Fatalf("d: %+v %v, want wait too long with its estimate", r, err)
 	}
-	q2 := newQ(rdb, "sluice", t.Name(), []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Second}}, queue.Options{MaxQueue: 2, Lookahead: time.Millisecond, Grace: time.Second})
+	q2 := newQ(rdb, "sluice", t.Name(), []queue.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}}, queue.Options{MaxQueue: 2, Lookahead: time.Millisecond, Grace: time.Second})
 	if r, _ := enqueueOne(q2, "e"); kindOf(r) != kQueueFull {
 		t.Fatalf("e: %+v, want queue full", r)
 	}
@@ -319,7 +319,7 @@ func TestEnqueueRefusalsConsumeNothing(t *testing.T) {
 func TestEveryKeyExpires(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	p := queue.Policy{Capacity: 2, Amount: 1, Every: time.Millisecond}
+	p := queue.Policy{Capacity: 2, RefillAmount: 1, RefillFrequency: time.Millisecond}
 	q := newQueue(t, rdb, p, queue.Options{Grace: 50 * time.Millisecond, Lookahead: 100 * time.Millisecond, LockTTL: 200 * time.Millisecond})
 	enqueueN(t, rdb, q, 20)
 	takeLock(t, rdb, q, "tok")
@@ -409,7 +409,7 @@ func hashTag(key string) string {
 func TestEarlySlotsArePublished(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 1, Amount: 1, Every: 10 * time.Millisecond},
+	q := newQueue(t, rdb, queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond},
 		queue.Options{Lookahead: 50 * time.Millisecond, Lead: 5 * time.Millisecond})
 	sub := rdb.Subscribe(ctx, q.Keys().Wake)
 	defer sub.Close()
@@ -461,7 +461,7 @@ func withDeadline(t *testing.T, d time.Duration) context.Context {
 func TestStepPublishesPushedCallers(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 5, Amount: 1, Every: time.Millisecond}, queue.Options{Lookahead: time.Second})
+	q := newQueue(t, rdb, queue.Policy{Capacity: 5, RefillAmount: 1, RefillFrequency: time.Millisecond}, queue.Options{Lookahead: time.Second})
 	sub := rdb.Subscribe(ctx, q.Keys().Wake)
 	defer sub.Close()
 	if _, err := sub.Receive(ctx); err != nil {

@@ -21,7 +21,7 @@ func retimeSetup(t *testing.T, name string) (*queue.Queue, []string, []time.Time
 	srv.RequireReal(t)
 	rdb := srv.Client()
 	t.Cleanup(func() { rdb.Close() })
-	ps := []queue.Policy{{Capacity: 2, Amount: 1, Every: 100 * time.Millisecond}}
+	ps := []queue.Policy{{Capacity: 2, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond}}
 	opt := queue.Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 10 * time.Millisecond}
 	q := newQ(rdb, "sluice", name, ps, opt)
 	// The step looks further ahead than arrivals do, so that one step
@@ -77,7 +77,7 @@ func TestRetimeGivesTheTokenBack(t *testing.T) {
 		t.Fatalf("the other caller's poll = %+v, %v", other, err)
 	}
 	slots = append(slots, time.UnixMicro(r.Slot), time.UnixMicro(other.Slot))
-	l := guarantee.Limit{Capacity: 2, Amount: 1, Every: 100 * time.Millisecond}
+	l := guarantee.Limit{Capacity: 2, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond}
 	if res := guarantee.Check(slots, l); !res.OK() {
 		t.Fatalf("slots %v break the promise: %v", slots, res)
 	}

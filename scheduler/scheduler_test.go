@@ -18,7 +18,7 @@ func setup(t *testing.T, n int) (*redis.Client, *queue.Queue, int) {
 	t.Helper()
 	rdb := redistest.New(t).Client()
 	t.Cleanup(func() { rdb.Close() })
-	q := newQ(rdb, "sluice", t.Name(), []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Millisecond}},
+	q := newQ(rdb, "sluice", t.Name(), []queue.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Millisecond}},
 		queue.Options{Lookahead: 10 * time.Millisecond, LockTTL: 500 * time.Millisecond, Grace: 10 * time.Second, MaxLateness: time.Second})
 	queued := 0
 	for i := 0; i < n; i++ {
@@ -75,7 +75,7 @@ func TestDrainsAndStops(t *testing.T) {
 func TestCloseReleasesLock(t *testing.T) {
 	rdb, q, _ := setup(t, 1)
 	// A long queue: one token an hour.
-	q = newQ(rdb, "sluice", t.Name()+"-slow", []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Hour}},
+	q = newQ(rdb, "sluice", t.Name()+"-slow", []queue.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour}},
 		queue.Options{Lookahead: 10 * time.Millisecond, LockTTL: 500 * time.Millisecond, Grace: time.Second})
 	for i := 0; i < 3; i++ {
 		if _, err := enqueueOne(q, fmt.Sprint("c", i)); err != nil {
@@ -105,7 +105,7 @@ func TestCloseReleasesLock(t *testing.T) {
 // at its next step without changing anything.
 func TestFencedSchedulerStops(t *testing.T) {
 	rdb, q, _ := setup(t, 1)
-	q = newQ(rdb, "sluice", t.Name()+"-slow", []queue.Policy{{Capacity: 1, Amount: 1, Every: time.Hour}},
+	q = newQ(rdb, "sluice", t.Name()+"-slow", []queue.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour}},
 		queue.Options{Lookahead: 10 * time.Millisecond, LockTTL: 100 * time.Millisecond, Grace: time.Second})
 	for i := 0; i < 3; i++ {
 		if _, err := enqueueOne(q, fmt.Sprint("c", i)); err != nil {

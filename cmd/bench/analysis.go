@@ -101,7 +101,7 @@ type Throughput struct {
 }
 
 func throughput(slots []time.Time, l guarantee.Limit) Throughput {
-	t := Throughput{Limit: float64(l.Amount) / l.Every.Seconds()}
+	t := Throughput{Limit: float64(l.RefillAmount) / l.RefillFrequency.Seconds()}
 	if len(slots) < 2 {
 		return t
 	}

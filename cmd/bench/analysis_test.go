@@ -121,7 +121,7 @@ func TestOvertakenBrute(t *testing.T) {
 }
 
 func TestThroughput(t *testing.T) {
-	l := guarantee.Limit{Capacity: 10, Amount: 1, Every: 2 * time.Millisecond} // 500/s
+	l := guarantee.Limit{Capacity: 10, RefillAmount: 1, RefillFrequency: 2 * time.Millisecond} // 500/s
 	paced := func(burst, n int, every float64) []time.Time {
 		var ts []time.Time
 		for range burst {
@@ -159,7 +159,7 @@ func TestThroughput(t *testing.T) {
 func near(a, b float64) bool { return a-b < 1e-6*max(1, b) && b-a < 1e-6*max(1, b) }
 
 func TestWorstWithin(t *testing.T) {
-	l := guarantee.Limit{Capacity: 2, Amount: 1, Every: 10 * time.Millisecond}
+	l := guarantee.Limit{Capacity: 2, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}
 	ms := func(v ...float64) []time.Time {
 		var ts []time.Time
 		for _, x := range v {
@@ -196,7 +196,7 @@ func TestWorstWithin(t *testing.T) {
 // worstWithin is guarantee.Brute.
 func TestWorstWithinMatchesBrute(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
-	l := guarantee.Limit{Capacity: 3, Amount: 2, Every: 5 * time.Millisecond}
+	l := guarantee.Limit{Capacity: 3, RefillAmount: 2, RefillFrequency: 5 * time.Millisecond}
 	for round := 0; round < 100; round++ {
 		ts := make([]time.Time, 1+r.IntN(40))
 		for i := range ts {
@@ -235,7 +235,7 @@ func synthetic(capacity, n int, every, wait time.Duration, late time.Duration) [
 }
 
 func TestAnalyseIdeal(t *testing.T) {
-	l := guarantee.Limit{Capacity: 10, Amount: 1, Every: 2 * time.Millisecond}
+	l := guarantee.Limit{Capacity: 10, RefillAmount: 1, RefillFrequency: 2 * time.Millisecond}
 	gs := synthetic(10, 1010, 2*time.Millisecond, 100*time.Millisecond, 300*time.Microsecond)
 	s := analyse(gs, l, 0, 25*time.Millisecond, 2020)
 	checks := []struct {
@@ -272,7 +272,7 @@ func TestAnalyseIdeal(t *testing.T) {
 }
 
 func TestAnalyseFaults(t *testing.T) {
-	l := guarantee.Limit{Capacity: 10, Amount: 1, Every: 2 * time.Millisecond}
+	l := guarantee.Limit{Capacity: 10, RefillAmount: 1, RefillFrequency: 2 * time.Millisecond}
 	gs := synthetic(10, 110, 2*time.Millisecond, 100*time.Millisecond, 0)
 	// Swap the slots of two queued callers: one is overtaken.
 	gs[50].Slot, gs[51].Slot = gs[51].Slot, gs[50].Slot
@@ -337,7 +337,7 @@ func TestFormat(t *testing.T) {
 // the slot (Margin ≤ 0) are counted apart, and the final wait's lateness
 // is judged over the others only.
 func TestAnalyseLateAnswers(t *testing.T) {
-	l := guarantee.Limit{Capacity: 10, Amount: 1, Every: 2 * time.Millisecond}
+	l := guarantee.Limit{Capacity: 10, RefillAmount: 1, RefillFrequency: 2 * time.Millisecond}
 	gs := synthetic(10, 110, 2*time.Millisecond, 100*time.Millisecond, 300*time.Microsecond)
 	for i := range gs {
 		gs[i].Margin = int64(5 * time.Millisecond)

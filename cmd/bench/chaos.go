@@ -603,7 +603,7 @@ func (r *chaosRun) judge(c *Chaos, stopAt time.Time, lost []loadgen.Grant) {
 			c.Evidence = append(c.Evidence, g)
 		}
 	}
-	l := guarantee.Limit{Capacity: r.cfg.Capacity, Amount: r.cfg.RefillAmount, Every: r.cfg.RefillFrequency}
+	l := guarantee.Limit{Capacity: r.cfg.Capacity, RefillAmount: r.cfg.RefillAmount, RefillFrequency: r.cfg.RefillFrequency}
 	epochs := make([]struct{ slots, starts []time.Time }, len(r.restarts)+1)
 	epochOf := func(slot time.Time) int {
 		e := 0

@@ -145,15 +145,15 @@ func (c *Churn) run(ctx context.Context, e *env) error {
 // c.Duration, each entering once on a fresh bucket of this case, and
 // judges their grants together.
 func (c *Churn) runCase(ctx context.Context, e *env, name string, policy bucket.Policy, noClose int) (ChurnRow, error) {
-	l := guarantee.Limit{Capacity: policy.Capacity, Amount: policy.RefillAmount, Every: policy.RefillFrequency}
-	limit := float64(l.Amount) / l.Every.Seconds()
+	l := guarantee.Limit{Capacity: policy.Capacity, RefillAmount: policy.RefillAmount, RefillFrequency: policy.RefillFrequency}
+	limit := float64(l.RefillAmount) / l.RefillFrequency.Seconds()
 	row := ChurnRow{Case: name, Limit: limit, Capacity: l.Capacity, Arrivals: c.Over * limit}
 	n := max(int(row.Arrivals*c.Duration.Seconds()+0.5), 1)
 	row.Procs = n
 	if noClose > 0 {
 		row.NoClose = 1 / float64(noClose)
 	}
-	cfg := bucket.Config{Name: e.name + "-" + name, Capacity: l.Capacity, RefillAmount: l.Amount, RefillFrequency: l.Every}
+	cfg := bucket.Config{Name: e.name + "-" + name, Capacity: l.Capacity, RefillAmount: l.RefillAmount, RefillFrequency: l.RefillFrequency}
 	// Every process's Enter gives up after this: far longer than the
 	// queue should ever make it wait.
 	timeout := 30*time.Second + 3*c.Duration

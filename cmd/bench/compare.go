@@ -268,7 +268,7 @@ func compareSaturate(ctx context.Context, rdb *redis.Client, rt *loadgen.RoundTr
 	if err := ctx.Err(); err != nil {
 		return CompareSaturation{}, err
 	}
-	lim := guarantee.Limit{Capacity: sat.Burst, Amount: sat.Amount, Every: sat.Every}
+	lim := guarantee.Limit{Capacity: sat.Burst, RefillAmount: sat.Amount, RefillFrequency: sat.Every}
 	perSec := float64(sat.Amount) / sat.Every.Seconds()
 	warmup := min(time.Duration(float64(callers)/perSec*float64(time.Second)), d/2)
 	s := judgeCalls(slices.Concat(calls...), lim, warmup)

@@ -63,7 +63,7 @@ func TestOvertakenByStartMatchesBrute(t *testing.T) {
 }
 
 func TestJudgeCalls(t *testing.T) {
-	l := guarantee.Limit{Capacity: 2, Amount: 1, Every: 10 * time.Millisecond}
+	l := guarantee.Limit{Capacity: 2, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}
 	calls := []call{
 		{at(0), at(0), nil},
 		{at(0), at(0), nil},
@@ -91,7 +91,7 @@ func TestJudgeCalls(t *testing.T) {
 }
 
 func TestWindowExcessMatchesBrute(t *testing.T) {
-	l := guarantee.Limit{Capacity: 3, Amount: 1, Every: 10 * time.Millisecond}
+	l := guarantee.Limit{Capacity: 3, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}
 	r := rand.New(rand.NewPCG(3, 4))
 	for range 100 {
 		var ts []time.Time

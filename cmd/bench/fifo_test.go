@@ -19,17 +19,17 @@ func TestFIFOGrants(t *testing.T) {
 		arrivals []int // ms
 		want     []int // ms
 	}{
-		{"burst of 1, 5/s, three at once", guarantee.Limit{Capacity: 1, Amount: 1, Every: 200 * time.Millisecond},
+		{"burst of 1, 5/s, three at once", guarantee.Limit{Capacity: 1, RefillAmount: 1, RefillFrequency: 200 * time.Millisecond},
 			[]int{0, 0, 0}, []int{0, 200, 400}},
-		{"burst of 5, 40/s, eight at once", guarantee.Limit{Capacity: 5, Amount: 1, Every: 25 * time.Millisecond},
+		{"burst of 5, 40/s, eight at once", guarantee.Limit{Capacity: 5, RefillAmount: 1, RefillFrequency: 25 * time.Millisecond},
 			[]int{0, 0, 0, 0, 0, 0, 0, 0}, []int{0, 0, 0, 0, 0, 25, 50, 75}},
-		{"unsorted arrivals keep their index", guarantee.Limit{Capacity: 1, Amount: 1, Every: 100 * time.Millisecond},
+		{"unsorted arrivals keep their index", guarantee.Limit{Capacity: 1, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond},
 			[]int{30, 0, 10}, []int{200, 0, 100}},
-		{"a late arrival finds tokens", guarantee.Limit{Capacity: 2, Amount: 1, Every: 100 * time.Millisecond},
+		{"a late arrival finds tokens", guarantee.Limit{Capacity: 2, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond},
 			[]int{0, 0, 0, 450}, []int{0, 0, 100, 450}},
-		{"refills between ticks wait for the next", guarantee.Limit{Capacity: 1, Amount: 1, Every: 100 * time.Millisecond},
+		{"refills between ticks wait for the next", guarantee.Limit{Capacity: 1, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond},
 			[]int{0, 150, 160}, []int{0, 150, 200}},
-		{"amounts above one", guarantee.Limit{Capacity: 2, Amount: 2, Every: 100 * time.Millisecond},
+		{"amounts above one", guarantee.Limit{Capacity: 2, RefillAmount: 2, RefillFrequency: 100 * time.Millisecond},
 			[]int{0, 0, 0, 0, 0}, []int{0, 0, 100, 100, 200}},
 	} {
 		var arrivals []time.Time

@@ -92,7 +92,7 @@ type LimitsPhase struct {
 }
 
 func (p LimitsPhase) limit() guarantee.Limit {
-	return guarantee.Limit{Capacity: p.Capacity, Amount: p.RefillAmount, Every: p.RefillFrequency}
+	return guarantee.Limit{Capacity: p.Capacity, RefillAmount: p.RefillAmount, RefillFrequency: p.RefillFrequency}
 }
 
 func (p LimitsPhase) perSecond() float64 {

@@ -66,8 +66,8 @@ func (o *Overload) run(ctx context.Context, e *env) error {
 	o.Hog = o.HogPerCPU * runtime.NumCPU()
 	cfg := e.limit
 	cfg.Name = e.name
-	l := guarantee.Limit{Capacity: cfg.Capacity, Amount: cfg.RefillAmount, Every: cfg.RefillFrequency}
-	rate := float64(l.Amount) / l.Every.Seconds()
+	l := guarantee.Limit{Capacity: cfg.Capacity, RefillAmount: cfg.RefillAmount, RefillFrequency: cfg.RefillFrequency}
+	rate := float64(l.RefillAmount) / l.RefillFrequency.Seconds()
 	turn := time.Duration(float64(callers) / rate * float64(time.Second))
 	timeout := 30*time.Second + 4*turn
 	e.logf("overload: %d callers in %d processes for %v at %.0f/s, burst %d, each process with %d busy goroutines...",

@@ -156,7 +156,7 @@ func cumulativePlot(slots, starts []time.Time, l guarantee.Limit, sec func(time.
 
 // envelopePlot draws the units of sorted slots and starts, cumulated,
 // against the most l allows from the first slot:
-// Capacity + Amount × (⌊t / Every⌋ + 1).
+// Capacity + RefillAmount × (⌊t / RefillFrequency⌋ + 1).
 func envelopePlot(title, units string, slots, starts []guarantee.Grant, l guarantee.Limit, sec func(time.Time) float64) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = title
@@ -175,8 +175,8 @@ func envelopePlot(title, units string, slots, starts []guarantee.Grant, l guaran
 	end := max(sec(slots[len(slots)-1].At), sec(starts[len(starts)-1].At))
 	var env plotter.XYs
 	for k := 0; ; k++ {
-		x := float64(k) * l.Every.Seconds()
-		env = append(env, plotter.XY{X: x, Y: float64(l.Allowed(time.Duration(k) * l.Every))})
+		x := float64(k) * l.RefillFrequency.Seconds()
+		env = append(env, plotter.XY{X: x, Y: float64(l.Allowed(time.Duration(k) * l.RefillFrequency))})
 		if x > end || len(env) > 20000 {
 			break
 		}
@@ -240,7 +240,7 @@ func ratePlot(slots, starts []time.Time, l guarantee.Limit, sec func(time.Time) 
 	p.X.Label.Text = "s since the first grant time"
 	p.Y.Label.Text = "grants"
 	binned := func(ts []time.Time) plotter.XYs { return binCounts(ts, sec, bin, sec(ts[len(ts)-1]), 1) }
-	perBin := float64(l.Amount) * float64(bin) / float64(l.Every)
+	perBin := float64(l.RefillAmount) * float64(bin) / float64(l.RefillFrequency)
 	end := sec(slots[len(slots)-1])
 	if err := addLine(p, plotter.XYs{{X: 0, Y: perBin}, {X: end, Y: perBin}}, colLimit, true, fmt.Sprintf("limit: %.0f per %v", perBin, bin)); err != nil {
 		return nil, err

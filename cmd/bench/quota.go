@@ -79,7 +79,7 @@ type QuotaPolicy struct {
 }
 
 func (p QuotaPolicy) limit() guarantee.Limit {
-	return guarantee.Limit{Capacity: p.Capacity, Amount: p.RefillAmount, Every: p.RefillFrequency}
+	return guarantee.Limit{Capacity: p.Capacity, RefillAmount: p.RefillAmount, RefillFrequency: p.RefillFrequency}
 }
 
 func (p QuotaPolicy) perSecond() float64 {

@@ -85,8 +85,8 @@ func (s *Saturate) run(ctx context.Context, e *env) error {
 	tg, callers, procs, d := e.target, s.Callers, s.Procs, s.Duration
 	cfg := e.limit
 	cfg.Name = e.name
-	l := guarantee.Limit{Capacity: cfg.Capacity, Amount: cfg.RefillAmount, Every: cfg.RefillFrequency}
-	rate := float64(l.Amount) / l.Every.Seconds()
+	l := guarantee.Limit{Capacity: cfg.Capacity, RefillAmount: cfg.RefillAmount, RefillFrequency: cfg.RefillFrequency}
+	rate := float64(l.RefillAmount) / l.RefillFrequency.Seconds()
 	// A caller that re-enters at once finds the other callers ahead of it:
 	// from then on it waits about callers/rate; wait longer before giving
 	// up on a stuck Enter (recorded as an error).

@@ -81,9 +81,9 @@ func (s *Scale) run(ctx context.Context, e *env) error {
 	tg, callers, procs, d, stagger := e.target, s.Callers, s.Procs, s.Deadline, s.Stagger
 	cfg := e.limit
 	cfg.Name = e.name
-	l := guarantee.Limit{Capacity: cfg.Capacity, Amount: cfg.RefillAmount, Every: cfg.RefillFrequency}
+	l := guarantee.Limit{Capacity: cfg.Capacity, RefillAmount: cfg.RefillAmount, RefillFrequency: cfg.RefillFrequency}
 	e.logf("scale: %d callers in %d processes queue once on one bucket (%s/s, burst %d), deadline %v...",
-		callers, procs, num(float64(l.Amount)/l.Every.Seconds()), l.Capacity, d)
+		callers, procs, num(float64(l.RefillAmount)/l.RefillFrequency.Seconds()), l.Capacity, d)
 	rdb := client(tg.opt, 2)
 	defer rdb.Close()
 	prefix := cfg.KeyPrefix

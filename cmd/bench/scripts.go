@@ -105,19 +105,19 @@ func (out *Scripts) run(ctx context.Context, e *env) error {
 		return queue.New(c, "sluice", name+suffix, queue.Options{
 			Policies: ps, Lookahead: 20 * time.Millisecond, LockTTL: time.Minute, Grace: 10 * time.Second, MaxLateness: time.Hour})
 	}
-	free := newQueue("-free", queue.Policy{Capacity: 1 << 40, Amount: 1 << 30, Every: time.Millisecond})
-	full := newQueue("-full", queue.Policy{Capacity: 1, Amount: 1, Every: time.Hour})
+	free := newQueue("-free", queue.Policy{Capacity: 1 << 40, RefillAmount: 1 << 30, RefillFrequency: time.Millisecond})
+	full := newQueue("-full", queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour})
 	// Three policies, a request and two of processing units, and a cost
 	// of 1 request and 60 PU: Sentinel Hub's shape (bucket.Config.Policies).
 	pu := func(capacity int64) queue.Policy {
-		return queue.Policy{Capacity: capacity, Amount: 1 << 30, Every: time.Millisecond, Unit: "pu"}
+		return queue.Policy{Capacity: capacity, RefillAmount: 1 << 30, RefillFrequency: time.Millisecond, Unit: "pu"}
 	}
-	free3 := newQueue("-free3", queue.Policy{Capacity: 1 << 40, Amount: 1 << 30, Every: time.Millisecond}, pu(1<<40), pu(1<<40))
-	full3 := newQueue("-full3", queue.Policy{Capacity: 1, Amount: 1, Every: time.Hour}, pu(1000), pu(400000))
+	free3 := newQueue("-free3", queue.Policy{Capacity: 1 << 40, RefillAmount: 1 << 30, RefillFrequency: time.Millisecond}, pu(1<<40), pu(1<<40))
+	full3 := newQueue("-full3", queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour}, pu(1000), pu(400000))
 	cost := [][]int64{{1, 60, 60}}
 	// A step finds perStep callers due: 10 tokens a millisecond, and a
 	// tight loop's debt is bounded by the lookahead.
-	busy := newQueue("-busy", queue.Policy{Capacity: 1, Amount: 1, Every: 100 * time.Microsecond})
+	busy := newQueue("-busy", queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 100 * time.Microsecond})
 	sched := scheduler.New(rdb, busy)
 	defer sched.Close()
 	const perStep = 10

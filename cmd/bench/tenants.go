@@ -332,7 +332,7 @@ func (t *Tenants) runOne(ctx context.Context, e *env, callers int) (TenantsRow, 
 // judgeBuckets finds the last grant, the ideal one, the re-entries and
 // the worst bucket's excess.
 func (r *TenantsRow) judgeBuckets(grants []loadgen.Grant, callers int, begin time.Time) {
-	l := guarantee.Limit{Capacity: tenantsPolicy.Capacity, Amount: tenantsPolicy.RefillAmount, Every: tenantsPolicy.RefillFrequency}
+	l := guarantee.Limit{Capacity: tenantsPolicy.Capacity, RefillAmount: tenantsPolicy.RefillAmount, RefillFrequency: tenantsPolicy.RefillFrequency}
 	r.ExcessSlots, r.ExcessStarts = -1<<31, -1<<31
 	for i := 0; i < len(grants); i += callers {
 		var arrivals, slots, ends []time.Time

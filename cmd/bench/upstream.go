@@ -257,7 +257,7 @@ func (u *Upstream) runCase(ctx context.Context, e *env, c upstreamCase, feedback
 		rdb.Close()
 	}
 	if c.outageAt > 0 {
-		lim := guarantee.Limit{Capacity: p.Capacity, Amount: p.RefillAmount, Every: p.RefillFrequency}
+		lim := guarantee.Limit{Capacity: p.Capacity, RefillAmount: p.RefillAmount, RefillFrequency: p.RefillFrequency}
 		row.Outage = judgeOutage(up.Arrivals(), u.Outage, lim, defaultMaxLateness+startSlack)
 	}
 	return row, nil

@@ -85,7 +85,7 @@ func TestJudgeOutage(t *testing.T) {
 		at(2200*time.Millisecond, 200),
 		at(2300*time.Millisecond, 200),
 	}
-	lim := guarantee.Limit{Capacity: 1, Amount: 1, Every: 100 * time.Millisecond}
+	lim := guarantee.Limit{Capacity: 1, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond}
 	o := judgeOutage(arrivals, 2*time.Second, lim, 0)
 	want := UpstreamOutage{RetryAfter: 2 * time.Second, Unavailable: 3, DuringHold: 2, InFlight: 1, After: 2, Excess: o.Excess}
 	if *o != want {

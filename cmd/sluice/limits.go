@@ -88,12 +88,12 @@ func runSetLimits(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			"Examples:\n"+
 			"  sluice set-limits --rate 200/1s --burst 50 api\n"+
 			"  sluice set-limits --rate 1000/1m --burst 1000 \\\n"+
-			"      --policy unit=pu,capacity=1000,amount=1,every=60ms sentinel-hub")
+			"      --policy unit=pu,capacity=1000,refill_amount=1,refill_frequency=60ms sentinel-hub")
 	tokens := fs.String("tokens", "proportional", "`RULE`: how each policy's free tokens carry over: proportional (scaled by new ÷ old capacity), as-is (kept, at most the new capacity) or reset (full)")
 	rateFlag := fs.String("rate", "", "the policy counting calls: `N/PERIOD` (200/1s, 1000/1m), with --burst")
 	burst := fs.String("burst", "", "`B`, the most calls that may start at once (the capacity), with --rate")
 	var specs []string
-	fs.Func("policy", "a policy (repeatable), a `SPEC` unit=U,capacity=C,amount=A,every=D (A tokens every D, at most C) or unit=U,rate=N/PERIOD,burst=B; unit \"\" or calls counts calls", func(s string) error {
+	fs.Func("policy", "a policy (repeatable), a `SPEC` unit=U,capacity=C,refill_amount=A,refill_frequency=D (A tokens every D, at most C) or unit=U,rate=N/PERIOD,burst=B; unit \"\" or calls counts calls", func(s string) error {
 		specs = append(specs, s)
 		return nil
 	})
@@ -130,7 +130,7 @@ func runSetLimits(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		ps = append(ps, p)
 	}
 	if len(ps) == 0 {
-		return usagef("set-limits: no policy given: --rate N/PERIOD --burst B, or --policy unit=U,capacity=C,amount=A,every=D (see 'sluice set-limits --help')")
+		return usagef("set-limits: no policy given: --rate N/PERIOD --burst B, or --policy unit=U,capacity=C,refill_amount=A,refill_frequency=D (see 'sluice set-limits --help')")
 	}
 
 	// The handle's own policies are the new ones: were none stored, SetLimits

@@ -39,7 +39,7 @@ func TestSetLimits(t *testing.T) {
 	pu := bucket.Policy{Unit: "pu", Capacity: 1000, RefillAmount: 1, RefillFrequency: 60 * time.Millisecond}
 	sluice(t, "set-limits", "--redis", url, "--tokens", "reset",
 		"--policy", "unit=calls,rate=1000/min,burst=100",
-		"--policy", "unit=pu,capacity=1000,amount=1,every=60ms", cfg.Name).ok(t)
+		"--policy", "unit=pu,capacity=1000,refill_amount=1,refill_frequency=60ms", cfg.Name).ok(t)
 	calls := bucket.Rate(1000, time.Minute, 100)
 	if got, want := mustLimits(t, b), []bucket.Policy{calls, pu}; !slices.Equal(got, want) {
 		t.Errorf("Limits after set-limits --policy ... = %+v, want %+v", got, want)

@@ -149,14 +149,14 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"set-limits", r, "--burst", "5", "a"}, "needs --rate"},
 		{[]string{"set-limits", r, "--rate", "200/1s", "--burst", "0", "a"}, `burst "0"`},
 		{[]string{"set-limits", r, "--tokens", "some", "--rate", "2/1s", "--burst", "1", "a"}, `--tokens "some"`},
-		{[]string{"set-limits", r, "--policy", "unit=pu,capacity=0,amount=1,every=1s", "a"}, "capacity 0, want ≥ 1"},
-		{[]string{"set-limits", r, "--policy", "unit=pu,capacity=5,amount=6,every=1s", "a"}, "amount 6 above capacity 5"},
-		{[]string{"set-limits", r, "--policy", "unit=pu,capacity=5,amount=1,every=1500ns", "a"}, "not a whole number of microseconds"},
-		{[]string{"set-limits", r, "--policy", "unit=pu,capacity=5,amount=1", "a"}, "no every"},
+		{[]string{"set-limits", r, "--policy", "unit=pu,capacity=0,refill_amount=1,refill_frequency=1s", "a"}, "capacity 0, want ≥ 1"},
+		{[]string{"set-limits", r, "--policy", "unit=pu,capacity=5,refill_amount=6,refill_frequency=1s", "a"}, "refill_amount 6 above capacity 5"},
+		{[]string{"set-limits", r, "--policy", "unit=pu,capacity=5,refill_amount=1,refill_frequency=1500ns", "a"}, "not a whole number of microseconds"},
+		{[]string{"set-limits", r, "--policy", "unit=pu,capacity=5,refill_amount=1", "a"}, "no refill_frequency"},
 		{[]string{"set-limits", r, "--policy", "unit=pu,size=5", "a"}, `unknown key "size"`},
 		{[]string{"set-limits", r, "--policy", "unit=pu,rate=5/1s", "a"}, "rate and burst go together"},
 		{[]string{"set-limits", r, "--policy", "capacity=5,capacity=6", "a"}, "capacity given twice"},
-		{[]string{"set-limits", r, "--policy", "unit=pu,capacity=1099511627777,amount=1,every=1s", "a"}, "Capacity 1099511627777 above"},
+		{[]string{"set-limits", r, "--policy", "unit=pu,capacity=1099511627777,refill_amount=1,refill_frequency=1s", "a"}, "Capacity 1099511627777 above"},
 	} {
 		res := sluice(t, tc.args...)
 		if res.code != 2 || !strings.Contains(res.stderr, tc.want) {

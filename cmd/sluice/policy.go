@@ -107,7 +107,7 @@ func parseRate(s string) (n int, period time.Duration, err error) {
 }
 
 // parsePolicy reads one --policy: comma-separated key=value pairs, either
-// capacity, amount and every, or rate and burst; unit is optional ("" or
+// capacity, refill_amount and refill_frequency, or rate and burst; unit is optional ("" or
 // "calls" count calls).
 func parsePolicy(s string) (bucket.Policy, error) {
 	fields := map[string]string{}
@@ -117,8 +117,8 @@ func parsePolicy(s string) (bucket.Policy, error) {
 		switch {
 		case !ok:
 			return bucket.Policy{}, fmt.Errorf("%q is not key=value", kv)
-		case k != "unit" && k != "capacity" && k != "amount" && k != "every" && k != "rate" && k != "burst":
-			return bucket.Policy{}, fmt.Errorf("unknown key %q (want unit, capacity, amount, every; or unit, rate, burst)", k)
+		case k != "unit" && k != "capacity" && k != "refill_amount" && k != "refill_frequency" && k != "rate" && k != "burst":
+			return bucket.Policy{}, fmt.Errorf("unknown key %q (want unit, capacity, refill_amount, refill_frequency; or unit, rate, burst)", k)
 		}
 		if _, dup := fields[k]; dup {
 			return bucket.Policy{}, fmt.Errorf("%s given twice", k)
@@ -132,9 +132,9 @@ func parsePolicy(s string) (bucket.Policy, error) {
 	_, hasRate := fields["rate"]
 	_, hasBurst := fields["burst"]
 	if hasRate || hasBurst {
-		for _, k := range []string{"capacity", "amount", "every"} {
+		for _, k := range []string{"capacity", "refill_amount", "refill_frequency"} {
 			if _, ok := fields[k]; ok {
-				return bucket.Policy{}, fmt.Errorf("%s with rate/burst: give capacity, amount and every, or rate and burst", k)
+				return bucket.Policy{}, fmt.Errorf("%s with rate/burst: give capacity, refill_amount and refill_frequency, or rate and burst", k)
 			}
 		}
 		if !hasRate || !hasBurst {
@@ -145,10 +145,10 @@ func parsePolicy(s string) (bucket.Policy, error) {
 		return p, err
 	}
 	var p bucket.Policy
-	for _, k := range []string{"capacity", "amount"} {
+	for _, k := range []string{"capacity", "refill_amount"} {
 		v, ok := fields[k]
 		if !ok {
-			return p, fmt.Errorf("no %s (want unit=U,capacity=C,amount=A,every=D)", k)
+			return p, fmt.Errorf("no %s (want unit=U,capacity=C,refill_amount=A,refill_frequency=D)", k)
 		}
 		n, err := strconv.Atoi(v)
 		if err != nil {
@@ -160,13 +160,13 @@ func parsePolicy(s string) (bucket.Policy, error) {
 			p.RefillAmount = n
 		}
 	}
-	v, ok := fields["every"]
+	v, ok := fields["refill_frequency"]
 	if !ok {
-		return p, fmt.Errorf("no every (want unit=U,capacity=C,amount=A,every=D)")
+		return p, fmt.Errorf("no refill_frequency (want unit=U,capacity=C,refill_amount=A,refill_frequency=D)")
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil {
-		return p, fmt.Errorf("every %q is not a duration (60ms, 1s)", v)
+		return p, fmt.Errorf("refill_frequency %q is not a duration (60ms, 1s)", v)
 	}
 	p.Unit, p.RefillFrequency = unit, d
 	return p, checkPolicy(p)
@@ -195,13 +195,13 @@ func checkPolicy(p bucket.Policy) error {
 	case p.Capacity < 1:
 		return fmt.Errorf("capacity %d, want ≥ 1", p.Capacity)
 	case p.RefillAmount < 1:
-		return fmt.Errorf("amount %d, want ≥ 1", p.RefillAmount)
+		return fmt.Errorf("refill_amount %d, want ≥ 1", p.RefillAmount)
 	case p.RefillAmount > p.Capacity:
-		return fmt.Errorf("amount %d above capacity %d: tokens beyond the capacity are never usable", p.RefillAmount, p.Capacity)
+		return fmt.Errorf("refill_amount %d above capacity %d: tokens beyond the capacity are never usable", p.RefillAmount, p.Capacity)
 	case p.RefillFrequency < time.Microsecond:
-		return fmt.Errorf("every %v, want ≥ 1µs", p.RefillFrequency)
+		return fmt.Errorf("refill_frequency %v, want ≥ 1µs", p.RefillFrequency)
 	case p.RefillFrequency%time.Microsecond != 0:
-		return fmt.Errorf("every %v is not a whole number of microseconds", p.RefillFrequency)
+		return fmt.Errorf("refill_frequency %v is not a whole number of microseconds", p.RefillFrequency)
 	}
 	return nil
 }

@@ -1,9 +1,9 @@
 // Package guarantee checks grants against the token bucket's promise,
 // per policy: in any window of length T, the costs granted sum to at most
-// Capacity + Amount × (⌊T / Every⌋ + 1). Check and CheckSlack take
-// timestamps that each count 1; CheckCosts takes grants with their cost in
-// the policy's unit. Brute and BruteCosts are the same by definition, in
-// O(n²), for tests.
+// Capacity + RefillAmount × (⌊T / RefillFrequency⌋ + 1). Check and
+// CheckSlack take timestamps that each count 1; CheckCosts takes grants
+// with their cost in the policy's unit. Brute and BruteCosts are the same
+// by definition, in O(n²), for tests.
 //
 // Every Redis-backed test and cmd/bench run it over all their grants.
 package guarantee
@@ -17,15 +17,15 @@ import (
 
 // Limit is one policy's promise.
 type Limit struct {
-	Capacity int
-	Amount   int
-	Every    time.Duration
+	Capacity        int
+	RefillAmount    int
+	RefillFrequency time.Duration
 }
 
 // Allowed is the most units (grants, when each counts 1) the limit
 // permits in a window of length d.
 func (l Limit) Allowed(d time.Duration) int {
-	return l.Capacity + l.Amount*(int(d/l.Every)+1)
+	return l.Capacity + l.RefillAmount*(int(d/l.RefillFrequency)+1)
 }
 
 // Grant is one grant of a cost: Cost units of a policy's unit taken at
@@ -102,9 +102,10 @@ func sorted(grants []Grant) (gs []Grant, res Result) {
 // the promise itself), in O(n log n). A cost must not be negative.
 //
 // With the grants of non-zero cost sorted and measured from the first,
-// write t = q·Every + r (and t+slack = q'·Every + r' for the end of a
-// window), and let P_i be the sum of the costs before grant i. Then
-// ⌊(t_j + slack − t_i)/Every⌋ = q'_j − q_i − [r'_j < r_i], so the excess
+// F = RefillFrequency, A = RefillAmount and C = Capacity, write
+// t = q·F + r (and t+slack = q'·F + r' for the end of a window), and let
+// P_i be the sum of the costs before grant i. Then
+// ⌊(t_j + slack − t_i)/F⌋ = q'_j − q_i − [r'_j < r_i], so the excess
 // of the window from grant i to grant j is
 //
 //	(P_{j+1} − A·q'_j) − (P_i − A·q_i) − C − A + A·[r'_j < r_i],
@@ -120,8 +121,8 @@ func CheckCosts(grants []Grant, l Limit, slack time.Duration) Result {
 	if n == 0 {
 		return res
 	}
-	f := int64(l.Every)
-	a := int64(l.Amount)
+	f := int64(l.RefillFrequency)
+	a := int64(l.RefillAmount)
 	q := make([]int64, n)
 	r := make([]int64, n)
 	prefix := make([]int64, n+1) // prefix[i]: the costs of grants before i

@@ -16,7 +16,7 @@ func at(ms ...float64) []time.Time {
 }
 
 func TestCheckTable(t *testing.T) {
-	l := Limit{Capacity: 2, Amount: 1, Every: 10 * time.Millisecond}
+	l := Limit{Capacity: 2, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}
 	for _, tc := range []struct {
 		name   string
 		grants []time.Time
@@ -48,7 +48,7 @@ func TestCheckMatchesBrute(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	fails := 0
 	for trial := 0; trial < 2000; trial++ {
-		l := Limit{Capacity: 1 + rng.IntN(5), Amount: 1 + rng.IntN(3), Every: time.Duration(1+rng.IntN(20)) * time.Millisecond}
+		l := Limit{Capacity: 1 + rng.IntN(5), RefillAmount: 1 + rng.IntN(3), RefillFrequency: time.Duration(1+rng.IntN(20)) * time.Millisecond}
 		n := rng.IntN(60)
 		ms := make([]float64, n)
 		for i := range ms {
@@ -80,7 +80,7 @@ func costs(ms []float64, cs ...int) []Grant {
 }
 
 func TestCheckCostsTable(t *testing.T) {
-	l := Limit{Capacity: 10, Amount: 2, Every: 10 * time.Millisecond}
+	l := Limit{Capacity: 10, RefillAmount: 2, RefillFrequency: 10 * time.Millisecond}
 	for _, tc := range []struct {
 		name   string
 		grants []Grant
@@ -118,7 +118,7 @@ func TestCheckCostsMatchesBrute(t *testing.T) {
 	fails := 0
 	const trials = 3000
 	for trial := 0; trial < trials; trial++ {
-		l := Limit{Capacity: 1 + rng.IntN(40), Amount: 1 + rng.IntN(10), Every: time.Duration(1+rng.IntN(20)) * time.Millisecond}
+		l := Limit{Capacity: 1 + rng.IntN(40), RefillAmount: 1 + rng.IntN(10), RefillFrequency: time.Duration(1+rng.IntN(20)) * time.Millisecond}
 		n := rng.IntN(60)
 		gs := make([]Grant, n)
 		for i := range gs {
@@ -159,7 +159,7 @@ func TestCheckCostsMatchesBrute(t *testing.T) {
 // TestCheckCostsFails: a set that breaks the promise by one unit in one
 // window far inside a long run is found, with its window.
 func TestCheckCostsFails(t *testing.T) {
-	l := Limit{Capacity: 100, Amount: 1, Every: time.Millisecond}
+	l := Limit{Capacity: 100, RefillAmount: 1, RefillFrequency: time.Millisecond}
 	var gs []Grant
 	for k := range 5000 {
 		gs = append(gs, Grant{At: at(float64(k))[0], Cost: 1})
@@ -188,7 +188,7 @@ func TestNegativeCostPanics(t *testing.T) {
 			t.Error("CheckCosts took a negative cost")
 		}
 	}()
-	CheckCosts(costs([]float64{0}, -1), Limit{Capacity: 1, Amount: 1, Every: time.Second}, 0)
+	CheckCosts(costs([]float64{0}, -1), Limit{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}, 0)
 }
 
 func BenchmarkCheck(b *testing.B) {
@@ -198,7 +198,7 @@ func BenchmarkCheck(b *testing.B) {
 	for i := range g {
 		g[i] = base.Add(time.Duration(rng.IntN(200_000_000_000)))
 	}
-	l := Limit{Capacity: 50, Amount: 1, Every: 2 * time.Millisecond}
+	l := Limit{Capacity: 50, RefillAmount: 1, RefillFrequency: 2 * time.Millisecond}
 	b.ReportAllocs()
 	for b.Loop() {
 		Check(g, l)
@@ -212,7 +212,7 @@ func BenchmarkCheckCosts(b *testing.B) {
 	for i := range g {
 		g[i] = Grant{At: base.Add(time.Duration(rng.IntN(200_000_000_000))), Cost: rng.IntN(61)}
 	}
-	l := Limit{Capacity: 1000, Amount: 1, Every: 60 * time.Microsecond}
+	l := Limit{Capacity: 1000, RefillAmount: 1, RefillFrequency: 60 * time.Microsecond}
 	b.ReportAllocs()
 	for b.Loop() {
 		CheckCosts(g, l, 0)

@@ -56,7 +56,7 @@ type Config struct {
 func ConfigID(ps []Policy) string {
 	h := fnv.New64a()
 	for _, p := range ps {
-		fmt.Fprintf(h, "%q %d %d %d;", p.Unit, p.Capacity, p.Amount, p.Every.Microseconds())
+		fmt.Fprintf(h, "%q %d %d %d;", p.Unit, p.Capacity, p.RefillAmount, p.RefillFrequency.Microseconds())
 	}
 	return "c" + fmt.Sprintf("%016x", h.Sum64())
 }
@@ -84,7 +84,7 @@ type jsonConfig struct {
 func toJSON(ps []Policy) []jsonPolicy {
 	var out []jsonPolicy
 	for _, p := range ps {
-		out = append(out, jsonPolicy{Unit: p.Unit, Capacity: p.Capacity, Amount: p.Amount, EveryUS: p.Every.Microseconds()})
+		out = append(out, jsonPolicy{Unit: p.Unit, Capacity: p.Capacity, Amount: p.RefillAmount, EveryUS: p.RefillFrequency.Microseconds()})
 	}
 	return out
 }
@@ -92,7 +92,7 @@ func toJSON(ps []Policy) []jsonPolicy {
 func fromJSON(js []jsonPolicy) []Policy {
 	var out []Policy
 	for _, p := range js {
-		out = append(out, Policy{Unit: p.Unit, Capacity: p.Capacity, Amount: p.Amount, Every: time.Duration(p.EveryUS) * time.Microsecond})
+		out = append(out, Policy{Unit: p.Unit, Capacity: p.Capacity, RefillAmount: p.Amount, RefillFrequency: time.Duration(p.EveryUS) * time.Microsecond})
 	}
 	return out
 }

@@ -3,15 +3,15 @@ package protocol
 import "time"
 
 // Policy is one limit of a bucket: it holds at most Capacity tokens of its
-// Unit ("" counts calls) and gains Amount tokens every Every (used in whole
-// microseconds). A caller without costs of its own takes its call from
-// each policy: 1 token, or 0 from a policy that counts another unit than
-// calls.
+// Unit ("" counts calls) and gains RefillAmount tokens every
+// RefillFrequency (used in whole microseconds). A caller without costs of
+// its own takes its call from each policy: 1 token, or 0 from a policy
+// that counts another unit than calls.
 type Policy struct {
-	Unit     string
-	Capacity int64
-	Amount   int64
-	Every    time.Duration
+	Unit            string
+	Capacity        int64
+	RefillAmount    int64
+	RefillFrequency time.Duration
 }
 
 // Call is what a caller without costs of its own takes from p.
@@ -28,7 +28,7 @@ func (p Policy) Call() int64 {
 func PolicyArgs(ps []Policy) []any {
 	args := []any{ConfigID(ps), len(ps)}
 	for _, p := range ps {
-		args = append(args, p.Capacity, p.Amount, p.Every.Microseconds(), p.Call())
+		args = append(args, p.Capacity, p.RefillAmount, p.RefillFrequency.Microseconds(), p.Call())
 	}
 	return args
 }
@@ -36,10 +36,10 @@ func PolicyArgs(ps []Policy) []any {
 // Refill is tokens.lua's refill in integer µs: it brings a policy's level
 // and anchor (the instant of the last refill counted) forward to now.
 func Refill(level, anchor, now int64, p Policy) (int64, int64) {
-	freq := p.Every.Microseconds()
+	freq := p.RefillFrequency.Microseconds()
 	if now > anchor && freq > 0 {
 		if n := (now - anchor) / freq; n > 0 {
-			level = min(p.Capacity, level+n*p.Amount)
+			level = min(p.Capacity, level+n*p.RefillAmount)
 			anchor += n * freq
 		}
 	}
@@ -53,6 +53,6 @@ func SlotFor(level, anchor, now, k int64, p Policy) int64 {
 		return now
 	}
 	need := k - level
-	slot := anchor + (need+p.Amount-1)/p.Amount*p.Every.Microseconds()
+	slot := anchor + (need+p.RefillAmount-1)/p.RefillAmount*p.RefillFrequency.Microseconds()
 	return max(slot, now)
 }

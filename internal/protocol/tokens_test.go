@@ -95,7 +95,7 @@ func TestRefillTable(t *testing.T) {
 			}
 			level, _ := strconv.ParseInt(tc.level, 10, 64)
 			anchor, _ := strconv.ParseInt(tc.anchor, 10, 64)
-			gl, ga := protocol.Refill(level, epoch+anchor, epoch+now, protocol.Policy{Capacity: tc.cap, Amount: tc.amount, Every: time.Duration(tc.freq) * time.Microsecond})
+			gl, ga := protocol.Refill(level, epoch+anchor, epoch+now, protocol.Policy{Capacity: tc.cap, RefillAmount: tc.amount, RefillFrequency: time.Duration(tc.freq) * time.Microsecond})
 			if gl != tc.wantLevel || ga-epoch != tc.wantAnchor {
 				t.Errorf("Go Refill = (%d, epoch%+d), want (%d, epoch%+d)", gl, ga-epoch, tc.wantLevel, tc.wantAnchor)
 			}
@@ -134,7 +134,7 @@ func TestSlotForTable(t *testing.T) {
 			if got[0]-epoch != tc.want {
 				t.Errorf("Lua slot_for = epoch%+d, want epoch%+d", got[0]-epoch, tc.want)
 			}
-			p := protocol.Policy{Capacity: 1 << 30, Amount: tc.amount, Every: time.Duration(tc.freq) * time.Microsecond}
+			p := protocol.Policy{Capacity: 1 << 30, RefillAmount: tc.amount, RefillFrequency: time.Duration(tc.freq) * time.Microsecond}
 			if g := protocol.SlotFor(tc.level, epoch+tc.anchor, epoch+tc.now, tc.k, p); g-epoch != tc.want {
 				t.Errorf("Go SlotFor = epoch%+d, want epoch%+d", g-epoch, tc.want)
 			}
@@ -180,7 +180,7 @@ func TestSlotsInvariant(t *testing.T) {
 		if !slices.IsSorted(slots) {
 			t.Fatalf("trial %d: slots not in arrival order: %v", trial, slots)
 		}
-		l := guarantee.Limit{Capacity: int(capacity), Amount: int(amount), Every: time.Duration(freq) * time.Microsecond}
+		l := guarantee.Limit{Capacity: int(capacity), RefillAmount: int(amount), RefillFrequency: time.Duration(freq) * time.Microsecond}
 		if res := guarantee.Check(times, l); !res.OK() {
 			t.Fatalf("trial %d %+v: %v", trial, l, res)
 		}

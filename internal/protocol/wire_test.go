@@ -149,8 +149,8 @@ func TestStateRoundTrip(t *testing.T) {
 // id names its policies, and a later format or a forged id is refused.
 func TestConfigRoundTrip(t *testing.T) {
 	c := protocol.Config{Policies: []protocol.Policy{
-		{Capacity: 10, Amount: 1, Every: 100 * time.Millisecond},
-		{Unit: "pu", Capacity: 1000, Amount: 3, Every: time.Second},
+		{Capacity: 10, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond},
+		{Unit: "pu", Capacity: 1000, RefillAmount: 3, RefillFrequency: time.Second},
 	}, Replaced: []string{"c1", "c2"}}
 	raw := protocol.FormatConfig(c)
 	got, err := protocol.ParseConfig(raw)
