@@ -25,20 +25,48 @@ var ErrLimited = errors.New("sluice: limited")
 // configuration is a bug to fix, not a refusal to back off from.
 var ErrConfig = errors.New("sluice: invalid config")
 
-// ErrCostExceedsCapacity is the parent of every package's refusal of a cost
-// that no wait could ever grant: one above a policy's capacity (or a
-// semaphore's permits). It is returned at once, never queued, and does not
-// match ErrLimited: retrying later cannot succeed.
+// ErrCostExceedsCapacity matches every limiter's refusal of a cost that no
+// wait could ever grant: one above a bucket policy's Capacity, a
+// semaphore's Capacity, or a local Rate's Burst or Concurrency's Limit. The
+// error is returned at once, never queued, and names the cost and the
+// bound. It does not match ErrLimited: retrying later cannot succeed.
 var ErrCostExceedsCapacity = errors.New("sluice: cost exceeds capacity")
 
-// ErrConfigMismatch is the parent of every package's refusal to run with a
-// configuration that disagrees with the one in force in Redis (another
-// process's, or one set by a live change): bucket.ErrConfigMismatch,
-// semaphore.ErrConfigMismatch. The error names both configurations. It
-// matches ErrConfig, not ErrLimited: two processes disagreeing on a limit
-// is a deployment to fix (or a live change to adopt), not a refusal to back
-// off from.
+// ErrConfigMismatch matches every refusal to run with a configuration that
+// disagrees with the one in force in Redis (another process's, or one set
+// by a live change), by a bucket or a semaphore. The error returned is a
+// *ConfigMismatchError, which names both configurations. It matches
+// ErrConfig, not ErrLimited: two processes disagreeing on a limit is a
+// deployment to fix (or a live change to adopt), not a refusal to back off
+// from.
 var ErrConfigMismatch = fmt.Errorf("sluice: config differs from the one in force: %w", ErrConfig)
+
+// ConfigMismatchError is the error a bucket or a semaphore returns when
+// this process's configuration is not the one in force in Redis and it
+// may not follow it (its Config.Adopt is false). Read it with errors.As;
+// it matches ErrConfigMismatch and ErrConfig with errors.Is. The
+// configurations are in the words the message uses; for the values, the
+// caller has its own Config, and Bucket.Limits or Semaphore.Capacity read
+// the ones in force.
+type ConfigMismatchError struct {
+	// Limiter is the kind of limiter that refused: "bucket" or "semaphore".
+	Limiter string
+	// Name is the limiter's Config.Name.
+	Name string
+	// Mine is this process's configuration and InForce the one in force in
+	// Redis: a bucket's policies, such as "[100 calls, 10 every 1s]", or a
+	// semaphore's capacity, such as "capacity 5".
+	Mine, InForce string
+}
+
+func (e *ConfigMismatchError) Error() string {
+	return fmt.Sprintf("%s %q: config differs from the one in force: this process has %s, Redis has %s",
+		e.Limiter, e.Name, e.Mine, e.InForce)
+}
+
+// Unwrap returns ErrConfigMismatch, so that errors.Is matches it and
+// ErrConfig.
+func (e *ConfigMismatchError) Unwrap() error { return ErrConfigMismatch }
 
 // Limiter runs functions within a limit. Do waits for the caller's turn, runs
 // fn, and for concurrency limiters releases the place after fn returns (even

@@ -21,7 +21,7 @@
 //
 // The limit lives in Redis: the first process stores its policies, every
 // process enforces the ones stored, and a process whose policies differ
-// fails with ErrConfigMismatch (or follows them: Config.Adopt). SetLimits
+// fails with sluice.ErrConfigMismatch (or follows them: Config.Adopt). SetLimits
 // changes them for every process at once, re-timing the callers queued;
 // Limits reads them. See docs/limits.md.
 //
@@ -61,26 +61,27 @@ import (
 
 // Errors. Refusals (ErrQueueFull, ErrWaitTooLong) consume nothing and match
 // sluice.ErrLimited; ErrConfig matches sluice.ErrConfig. A cost above a
-// policy's Capacity can never be granted: it is refused at once with
-// ErrCostExceedsCapacity, which matches sluice.ErrCostExceedsCapacity and
-// not sluice.ErrLimited. A failed call to Redis returns an error that
-// matches both ctx.Err() (when the caller's ctx ended) and Redis's own
-// error.
+// policy's Capacity can never be granted: it is refused at once with an
+// error matching sluice.ErrCostExceedsCapacity, not sluice.ErrLimited. A
+// process whose policies are not the ones in force in Redis (see
+// Config.Adopt) gets a *sluice.ConfigMismatchError naming both, which
+// matches sluice.ErrConfigMismatch and sluice.ErrConfig. A failed call to
+// Redis returns an error that matches both ctx.Err() (when the caller's ctx
+// ended) and Redis's own error.
 var (
-	ErrClosed              = errors.New("bucket: closed")
-	ErrQueueFull           = fmt.Errorf("bucket: queue full: %w", sluice.ErrLimited)
-	ErrWaitTooLong         = fmt.Errorf("bucket: wait too long: %w", sluice.ErrLimited)
-	ErrConfig              = groundwork.ConfigError("bucket")
-	ErrCostExceedsCapacity = fmt.Errorf("bucket: %w", sluice.ErrCostExceedsCapacity)
-	// ErrConfigMismatch: this process's policies are not the ones in
-	// force in Redis (see Config.Adopt). It matches
-	// sluice.ErrConfigMismatch and ErrConfig, and its message names both.
-	ErrConfigMismatch = groundwork.MismatchError("bucket")
+	ErrClosed      = errors.New("bucket: closed")
+	ErrQueueFull   = fmt.Errorf("bucket: queue full: %w", sluice.ErrLimited)
+	ErrWaitTooLong = fmt.Errorf("bucket: wait too long: %w", sluice.ErrLimited)
+	ErrConfig      = groundwork.ConfigError("bucket")
 	// ErrNotReplicated: with Config.ReplicaAcks, the writes of the
 	// caller's grant were not acknowledged by that many replicas in time.
 	// The caller must not start; its token is spent.
 	ErrNotReplicated = errors.New("bucket: grant not acknowledged by the replicas")
 )
+
+// errCostExceedsCapacity is wrapped by the refusal of a cost above a
+// policy's Capacity.
+var errCostExceedsCapacity = fmt.Errorf("bucket: %w", sluice.ErrCostExceedsCapacity)
 
 // Defaults of the optional Config fields.
 const (
@@ -96,7 +97,7 @@ const (
 // Name and KeyPrefix. The policies (Capacity, RefillAmount,
 // RefillFrequency and Policies) live in Redis: the first process to use
 // the bucket stores its own, every process enforces the ones stored, and
-// a process whose policies differ fails with ErrConfigMismatch instead of
+// a process whose policies differ fails with sluice.ErrConfigMismatch instead of
 // applying them, unless it follows the ones in force (Adopt, and
 // SetLimits). The other fields are this process's own.
 type Config struct {
@@ -141,7 +142,7 @@ type Config struct {
 	Lookahead time.Duration
 	// Adopt makes this process enforce the policies in force in Redis when
 	// they differ from its own, instead of failing with
-	// ErrConfigMismatch. Without it, a process follows the policies in
+	// sluice.ErrConfigMismatch. Without it, a process follows the policies in
 	// force only when a live change (SetLimits) replaced its own: a
 	// process started with the old policies during a rolling deploy.
 	Adopt bool
@@ -459,7 +460,7 @@ func checkPolicy(p Policy, where string) error {
 // (each policy counting calls 1, the others 0), and zero when c takes
 // nothing from any policy. A unit no policy counts, a negative cost and a
 // cost above a policy's Capacity are errors; the last one
-// ErrCostExceedsCapacity.
+// sluice.ErrCostExceedsCapacity.
 func (b *Bucket) costs(c Cost) (costs []int64, zero bool, err error) {
 	policies := b.inForce()
 	for unit, n := range c {
@@ -476,7 +477,7 @@ func (b *Bucket) costs(c Cost) (costs []int64, zero bool, err error) {
 		n := c[p.Unit]
 		if n > p.Capacity {
 			return nil, false, fmt.Errorf("%w: %d %s above the Capacity %d of policy %d (%s), so it could never be granted",
-				ErrCostExceedsCapacity, n, unitName(p.Unit), p.Capacity, i, describe(p))
+				errCostExceedsCapacity, n, unitName(p.Unit), p.Capacity, i, describe(p))
 		}
 		call := 0 // what Enter takes
 		if p.Unit == "" {
@@ -582,7 +583,7 @@ func (b *Bucket) EnterN(ctx context.Context, n int) error {
 // waits its turn in arrival order whatever its cost: a large cost at the
 // head of the queue waits for its tokens and those behind it wait too,
 // never overtaking it. A cost that takes nothing returns at once. A cost
-// above a policy's Capacity is refused at once with ErrCostExceedsCapacity;
+// above a policy's Capacity is refused at once with sluice.ErrCostExceedsCapacity;
 // a negative cost, or one in a unit no policy counts, is an error.
 //
 // Cancellation gives the whole cost back while the caller is still queued;

@@ -162,8 +162,8 @@ func TestCostAboveCapacityRefused(t *testing.T) {
 		start := time.Now()
 		err := b.EnterCost(withTimeout(t, 10*time.Second), tc.cost)
 		switch {
-		case !errors.Is(err, bucket.ErrCostExceedsCapacity) || !errors.Is(err, sluice.ErrCostExceedsCapacity):
-			t.Errorf("EnterCost(%v) = %v, want ErrCostExceedsCapacity", tc.cost, err)
+		case !errors.Is(err, sluice.ErrCostExceedsCapacity):
+			t.Errorf("EnterCost(%v) = %v, want sluice.ErrCostExceedsCapacity", tc.cost, err)
 		case errors.Is(err, sluice.ErrLimited):
 			t.Errorf("EnterCost(%v) = %v matches ErrLimited: callers would retry it", tc.cost, err)
 		case !strings.Contains(err.Error(), tc.want):
@@ -172,8 +172,8 @@ func TestCostAboveCapacityRefused(t *testing.T) {
 			t.Errorf("EnterCost(%v) took %v to refuse", tc.cost, time.Since(start))
 		}
 	}
-	if err := b.EnterN(context.Background(), 101); !errors.Is(err, bucket.ErrCostExceedsCapacity) {
-		t.Errorf("EnterN(101) = %v, want ErrCostExceedsCapacity", err)
+	if err := b.EnterN(context.Background(), 101); !errors.Is(err, sluice.ErrCostExceedsCapacity) {
+		t.Errorf("EnterN(101) = %v, want sluice.ErrCostExceedsCapacity", err)
 	}
 	if keys := keysOf(t, rdb, b); len(keys) != 0 {
 		t.Errorf("a refused cost left keys %q", keys)
@@ -390,7 +390,7 @@ func TestEstimateSeesTheQueue(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	if _, err := b.Estimate(ctx, bucket.Cost{"": 6}); !errors.Is(err, bucket.ErrCostExceedsCapacity) {
+	if _, err := b.Estimate(ctx, bucket.Cost{"": 6}); !errors.Is(err, sluice.ErrCostExceedsCapacity) {
 		t.Errorf("estimate of an impossible cost = %v", err)
 	}
 }

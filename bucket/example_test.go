@@ -118,7 +118,7 @@ func ExampleBucket_EnterCost() {
 		return
 	}
 	err = b.EnterCost(ctx, bucket.Cost{"": 1, "pu": 1001}) // more PU than a minute allows: never
-	fmt.Println(errors.Is(err, bucket.ErrCostExceedsCapacity), errors.Is(err, sluice.ErrLimited))
+	fmt.Println(errors.Is(err, sluice.ErrCostExceedsCapacity), errors.Is(err, sluice.ErrLimited))
 	// Output:
 	// a 60 PU request would wait: 0s behind 0
 	// true false

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/queue"
 )
@@ -15,7 +16,7 @@ import (
 // state (queue.Config); every script checks, at no extra cost while they
 // agree, that it runs under the policies in force, and changes nothing
 // when it does not. This file decides what a process does then: follow
-// the policies in force, or fail with ErrConfigMismatch.
+// the policies in force, or fail with sluice.ErrConfigMismatch.
 
 // Tokens says how a live change (SetLimits) carries each policy's tokens
 // over to the new policies. The zero value is Proportionally. The rules
@@ -65,10 +66,10 @@ func (b *Bucket) Limits(ctx context.Context) ([]Policy, error) {
 // down, a window shorter than the lookahead may hold those old-rate slots
 // beyond the new burst (docs/limits.md). A queued caller with a cost of its own
 // keeps its cost of each unit; one whose cost a new policy could never
-// grant fails with ErrCostExceedsCapacity. Processes started with the
+// grant fails with sluice.ErrCostExceedsCapacity. Processes started with the
 // replaced policies follow the new ones (they learn them at their next
 // call to Redis); those with other policies go on failing with
-// ErrConfigMismatch unless Adopt is set.
+// sluice.ErrConfigMismatch unless Adopt is set.
 //
 // policies must hold every policy of the bucket (use Unit "" for the one
 // counting calls), each valid as in Config.
@@ -106,8 +107,8 @@ func (b *Bucket) inForce() []Policy {
 
 // settle decides what a call that found another configuration in force
 // (err a *queue.ConfigError) does: it reports retry when this process now
-// runs under the policies in force, and an error wrapping
-// ErrConfigMismatch when it may not follow them. Any other err is not
+// runs under the policies in force, and an error wrapping a
+// *sluice.ConfigMismatchError when it may not follow them. Any other err is not
 // settle's: it returns (false, nil).
 func (b *Bucket) settle(ctx context.Context, err error, settled int) (retry bool, _ error) {
 	var cerr *queue.ConfigError
@@ -131,8 +132,8 @@ func (b *Bucket) settle(ctx context.Context, err error, settled int) (retry bool
 		l.Warn("sluice: this process's policies differ from the ones in force; refusing them (set Config.Adopt to follow)",
 			"bucket", b.cfg.Name, "mine", describeAll(b.policies), "in_force", describeAll(fromQueue(c.Policies)))
 	}
-	return false, fmt.Errorf("%w: bucket %q: this process has %s, Redis has %s (stored by the first process to use the bucket, or by SetLimits); set Config.Adopt to follow the policies in force",
-		ErrConfigMismatch, b.cfg.Name, describeAll(b.policies), describeAll(fromQueue(c.Policies)))
+	return false, fmt.Errorf("%w (stored by the first process to use the bucket, or by SetLimits); set Config.Adopt to follow the policies in force",
+		&sluice.ConfigMismatchError{Limiter: "bucket", Name: b.cfg.Name, Mine: describeAll(b.policies), InForce: describeAll(fromQueue(c.Policies))})
 }
 
 // follow makes this process run under c when it may: its own policies

@@ -54,9 +54,10 @@ func saturate(ctx context.Context, b *bucket.Bucket, callers int) (grants []load
 }
 
 // TestConfigMismatch: two processes with different limits on one bucket,
-// in both orders of arrival. The one that arrives second fails with
-// ErrConfigMismatch naming both configurations (it never applies its
-// own), and no grant exceeds the limit in force: the first one's.
+// in both orders of arrival. The one that arrives second fails with a
+// *sluice.ConfigMismatchError naming both configurations (read with
+// errors.As; it never applies its own), and no grant exceeds the limit in
+// force: the first one's.
 func TestConfigMismatch(t *testing.T) {
 	slow := bucket.Rate(20, time.Second, 5)
 	fast := bucket.Rate(200, time.Second, 50)
@@ -75,16 +76,26 @@ func TestConfigMismatch(t *testing.T) {
 				t.Fatal(err)
 			}
 			err := b.Enter(ctx)
-			if !errors.Is(err, bucket.ErrConfigMismatch) || !errors.Is(err, sluice.ErrConfigMismatch) || !errors.Is(err, sluice.ErrConfig) {
-				t.Fatalf("second process's Enter = %v, want ErrConfigMismatch", err)
+			if !errors.Is(err, sluice.ErrConfigMismatch) || !errors.Is(err, sluice.ErrConfig) {
+				t.Fatalf("second process's Enter = %v, want sluice.ErrConfigMismatch", err)
 			}
 			for _, p := range []bucket.Policy{first, second} {
 				if want := fmt.Sprintf("%d calls, %d every %v", p.Capacity, p.RefillAmount, p.RefillFrequency); !strings.Contains(err.Error(), want) {
 					t.Errorf("error %q does not name %q", err, want)
 				}
 			}
-			if _, err := b.Estimate(ctx, nil); !errors.Is(err, bucket.ErrConfigMismatch) {
-				t.Errorf("second process's Estimate = %v, want ErrConfigMismatch", err)
+			var mismatch *sluice.ConfigMismatchError
+			if !errors.As(err, &mismatch) {
+				t.Fatalf("second process's Enter = %v (%T), want a *sluice.ConfigMismatchError", err, err)
+			}
+			words := func(p bucket.Policy) string {
+				return fmt.Sprintf("[%d calls, %d every %v]", p.Capacity, p.RefillAmount, p.RefillFrequency)
+			}
+			if mismatch.Limiter != "bucket" || mismatch.Name != t.Name() || mismatch.Mine != words(second) || mismatch.InForce != words(first) {
+				t.Errorf("ConfigMismatchError = %+v, want bucket %q, Mine %q, InForce %q", *mismatch, t.Name(), words(second), words(first))
+			}
+			if _, err := b.Estimate(ctx, nil); !errors.Is(err, sluice.ErrConfigMismatch) {
+				t.Errorf("second process's Estimate = %v, want sluice.ErrConfigMismatch", err)
 			}
 			if ps, err := b.Limits(ctx); err != nil || len(ps) != 1 || ps[0] != first {
 				t.Errorf("Limits = %v, %v; want the first process's %v", ps, err, first)
@@ -104,8 +115,8 @@ func TestConfigMismatch(t *testing.T) {
 				t.Errorf("the second process got %d grants and %d errors, want none and some", len(gb), len(eb))
 			}
 			for _, e := range eb {
-				if !errors.Is(e, bucket.ErrConfigMismatch) {
-					t.Fatalf("the second process failed with %v, want ErrConfigMismatch", e)
+				if !errors.Is(e, sluice.ErrConfigMismatch) {
+					t.Fatalf("the second process failed with %v, want sluice.ErrConfigMismatch", e)
 				}
 			}
 			checkGrants(t, ga, cfg(first))

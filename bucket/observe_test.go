@@ -171,7 +171,7 @@ func TestLogger(t *testing.T) {
 	}
 	other := cfg
 	other.Capacity, other.Logger = 7, logger
-	if err := newBucket(t, rdb, other).Enter(ctx); !errors.Is(err, bucket.ErrConfigMismatch) {
+	if err := newBucket(t, rdb, other).Enter(ctx); !errors.Is(err, sluice.ErrConfigMismatch) {
 		t.Fatalf("Enter with other policies = %v", err)
 	}
 	mu.Lock()

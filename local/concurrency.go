@@ -95,7 +95,7 @@ func (c *Concurrency) Acquire(ctx context.Context) error {
 // n = 0 returns at once: nil, or ctx.Err() if ctx has already ended. An n
 // above Limit could never be granted (semaphore.Weighted would block until
 // ctx ends) and is refused at once with an error matching
-// ErrCostExceedsCapacity (not sluice.ErrLimited); a negative n is an error
+// sluice.ErrCostExceedsCapacity (not sluice.ErrLimited); a negative n is an error
 // (a bug in the caller, which the Observer is not told of).
 func (c *Concurrency) AcquireN(ctx context.Context, n int) error {
 	if err := checkCost(n, "Limit", c.limit); err != nil {

@@ -298,9 +298,9 @@ func TestConcurrencyAcquireNCosts(t *testing.T) {
 		{name: "zero", ctx: live, n: 0},
 		{name: "zero with an ended context", ctx: dead, n: 0, wantErr: context.Canceled},
 		{name: "negative", ctx: live, n: -2, bad: true, words: "negative cost -2"},
-		{name: "just above the limit", ctx: live, n: 4, wantErr: ErrCostExceedsCapacity, words: "cost 4 above the Limit 3"},
-		{name: "far above the limit", ctx: live, n: 1 << 40, wantErr: ErrCostExceedsCapacity, words: "above the Limit 3"},
-		{name: "above the limit with an ended context", ctx: dead, n: 4, wantErr: ErrCostExceedsCapacity},
+		{name: "just above the limit", ctx: live, n: 4, wantErr: sluice.ErrCostExceedsCapacity, words: "cost 4 above the Limit 3"},
+		{name: "far above the limit", ctx: live, n: 1 << 40, wantErr: sluice.ErrCostExceedsCapacity, words: "above the Limit 3"},
+		{name: "above the limit with an ended context", ctx: dead, n: 4, wantErr: sluice.ErrCostExceedsCapacity},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -46,7 +46,7 @@
 // Refusals are the sentinels ErrQueueFull, ErrWaitTooLong and ErrTimeout, each
 // wrapping sluice.ErrLimited; test them with errors.Is. A refused call has
 // consumed nothing. A cost that could never be granted (above Burst or
-// Limit) is refused at once with ErrCostExceedsCapacity, which does not wrap
+// Limit) is refused at once with an error matching sluice.ErrCostExceedsCapacity, which does not wrap
 // sluice.ErrLimited: waiting would not help. When the caller's context ends first, the limiters return
 // an error that matches ctx.Err() with errors.Is, and whatever the caller had
 // reserved is given back. Constructors return errors wrapping

@@ -24,13 +24,12 @@ var (
 	ErrTimeout = fmt.Errorf("local: timed out waiting for a slot: %w", sluice.ErrLimited)
 )
 
-// ErrCostExceedsCapacity is returned at once, never queued, by Rate.EnterN
-// and Concurrency.AcquireN for a cost no wait could ever grant: one above
-// the Rate's Burst or the Concurrency's Limit. The returned error wraps it
-// and names the cost and that bound. It matches
-// sluice.ErrCostExceedsCapacity, as bucket.ErrCostExceedsCapacity does, and
-// not sluice.ErrLimited: retrying later cannot succeed.
-var ErrCostExceedsCapacity = fmt.Errorf("local: %w", sluice.ErrCostExceedsCapacity)
+// errCostExceedsCapacity is wrapped by the refusal, at once and never
+// queued, of a cost no wait could ever grant: one above the Rate's Burst or
+// the Concurrency's Limit. The error names the cost and that bound, and
+// matches sluice.ErrCostExceedsCapacity, not sluice.ErrLimited: retrying
+// later cannot succeed.
+var errCostExceedsCapacity = fmt.Errorf("local: %w", sluice.ErrCostExceedsCapacity)
 
 // checkCost returns an error for a cost n that is negative, or above
 // capacity, the limiter's field called name.
@@ -40,7 +39,7 @@ func checkCost(n int, name string, capacity int) error {
 	}
 	if n > capacity {
 		return fmt.Errorf("%w: cost %d above the %s %d, so it could never be granted",
-			ErrCostExceedsCapacity, n, name, capacity)
+			errCostExceedsCapacity, n, name, capacity)
 	}
 	return nil
 }

@@ -140,7 +140,7 @@ func checkCostAnswer(t *testing.T, call string, err error, bad bool, wantErr err
 	case !matches(err, wantErr):
 		t.Errorf("%s = %v, want %v", call, err, wantErr)
 	}
-	if errors.Is(wantErr, ErrCostExceedsCapacity) &&
+	if errors.Is(wantErr, sluice.ErrCostExceedsCapacity) &&
 		(!errors.Is(err, sluice.ErrCostExceedsCapacity) || errors.Is(err, sluice.ErrLimited)) {
 		t.Errorf("%s = %v: want it to match sluice.ErrCostExceedsCapacity and not sluice.ErrLimited", call, err)
 	}

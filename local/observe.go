@@ -9,7 +9,7 @@ import (
 )
 
 // reasons are local's refusals as Events name them; the shared ones
-// (ErrCostExceedsCapacity, a ctx's) are groundwork.Classify's.
+// (sluice.ErrCostExceedsCapacity, a ctx's) are groundwork.Classify's.
 var reasons = []groundwork.Reason{
 	{Err: ErrQueueFull, Result: sluice.Refused, Name: "queue_full"},
 	{Err: ErrWaitTooLong, Result: sluice.Refused, Name: "wait_too_long"},

@@ -99,7 +99,7 @@ func TestRateObserver(t *testing.T) {
 		if err := r.Enter(ctx); !errors.Is(err, ErrQueueFull) {
 			t.Errorf("Enter with the queue full = %v", err)
 		}
-		if err := r.EnterN(ctx, 2); !errors.Is(err, ErrCostExceedsCapacity) {
+		if err := r.EnterN(ctx, 2); !errors.Is(err, sluice.ErrCostExceedsCapacity) {
 			t.Errorf("EnterN(2) of Burst 1 = %v", err)
 		}
 		if err := r.EnterN(ctx, -1); err == nil {
@@ -208,7 +208,7 @@ func TestConcurrencyObserver(t *testing.T) {
 		if err := c.Acquire(ctx); !errors.Is(err, ErrTimeout) {
 			t.Errorf("Acquire past AcquireTimeout = %v", err)
 		}
-		if err := c.AcquireN(ctx, 4); !errors.Is(err, ErrCostExceedsCapacity) {
+		if err := c.AcquireN(ctx, 4); !errors.Is(err, sluice.ErrCostExceedsCapacity) {
 			t.Errorf("AcquireN(4) of Limit 3 = %v", err)
 		}
 		gone, cancel := context.WithCancel(ctx)

@@ -119,7 +119,7 @@ func (r *Rate) Enter(ctx context.Context) error {
 //
 // n = 0 returns at once: nil, or ctx.Err() if ctx has already ended. An n
 // above Burst could never be granted and is refused at once with an error
-// matching ErrCostExceedsCapacity (not sluice.ErrLimited); a negative n is
+// matching sluice.ErrCostExceedsCapacity (not sluice.ErrLimited); a negative n is
 // an error (a bug in the caller, which the Observer is not told of).
 func (r *Rate) EnterN(ctx context.Context, n int) error {
 	if err := checkCost(n, "Burst", r.burst); err != nil {

@@ -112,7 +112,7 @@ func TestRateScript(t *testing.T) {
 			name:   "a cost above the burst is refused at once and takes nothing",
 			cfg:    RateConfig{Rate: 1, Burst: 2},
 			script: []arrival{{}, {cost: 3}, {cost: 1000}, {}, {}},
-			want:   []outcome{{0, nil}, {0, ErrCostExceedsCapacity}, {0, ErrCostExceedsCapacity}, {0, nil}, {s, nil}},
+			want:   []outcome{{0, nil}, {0, sluice.ErrCostExceedsCapacity}, {0, sluice.ErrCostExceedsCapacity}, {0, nil}, {s, nil}},
 		},
 		{
 			name:   "max queue counts callers, not costs",
@@ -233,7 +233,7 @@ func TestRateRefusalsConsumeNothing(t *testing.T) {
 			cfg:     RateConfig{Rate: 1, Burst: 3},
 			script:  []arrival{{cost: 3}, {cost: 4}, {cost: 2}, {at: ms(500), cost: 9}, {at: ms(500), cost: 1}},
 			refused: map[int]bool{1: true, 3: true},
-			err:     ErrCostExceedsCapacity,
+			err:     sluice.ErrCostExceedsCapacity,
 		},
 	}
 	for _, tt := range tests {
@@ -621,9 +621,9 @@ func TestRateEnterNCosts(t *testing.T) {
 		{name: "zero with an ended context", ctx: dead, n: 0, wantErr: context.Canceled},
 		{name: "negative", ctx: live, n: -1, bad: true, words: "negative cost -1"},
 		{name: "very negative", ctx: live, n: math.MinInt, bad: true, words: "negative cost"},
-		{name: "just above the burst", ctx: live, n: 4, wantErr: ErrCostExceedsCapacity, words: "cost 4 above the Burst 3"},
-		{name: "far above the burst", ctx: live, n: math.MaxInt, wantErr: ErrCostExceedsCapacity, words: "above the Burst 3"},
-		{name: "above the burst with an ended context", ctx: dead, n: 4, wantErr: ErrCostExceedsCapacity},
+		{name: "just above the burst", ctx: live, n: 4, wantErr: sluice.ErrCostExceedsCapacity, words: "cost 4 above the Burst 3"},
+		{name: "far above the burst", ctx: live, n: math.MaxInt, wantErr: sluice.ErrCostExceedsCapacity, words: "above the Burst 3"},
+		{name: "above the burst with an ended context", ctx: dead, n: 4, wantErr: sluice.ErrCostExceedsCapacity},
 		{name: "the burst itself, behind a full queue", ctx: live, n: 3, wantErr: ErrQueueFull},
 	}
 	for _, tt := range tests {

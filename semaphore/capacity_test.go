@@ -21,9 +21,9 @@ import (
 
 // TestCapacityMismatch: two processes configured with different
 // capacities, in both orders of arrival. The first stores its own; the
-// second gets ErrConfigMismatch naming both, writes nothing, and never
-// takes the holders above the capacity in force while the first runs
-// saturated.
+// second gets a *sluice.ConfigMismatchError naming both (read with
+// errors.As), writes nothing, and never takes the holders above the
+// capacity in force while the first runs saturated.
 func TestCapacityMismatch(t *testing.T) {
 	for _, tc := range []struct{ first, second int }{{2, 3}, {3, 2}} {
 		t.Run(fmt.Sprintf("%d then %d", tc.first, tc.second), func(t *testing.T) {
@@ -37,13 +37,21 @@ func TestCapacityMismatch(t *testing.T) {
 
 			_, err := second.Acquire(ctx)
 			switch {
-			case !errors.Is(err, ErrConfigMismatch) || !errors.Is(err, sluice.ErrConfigMismatch) || !errors.Is(err, sluice.ErrConfig):
-				t.Fatalf("second process's Acquire: %v, want ErrConfigMismatch", err)
+			case !errors.Is(err, sluice.ErrConfigMismatch) || !errors.Is(err, sluice.ErrConfig):
+				t.Fatalf("second process's Acquire: %v, want sluice.ErrConfigMismatch", err)
 			case errors.Is(err, sluice.ErrLimited):
 				t.Fatalf("%v matches ErrLimited", err)
-			case !strings.Contains(err.Error(), fmt.Sprintf("Config.Capacity %d", tc.second)) ||
-				!strings.Contains(err.Error(), fmt.Sprintf("capacity %d in force", tc.first)):
+			case !strings.Contains(err.Error(), fmt.Sprintf("this process has capacity %d", tc.second)) ||
+				!strings.Contains(err.Error(), fmt.Sprintf("Redis has capacity %d", tc.first)):
 				t.Fatalf("%v: does not name both capacities", err)
+			}
+			var mismatch *sluice.ConfigMismatchError
+			if !errors.As(err, &mismatch) {
+				t.Fatalf("second process's Acquire: %v (%T), want a *sluice.ConfigMismatchError", err, err)
+			}
+			mine, inForce := fmt.Sprintf("capacity %d", tc.second), fmt.Sprintf("capacity %d", tc.first)
+			if mismatch.Limiter != "semaphore" || mismatch.Name != name || mismatch.Mine != mine || mismatch.InForce != inForce {
+				t.Errorf("ConfigMismatchError = %+v, want semaphore %q, Mine %q, InForce %q", *mismatch, name, mine, inForce)
 			}
 			t.Log(err)
 			if n := e.rdb.ZCard(ctx, first.keys[0]).Val(); n != leasesBefore {
@@ -61,7 +69,7 @@ func TestCapacityMismatch(t *testing.T) {
 				if q, err := second.AcquireN(c, 1); err == nil {
 					q.Release(ctx)
 					t.Error("the mismatched process was granted a permit")
-				} else if !errors.Is(err, ErrConfigMismatch) {
+				} else if !errors.Is(err, sluice.ErrConfigMismatch) {
 					t.Errorf("mismatched Acquire: %v", err)
 				}
 			})
@@ -144,8 +152,8 @@ func TestFollowLiveChange(t *testing.T) {
 	// Having followed 4, a takes a weight its own Config would refuse.
 	acquireN(t, a, 3, time.Second).Release(ctx)
 	late := e.sem(t, cfg)
-	if _, err := late.Acquire(ctx); !errors.Is(err, ErrConfigMismatch) {
-		t.Fatalf("a process started with the old capacity: %v, want ErrConfigMismatch", err)
+	if _, err := late.Acquire(ctx); !errors.Is(err, sluice.ErrConfigMismatch) {
+		t.Fatalf("a process started with the old capacity: %v, want sluice.ErrConfigMismatch", err)
 	}
 }
 
@@ -271,7 +279,7 @@ func TestSetCapacityLowerNoRevoke(t *testing.T) {
 }
 
 // TestSetCapacityRefusesTooHeavy: waiters heavier than a lowered capacity
-// leave the queue with ErrCostExceedsCapacity, in the process that lowered
+// leave the queue with sluice.ErrCostExceedsCapacity, in the process that lowered
 // it and in another; a lighter waiter behind them moves up.
 func TestSetCapacityRefusesTooHeavy(t *testing.T) {
 	e := newEnv(t)
@@ -303,8 +311,8 @@ func TestSetCapacityRefusesTooHeavy(t *testing.T) {
 	for range 2 {
 		select {
 		case r := <-results:
-			if !strings.HasPrefix(r.who, "heavy") || !errors.Is(r.err, ErrCostExceedsCapacity) || !errors.Is(r.err, sluice.ErrCostExceedsCapacity) {
-				t.Fatalf("%s: %v, %v; want ErrCostExceedsCapacity", r.who, r.p, r.err)
+			if !strings.HasPrefix(r.who, "heavy") || !errors.Is(r.err, sluice.ErrCostExceedsCapacity) {
+				t.Fatalf("%s: %v, %v; want sluice.ErrCostExceedsCapacity", r.who, r.p, r.err)
 			}
 			t.Logf("%s: %v", r.who, r.err)
 		case <-timeout:
@@ -321,7 +329,7 @@ func TestSetCapacityRefusesTooHeavy(t *testing.T) {
 	}
 	r.p.Release(ctx)
 	// A new arrival above the lowered capacity is refused by Redis.
-	if _, err := b.AcquireN(ctx, 3); !errors.Is(err, ErrCostExceedsCapacity) {
+	if _, err := b.AcquireN(ctx, 3); !errors.Is(err, sluice.ErrCostExceedsCapacity) {
 		t.Fatalf("AcquireN(3) on capacity 2: %v", err)
 	}
 }
@@ -544,8 +552,8 @@ func TestUnversionedStateMigrated(t *testing.T) {
 	}
 	// A process with another capacity now meets the migrated one.
 	other := e.sem(t, Config{Name: t.Name(), Capacity: 5})
-	if _, err := other.Acquire(ctx); !errors.Is(err, ErrConfigMismatch) {
-		t.Fatalf("another capacity after the migration: %v, want ErrConfigMismatch", err)
+	if _, err := other.Acquire(ctx); !errors.Is(err, sluice.ErrConfigMismatch) {
+		t.Fatalf("another capacity after the migration: %v, want sluice.ErrConfigMismatch", err)
 	}
 
 	var p *Permit

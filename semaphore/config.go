@@ -38,13 +38,13 @@ type Config struct {
 	// The capacity in force is stored in Redis with the semaphore's state.
 	// When none is stored, the first process to reach Redis stores its
 	// own. A process whose Capacity differs from the one in force gets
-	// ErrConfigMismatch from its first Acquire (New does no I/O), unless
+	// sluice.ErrConfigMismatch from its first Acquire (New does no I/O), unless
 	// Adopt is set. Once a process has acquired under the capacity in
 	// force, it follows later changes of it (SetCapacity) without error.
 	Capacity int
 
 	// Adopt makes this process follow the capacity in force in Redis when
-	// it differs from Capacity, instead of failing with ErrConfigMismatch:
+	// it differs from Capacity, instead of failing with sluice.ErrConfigMismatch:
 	// for processes that should enforce whatever limit is in force (set
 	// by the first process or by SetCapacity) rather than their own.
 	// Capacity is then used only when none is stored. False means a

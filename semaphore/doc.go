@@ -7,7 +7,7 @@
 // weights held never sum above it. Waiters keep their arrival order
 // whatever their weights: a heavy waiter at the head holds back lighter
 // ones behind it until its weight is free, so it is never starved. A
-// weight above Capacity is refused at once with ErrCostExceedsCapacity.
+// weight above Capacity is refused at once with sluice.ErrCostExceedsCapacity.
 //
 // Every permit is a lease on the Redis clock, renewed in the background
 // while held; a holder whose process dies frees its permit within one
@@ -23,7 +23,7 @@
 //
 // The capacity in force is stored in Redis with the semaphore's state: the
 // first process to arrive stores its own, a process configured otherwise
-// gets ErrConfigMismatch (unless Config.Adopt), and SetCapacity changes it
+// gets sluice.ErrConfigMismatch (unless Config.Adopt), and SetCapacity changes it
 // for every process at once.
 //
 // Stats reads this process's figures without I/O (waiting, weight held,

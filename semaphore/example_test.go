@@ -111,7 +111,7 @@ func ExampleSemaphore_AcquireN() {
 
 	// More than the capacity could never be granted: refused at once.
 	_, err = sem.AcquireN(ctx, 12)
-	fmt.Println(errors.Is(err, semaphore.ErrCostExceedsCapacity), errors.Is(err, sluice.ErrLimited))
+	fmt.Println(errors.Is(err, sluice.ErrCostExceedsCapacity), errors.Is(err, sluice.ErrLimited))
 	fmt.Println(err)
 	// Output:
 	// holding 8 of 10

@@ -115,7 +115,7 @@ func TestObserverAndStats(t *testing.T) {
 	if _, err := s.Acquire(ctx); !errors.Is(err, ErrQueueFull) {
 		t.Fatalf("Acquire with the queue full = %v", err)
 	}
-	if _, err := s.AcquireN(ctx, 4); !errors.Is(err, ErrCostExceedsCapacity) {
+	if _, err := s.AcquireN(ctx, 4); !errors.Is(err, sluice.ErrCostExceedsCapacity) {
 		t.Fatalf("AcquireN(4) of 3 = %v", err)
 	}
 	if err := p1.Release(ctx); err != nil {
@@ -257,7 +257,7 @@ func TestLogger(t *testing.T) {
 	other.Capacity, other.Observer = 7, rec
 	o := e.sem(t, other)
 	for range 2 {
-		if _, err := o.Acquire(ctx); !errors.Is(err, ErrConfigMismatch) {
+		if _, err := o.Acquire(ctx); !errors.Is(err, sluice.ErrConfigMismatch) {
 			t.Fatalf("Acquire with another Capacity = %v", err)
 		}
 	}

@@ -33,21 +33,6 @@ var (
 	// sluice.ErrConfig.
 	ErrConfig = groundwork.ConfigError("semaphore")
 
-	// ErrCostExceedsCapacity is returned at once by AcquireN for a weight
-	// above Config.Capacity, which no wait could ever grant: such a caller
-	// is never queued. The error names the weight and the capacity. It
-	// matches sluice.ErrCostExceedsCapacity, not sluice.ErrLimited.
-	ErrCostExceedsCapacity = fmt.Errorf("semaphore: %w", sluice.ErrCostExceedsCapacity)
-
-	// ErrConfigMismatch is returned by Acquire and AcquireN when this
-	// process's Config.Capacity differs from the capacity in force in
-	// Redis (stored by the first process to arrive, or by SetCapacity) and
-	// Config.Adopt is false. The error names both capacities. It matches
-	// sluice.ErrConfigMismatch and sluice.ErrConfig, not sluice.ErrLimited:
-	// the deployment disagrees with itself, and retrying will not help
-	// until it agrees (or SetCapacity makes the capacity in force match).
-	ErrConfigMismatch = groundwork.MismatchError("semaphore")
-
 	// ErrLeaseLost reports that a permit's lease ended before it was
 	// released: it could not be renewed in time (the process stalled or
 	// Redis was unreachable), Redis lost it (a restart without
@@ -198,7 +183,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 // gives its place in the queue up; while Redis is unreachable that error
 // also matches, and names, Redis's last error ("connection refused"). It
 // returns ErrQueueFull when Config.MaxQueue callers already wait,
-// ErrClosed after Close, ErrConfigMismatch when Config.Capacity differs
+// ErrClosed after Close, sluice.ErrConfigMismatch when Config.Capacity differs
 // from the capacity in force (see Config.Adopt), and an error wrapping
 // Redis's when its arrival cannot be recorded. Once queued, a waiter rides out Redis errors (its
 // place is refreshed, or taken again with its original ticket) until ctx
@@ -218,7 +203,7 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
 // behind move up. MaxQueue counts waiters, not weights.
 //
 // A weight above the capacity could never be granted: AcquireN refuses it
-// with an error wrapping ErrCostExceedsCapacity, at once and without
+// with an error matching sluice.ErrCostExceedsCapacity, at once and without
 // talking to Redis when it is above the capacity this process last heard
 // of (Config.Capacity before its first call), else when Redis answers. A
 // waiter whose weight is above a capacity lowered by SetCapacity while it
@@ -247,7 +232,7 @@ func (s *Semaphore) AcquireN(ctx context.Context, n int) (p *Permit, err error) 
 }
 
 // reasons are the semaphore's errors as Events name them; the shared ones
-// (ErrCostExceedsCapacity, ErrConfigMismatch, a ctx's) are
+// (sluice.ErrCostExceedsCapacity, sluice.ErrConfigMismatch, a ctx's) are
 // groundwork.Classify's.
 var reasons = []groundwork.Reason{
 	{Err: ErrQueueFull, Result: sluice.Refused, Name: "queue_full"},
@@ -342,17 +327,21 @@ func (s *Semaphore) acquire(ctx context.Context, n int) (_ *Permit, queued bool,
 	return nil, queued, ctx.Err()
 }
 
+// errCostExceedsCapacity is wrapped by the refusal of a weight above the
+// capacity in force (sluice.ErrCostExceedsCapacity: AcquireN's doc).
+var errCostExceedsCapacity = fmt.Errorf("semaphore: %w", sluice.ErrCostExceedsCapacity)
+
 // tooHeavy is the refusal of a weight n above the capacity in force.
 func (s *Semaphore) tooHeavy(n, capacity int) error {
 	return fmt.Errorf("%w: weight %d above Capacity %d of semaphore %q, so it could never be granted",
-		ErrCostExceedsCapacity, n, capacity, s.cfg.Name)
+		errCostExceedsCapacity, n, capacity, s.cfg.Name)
 }
 
 // loweredBelow is the refusal of a waiter of weight n after SetCapacity
 // lowered the capacity below n.
 func (s *Semaphore) loweredBelow(n int) error {
 	return fmt.Errorf("%w: weight %d above the capacity of semaphore %q, lowered below it (SetCapacity) while it waited, so it could never be granted",
-		ErrCostExceedsCapacity, n, s.cfg.Name)
+		errCostExceedsCapacity, n, s.cfg.Name)
 }
 
 // Do acquires a permit, runs fn, and releases the permit after fn returns,
@@ -397,14 +386,14 @@ func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) 
 // semaphore at once: one script call stores it in Redis and applies it
 // there. Processes that had acquired under the old capacity follow it
 // from their next call; processes that start later with another
-// Config.Capacity get ErrConfigMismatch unless they set Config.Adopt.
+// Config.Capacity get sluice.ErrConfigMismatch unless they set Config.Adopt.
 //
 // Raising the capacity grants the waiters it makes room for in that same
 // call and wakes them at once. Lowering it never revokes a permit: the
 // weights already held stay held, and nobody is admitted until they fall
 // below n. A waiter heavier than n could never be granted: it leaves the
 // queue in that call (or the next that reaches it), and its AcquireN
-// returns an error wrapping ErrCostExceedsCapacity; those behind it move
+// returns an error matching sluice.ErrCostExceedsCapacity; those behind it move
 // up. SetCapacity works whether or not anyone holds or waits, and the
 // capacity stays stored while the semaphore is used, and for a week
 // after its last use.

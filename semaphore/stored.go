@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/sluicehq/sluice"
 )
 
 // The configuration stored in Redis, KEYS[5] of sync.lua: a HASH
@@ -36,8 +38,13 @@ func (s *Semaphore) unknownFormat(f string) error {
 // mismatch is the refusal of this process's Config.Capacity when stored
 // is in force.
 func (s *Semaphore) mismatch(stored int64) error {
-	return fmt.Errorf("%w: semaphore %q: Config.Capacity %d here, capacity %d in force in Redis (stored by the first process to arrive, or by SetCapacity); deploy one Capacity, call SetCapacity, or set Config.Adopt to follow it",
-		ErrConfigMismatch, s.cfg.Name, s.cfg.Capacity, stored)
+	return fmt.Errorf("%w (stored by the first process to arrive, or by SetCapacity); deploy one Capacity, call SetCapacity, or set Config.Adopt to follow it",
+		&sluice.ConfigMismatchError{
+			Limiter: "semaphore",
+			Name:    s.cfg.Name,
+			Mine:    "capacity " + strconv.Itoa(s.cfg.Capacity),
+			InForce: "capacity " + strconv.FormatInt(stored, 10),
+		})
 }
 
 // parseStored reads the HMGET of the format and capacity fields: the

@@ -23,13 +23,6 @@ func ConfigError(pkg string) error {
 	return &sentinel{msg: pkg + ": invalid config", parent: sluice.ErrConfig}
 }
 
-// MismatchError returns pkg's ErrConfigMismatch: its message is "<pkg>:
-// config differs from the one in force" and it matches
-// sluice.ErrConfigMismatch (and so sluice.ErrConfig).
-func MismatchError(pkg string) error {
-	return &sentinel{msg: pkg + ": config differs from the one in force", parent: sluice.ErrConfigMismatch}
-}
-
 // Invalid returns an error wrapping errConfig (a package's ErrConfig) that
 // says what is wrong.
 func Invalid(errConfig error, format string, a ...any) error {
