@@ -260,7 +260,11 @@ func TestStaleSlotRefused(t *testing.T) {
 		t.Fatalf("step: %+v %v", r, err)
 	}
 	// Wait, on the Redis clock, until the slot is more than the tolerance old.
-	slot, _ := rdb.Get(ctx, slotKey(q, ids[0])).Float64()
+	raw, err := rdb.Get(ctx, slotKey(q, ids[0])).Result()
+	slot, _, ok := protocol.ParseSlotValue(raw)
+	if err != nil || !ok {
+		t.Fatalf("slot key holds %q (%v)", raw, err)
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		now, err := rdb.Time(ctx).Result()
