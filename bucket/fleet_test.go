@@ -463,10 +463,15 @@ func TestOverloadStarvedProcesses(t *testing.T) {
 	util := float64(len(all)) / allowed
 	t.Logf("%d grants of %.0f the limit allows over %v (%.2f), %d retimes (%d tokens given back), %d re-entries",
 		len(all), allowed, run, util, retimes, refunds, reentries)
-	// A floor between what this run gives under -race (0.65) and what it gave
-	// when a late caller queued again at the back (0.36; about 0.1 without
-	// -race). The goal (≥ 0.9) is the bench's.
-	if util < 0.5 {
+	// A late caller keeps its place: it never queues again at the back
+	// (797 re-entries in this run when it did). Utilization is the bench's
+	// goal (≥ 0.9); here only a collapse fails: 0.48–0.78 under -race,
+	// with the machine idle or loaded, against about 0.1 without -race
+	// when late callers queued again.
+	if reentries != 0 {
+		t.Errorf("%d re-entries: late callers queued again at the back", reentries)
+	}
+	if util < 0.3 {
 		t.Errorf("utilization %.2f: overload collapsed", util)
 	}
 }
