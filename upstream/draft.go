@@ -27,11 +27,23 @@ const (
 	maxParams = 16
 )
 
-// readDraft returns the quotas the draft's fields report, counting unit.
-func readDraft(hdr http.Header, unit string, now time.Time) []Quota {
+// readDraft returns the quotas the draft's fields report, counting unit,
+// and notes in r the fields it found with values it cannot read.
+func readDraft(r *reading, unit string) []Quota {
 	var out []Quota
-	policies := sfList(joined(hdr, "RateLimit-Policy"))
-	items := sfList(joined(hdr, "RateLimit"))
+	hdr := r.hdr
+	policyField, field := joined(hdr, "RateLimit-Policy"), joined(hdr, "RateLimit")
+	policies, items := sfList(policyField), sfList(field)
+	// bad notes that a value of a field cannot be read; absent is fine.
+	bad := func(name, whole, v string, present bool, read func(string) bool) {
+		if present && !read(v) {
+			r.unreadable(name, whole)
+		}
+	}
+	isCount := func(v string) bool { _, ok := count(v); return ok }
+	isLimit := func(v string) bool { _, ok := limit(v); return ok }
+	isReset := func(v string) bool { _, ok := readReset(v, false, r.now); return ok }
+	isWindow := func(v string) bool { _, ok := decimal(strings.TrimSpace(v)); return ok }
 	dict := false
 	for _, it := range items {
 		if strings.Contains(it.bare, "=") {
@@ -45,27 +57,42 @@ func readDraft(hdr http.Header, unit string, now time.Time) []Quota {
 			k, v, _ := strings.Cut(it.bare, "=")
 			m[strings.ToLower(strings.TrimSpace(k))] = unquote(strings.TrimSpace(v))
 		}
+		for _, k := range []struct {
+			key  string
+			read func(string) bool
+		}{{"remaining", isCount}, {"limit", isLimit}, {"reset", isReset}} {
+			v, ok := m[k.key]
+			bad("RateLimit", field, v, ok, k.read)
+		}
 		if rem, ok := count(m["remaining"]); ok {
 			q := Quota{Unit: unit, Limit: -1, Remaining: rem}
-			if l := limit(m["limit"]); l >= 0 {
+			if l, ok := limit(m["limit"]); ok {
 				q.Limit = l
 				q.Window = windowOf(policies, func(p sfItem) bool { n, ok := count(p.bare); return ok && n == l })
 			}
-			q.Reset, _ = readReset(m["reset"], false, now)
+			q.Reset, _ = readReset(m["reset"], false, r.now)
 			out = append(out, q)
 		}
 	} else {
 		for _, it := range items {
-			rem, ok := count(it.params["r"])
+			rv, has := it.params["r"]
+			tv, hasT := it.params["t"]
+			bad("RateLimit", field, tv, hasT, isReset)
+			rem, ok := count(rv)
+			bad("RateLimit", field, rv, has, isCount)
 			if !ok {
 				continue
 			}
 			q := Quota{Unit: unit, Policy: it.bare, Limit: -1, Remaining: rem}
-			q.Reset, _ = readReset(it.params["t"], false, now)
+			q.Reset, _ = readReset(tv, false, r.now)
 			for _, p := range policies {
 				if p.bare == it.bare {
-					q.Limit = limit(p.params["q"])
-					q.Window = window(p.params["w"])
+					qv, hasQ := p.params["q"]
+					wv, hasW := p.params["w"]
+					bad("RateLimit-Policy", policyField, qv, hasQ, isLimit)
+					bad("RateLimit-Policy", policyField, wv, hasW, isWindow)
+					q.Limit, _ = limit(qv)
+					q.Window = window(wv)
 					break
 				}
 			}
@@ -74,11 +101,18 @@ func readDraft(hdr http.Header, unit string, now time.Time) []Quota {
 	}
 
 	// Drafts 06 and before.
-	if rem, ok := count(hdr.Get("RateLimit-Remaining")); ok {
+	v, present := r.get("RateLimit-Remaining")
+	bad("RateLimit-Remaining", v, v, present, isCount)
+	reset, hasReset := r.get("RateLimit-Reset")
+	bad("RateLimit-Reset", reset, reset, hasReset, isReset)
+	limits := sfList(hdr.Get("RateLimit-Limit"))
+	if len(limits) > 0 {
+		bad("RateLimit-Limit", hdr.Get("RateLimit-Limit"), limits[0].bare, true, isLimit)
+	}
+	if rem, ok := count(v); ok {
 		q := Quota{Unit: unit, Limit: -1, Remaining: rem}
-		limits := sfList(hdr.Get("RateLimit-Limit"))
 		if len(limits) > 0 {
-			if l := limit(limits[0].bare); l >= 0 {
+			if l, ok := limit(limits[0].bare); ok {
 				q.Limit = l
 				same := func(p sfItem) bool { n, ok := count(p.bare); return ok && n == l }
 				q.Window = windowOf(limits, same)
@@ -87,7 +121,7 @@ func readDraft(hdr http.Header, unit string, now time.Time) []Quota {
 				}
 			}
 		}
-		q.Reset, _ = readReset(hdr.Get("RateLimit-Reset"), false, now)
+		q.Reset, _ = readReset(reset, false, r.now)
 		out = append(out, q)
 	}
 	return out

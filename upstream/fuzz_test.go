@@ -32,6 +32,9 @@ func FuzzParse(f *testing.F) {
 		{200, "RateLimit-Limit: 10, 10;w=1, 1000;w=3600\nRateLimit-Remaining: 9\nRateLimit-Reset: 1"},
 		{429, "Retry-After: -1\nX-RateLimit-Remaining: -5\nX-RateLimit-Reset: -99999999999999999999"},
 		{429, "Retry-After: 1e400\nRateLimit: \"a\\\"b\";r=\"5\nRateLimit: ,;,;=;"},
+		{200, "x-ratelimit-limit-requests: 60\nx-ratelimit-limit-tokens: 150000\nx-ratelimit-remaining-requests: 59\nx-ratelimit-remaining-tokens: 149984\nx-ratelimit-reset-requests: 1s\nx-ratelimit-reset-tokens: 6m0s"},
+		{429, "retry-after: 30\nanthropic-ratelimit-requests-limit: 50\nanthropic-ratelimit-requests-remaining: 0\nanthropic-ratelimit-requests-reset: 2024-06-21T17:34:00Z"},
+		{403, "x-ratelimit-limit: 60\nx-ratelimit-remaining: 0\nx-ratelimit-used: 60\nx-ratelimit-reset: 1377013266\nx-ratelimit-resource: core"},
 	}
 	for _, s := range seeds {
 		f.Add(s.status, s.block)
@@ -39,6 +42,9 @@ func FuzzParse(f *testing.F) {
 	sets := map[string]Headers{
 		"Default":     Default,
 		"SentinelHub": SentinelHub,
+		"OpenAI":      OpenAI,
+		"Anthropic":   Anthropic,
+		"GitHub":      GitHub,
 		"millis":      {RetryAfter: []Delay{{Name: "Retry-After", Millis: true}}, Counters: []Counter{{Limit: "X-RateLimit-Limit", Remaining: "X-RateLimit-Remaining", Reset: "X-RateLimit-Reset", Millis: true}}, Draft: true},
 	}
 	f.Fuzz(func(t *testing.T, status int, block string) {

@@ -19,8 +19,8 @@ const (
 )
 
 // Headers says which response headers Parse reads, and in which units. The
-// zero value reads nothing. Default and SentinelHub are ready-made sets; copy
-// one and change it for another API.
+// zero value reads nothing. Default, OpenAI, Anthropic, GitHub and
+// SentinelHub are ready-made sets; copy one and change it for another API.
 type Headers struct {
 	// RetryAfter are the headers that say how long to wait, read on 429,
 	// 503 and 403 answers. The longest wait among them wins.
@@ -59,14 +59,23 @@ type Delay struct {
 // milliseconds. A Unix time is taken relative to the response's Date header
 // when it has one (the upstream's clock, to the second: the wait read is up
 // to a second long, never short), else to the local clock. A reset may also
-// be a Go-style duration ("1m30s", "250ms", as OpenAI sends) or an
-// HTTP-date. Numbers may have a fractional part ("1470173023.123").
+// be a Go-style duration ("1m30s", "250ms", as OpenAI sends), an RFC 3339
+// timestamp ("2024-06-21T17:34:00Z", as Anthropic sends, taken as a Unix
+// time is) or an HTTP-date. Numbers may have a fractional part
+// ("1470173023.123").
+//
+// Policy, when set, is the header whose value names the quota
+// (Quota.Policy), such as GitHub's X-RateLimit-Resource. UntilFull says
+// that the upstream's reset is the time until the quota is full again at
+// its steady rate, not a window's end (Quota.UntilFull).
 type Counter struct {
 	Unit      string
 	Limit     string
 	Remaining string
 	Reset     string
+	Policy    string
 	Millis    bool
+	UntilFull bool
 }
 
 // Default reads Retry-After (seconds or an HTTP-date), X-RateLimit-Limit /
@@ -80,6 +89,61 @@ var Default = Headers{
 		{Limit: "X-Rate-Limit-Limit", Remaining: "X-Rate-Limit-Remaining", Reset: "X-Rate-Limit-Reset"},
 	},
 	Draft: true,
+}
+
+// OpenAI reads what OpenAI's API sends (its rate limits guide): Retry-After
+// in seconds, and two quotas, both UntilFull: x-ratelimit-limit-requests /
+// -remaining-requests / -reset-requests as calls (unit ""), and
+// x-ratelimit-limit-tokens / -remaining-tokens / -reset-tokens in unit
+// "tokens". The resets are Go-style durations ("1s", "6m0s", "20ms"): the
+// time until the quota is back to its full size, at its steady rate. Treat
+// it as read-only: copy it to change it.
+var OpenAI = Headers{
+	RetryAfter: []Delay{{Name: "retry-after"}},
+	Counters: []Counter{
+		{Limit: "x-ratelimit-limit-requests", Remaining: "x-ratelimit-remaining-requests",
+			Reset: "x-ratelimit-reset-requests", UntilFull: true},
+		{Unit: "tokens", Limit: "x-ratelimit-limit-tokens", Remaining: "x-ratelimit-remaining-tokens",
+			Reset: "x-ratelimit-reset-tokens", UntilFull: true},
+	},
+}
+
+// Anthropic reads what Anthropic's API sends (its rate limits page):
+// Retry-After in seconds, and four quotas, all UntilFull, from the
+// anthropic-ratelimit-<kind>-limit / -remaining / -reset headers: requests
+// as calls (unit ""), tokens in unit "tokens" (the most restrictive of the
+// token limits in force), input-tokens in unit "input_tokens" and
+// output-tokens in unit "output_tokens". The resets are RFC 3339
+// timestamps ("2024-06-21T17:34:00Z"): when the quota will be fully
+// replenished. Treat it as read-only: copy it to change it.
+var Anthropic = Headers{
+	RetryAfter: []Delay{{Name: "retry-after"}},
+	Counters: []Counter{
+		anthropic("", "requests"),
+		anthropic("tokens", "tokens"),
+		anthropic("input_tokens", "input-tokens"),
+		anthropic("output_tokens", "output-tokens"),
+	},
+}
+
+func anthropic(unit, kind string) Counter {
+	p := "anthropic-ratelimit-" + kind + "-"
+	return Counter{Unit: unit, Limit: p + "limit", Remaining: p + "remaining", Reset: p + "reset", UntilFull: true}
+}
+
+// GitHub reads what GitHub's REST API sends (its rate limits page):
+// Retry-After in seconds (its secondary limits), and one quota of calls
+// from x-ratelimit-limit, -remaining and -reset, a Unix time in seconds
+// when the window resets (the quota comes back all at once then, so it is
+// not UntilFull), named by x-ratelimit-resource ("core", "search", ...:
+// Quota.Policy). GitHub answers its limits with 403 or 429: a 403 is a
+// refusal when it has a Retry-After or x-ratelimit-remaining 0 (see
+// Signal.Refused). x-ratelimit-used is not read: it is the limit less
+// the remaining. Treat it as read-only: copy it to change it.
+var GitHub = Headers{
+	RetryAfter: []Delay{{Name: "retry-after"}},
+	Counters: []Counter{{Limit: "x-ratelimit-limit", Remaining: "x-ratelimit-remaining",
+		Reset: "x-ratelimit-reset", Policy: "x-ratelimit-resource"}},
 }
 
 // SentinelHub reads what Sentinel Hub sends: Retry-After and
@@ -117,25 +181,31 @@ func (h Headers) parseAt(resp *http.Response, now time.Time) Signal {
 		return Signal{}
 	}
 	s := Signal{Status: resp.StatusCode}
-	hdr := resp.Header
-	if d, err := http.ParseTime(hdr.Get("Date")); err == nil {
+	if d, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
 		now = d
 	}
+	r := &reading{hdr: resp.Header, now: now}
 	for _, c := range h.Counters {
-		if q, ok := c.read(hdr, now); ok {
+		if q, ok := c.read(r); ok {
 			s.Quotas = append(s.Quotas, q)
 		}
 	}
 	if h.Draft {
-		s.Quotas = append(s.Quotas, readDraft(hdr, h.DraftUnit, now)...)
+		s.Quotas = append(s.Quotas, readDraft(r, h.DraftUnit)...)
 	}
 	said := false
 	switch s.Status {
 	case http.StatusTooManyRequests, http.StatusServiceUnavailable, http.StatusForbidden:
 		for _, d := range h.RetryAfter {
-			if v, ok := readDelay(hdr.Get(d.Name), d.Millis, now); ok {
+			v, ok := r.get(d.Name)
+			if !ok {
+				continue
+			}
+			if w, ok := readDelay(v, d.Millis, now); ok {
 				said = true
-				s.RetryAfter = max(s.RetryAfter, v)
+				s.RetryAfter = max(s.RetryAfter, w)
+			} else {
+				r.unreadable(d.Name, v)
 			}
 		}
 	}
@@ -147,6 +217,7 @@ func (h Headers) parseAt(resp *http.Response, now time.Time) Signal {
 	case http.StatusForbidden:
 		s.Refused = said || exhausted(s.Quotas)
 	}
+	s.Unreadable = r.bad
 	return s
 }
 
@@ -159,21 +230,72 @@ func exhausted(qs []Quota) bool {
 	return false
 }
 
-func (c Counter) read(hdr http.Header, now time.Time) (Quota, bool) {
-	if c.Remaining == "" {
+// maxValue is how much of an unreadable header's value a Field keeps.
+const maxValue = 128
+
+// reading is one response being read: its headers, the instant its dates
+// are taken against, and the headers found unreadable so far.
+type reading struct {
+	hdr http.Header
+	now time.Time
+	bad []Field
+}
+
+// get is the first value of the header name, and whether the response
+// has it at all ("" names none).
+func (r *reading) get(name string) (string, bool) {
+	if name == "" {
+		return "", false
+	}
+	vs := r.hdr.Values(name)
+	if len(vs) == 0 {
+		return "", false
+	}
+	return vs[0], true
+}
+
+// unreadable notes that the header name has the value v, which cannot be
+// read; a header is noted once.
+func (r *reading) unreadable(name, v string) {
+	for _, f := range r.bad {
+		if strings.EqualFold(f.Name, name) {
+			return
+		}
+	}
+	if len(v) > maxValue {
+		v = v[:maxValue]
+	}
+	r.bad = append(r.bad, Field{Name: name, Value: v})
+}
+
+func (c Counter) read(r *reading) (Quota, bool) {
+	q := Quota{Unit: c.Unit, Limit: -1, UntilFull: c.UntilFull}
+	if v, ok := r.get(c.Limit); ok {
+		if n, ok := limit(v); ok {
+			q.Limit = n
+		} else {
+			r.unreadable(c.Limit, v)
+		}
+	}
+	v, present := r.get(c.Remaining)
+	rem, ok := count(v)
+	if present && !ok {
+		r.unreadable(c.Remaining, v)
+	}
+	if v, ok := r.get(c.Reset); ok {
+		if d, ok := readReset(v, c.Millis, r.now); ok {
+			q.Reset = d
+		} else {
+			r.unreadable(c.Reset, v)
+		}
+	}
+	if v, ok := r.get(c.Policy); ok {
+		q.Policy = strings.TrimSpace(v)
+	}
+	if !present || !ok {
 		return Quota{}, false
 	}
-	rem, ok := count(hdr.Get(c.Remaining))
-	if !ok {
-		return Quota{}, false
-	}
-	q := Quota{Unit: c.Unit, Limit: -1, Remaining: rem}
-	if c.Limit != "" {
-		q.Limit = limit(hdr.Get(c.Limit))
-	}
-	if c.Reset != "" {
-		q.Reset, _ = readReset(hdr.Get(c.Reset), c.Millis, now)
-	}
+	q.Remaining = rem
 	return q, true
 }
 
@@ -194,7 +316,7 @@ func readDelay(v string, millis bool, now time.Time) (time.Duration, bool) {
 }
 
 // readReset reads a reset: a wait or a Unix time (told apart by size), a
-// Go duration, or an HTTP-date.
+// Go duration, an RFC 3339 timestamp, or an HTTP-date.
 func readReset(v string, millis bool, now time.Time) (time.Duration, bool) {
 	v = strings.TrimSpace(v)
 	if v == "" {
@@ -212,6 +334,9 @@ func readReset(v string, millis bool, now time.Time) (time.Duration, bool) {
 	}
 	if d, err := time.ParseDuration(v); err == nil {
 		return clamp(d, maxDelay), true
+	}
+	if t, err := time.Parse(time.RFC3339, v); err == nil {
+		return until(t, now), true
 	}
 	if t, err := http.ParseTime(v); err == nil {
 		return until(t, now), true
@@ -288,15 +413,15 @@ func count(v string) (int64, bool) {
 	return int64(f), true
 }
 
-// limit reads a quota's size as count does; -1 when v is not a count or is
-// negative.
-func limit(v string) int64 {
+// limit reads a quota's size as count does; false when v is not a count
+// or is negative.
+func limit(v string) (int64, bool) {
 	f, ok := decimal(strings.TrimSpace(v))
 	if !ok || f < 0 {
-		return -1
+		return -1, false
 	}
 	n, _ := count(v)
-	return n
+	return n, true
 }
 
 // decimal reads an optionally signed decimal number with an optional

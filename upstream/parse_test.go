@@ -57,8 +57,10 @@ func TestParse(t *testing.T) {
 			resp(429, "Date: "+date, "Retry-After: "+now.Add(-time.Hour).Format(http.TimeFormat)),
 			Signal{Status: 429, Refused: true}},
 		{"Retry-After negative", Default, resp(429, "Retry-After: -5"), Signal{Status: 429, Refused: true}},
-		{"Retry-After garbage", Default, resp(429, "Retry-After: soon"), Signal{Status: 429, Refused: true}},
-		{"Retry-After exponent is garbage", Default, resp(429, "Retry-After: 1e3"), Signal{Status: 429, Refused: true}},
+		{"Retry-After garbage", Default, resp(429, "Retry-After: soon"),
+			Signal{Status: 429, Refused: true, Unreadable: []Field{{"Retry-After", "soon"}}}},
+		{"Retry-After exponent is garbage", Default, resp(429, "Retry-After: 1e3"),
+			Signal{Status: 429, Refused: true, Unreadable: []Field{{"Retry-After", "1e3"}}}},
 		{"Retry-After capped at 24 h", Default, resp(429, "Retry-After: 99999999999999999999"),
 			Signal{Status: 429, Refused: true, RetryAfter: 24 * time.Hour}},
 		{"503 without Retry-After is not a refusal", Default, resp(503), Signal{Status: 503}},
@@ -106,17 +108,22 @@ func TestParse(t *testing.T) {
 		{"reset as an HTTP-date", Default,
 			resp(200, "Date: "+date, "X-RateLimit-Remaining: 1", "X-RateLimit-Reset: "+now.Add(time.Minute).Format(http.TimeFormat)),
 			Signal{Status: 200, Quotas: []Quota{calls(-1, 1, time.Minute)}}},
-		{"reset garbage is unknown, the quota stays", Default,
+		{"reset garbage is unknown and reported, the quota stays", Default,
 			resp(200, "X-RateLimit-Remaining: 7", "X-RateLimit-Reset: Tue Feb 16 2021 09:02:42 GMT+0100 (CET)"),
-			Signal{Status: 200, Quotas: []Quota{calls(-1, 7, 0)}}},
-		{"negative remaining reads 0, negative limit unknown", Default,
+			Signal{Status: 200, Quotas: []Quota{calls(-1, 7, 0)},
+				Unreadable: []Field{{"X-RateLimit-Reset", "Tue Feb 16 2021 09:02:42 GMT+0100 (CET)"}}}},
+		{"reset as an RFC 3339 timestamp", Default,
+			resp(200, "Date: "+date, "X-RateLimit-Remaining: 7", "X-RateLimit-Reset: 2025-03-14T15:10:26Z"),
+			Signal{Status: 200, Quotas: []Quota{calls(-1, 7, time.Minute)}}},
+		{"negative remaining reads 0, negative limit unknown and reported", Default,
 			resp(200, "X-RateLimit-Limit: -4", "X-RateLimit-Remaining: -3"),
-			Signal{Status: 200, Quotas: []Quota{calls(-1, 0, 0)}}},
+			Signal{Status: 200, Quotas: []Quota{calls(-1, 0, 0)}, Unreadable: []Field{{"X-RateLimit-Limit", "-4"}}}},
 		{"huge remaining is capped", Default,
 			resp(200, "X-RateLimit-Remaining: 123456789012345678901234567890"),
 			Signal{Status: 200, Quotas: []Quota{calls(-1, maxCount, 0)}}},
-		{"remaining garbage: no quota", Default,
-			resp(200, "X-RateLimit-Limit: 10", "X-RateLimit-Remaining: lots"), Signal{Status: 200}},
+		{"remaining garbage: no quota, reported", Default,
+			resp(200, "X-RateLimit-Limit: 10", "X-RateLimit-Remaining: lots"),
+			Signal{Status: 200, Unreadable: []Field{{"X-RateLimit-Remaining", "lots"}}}},
 		{"limit without remaining: no quota", Default, resp(200, "X-RateLimit-Limit: 10"), Signal{Status: 200}},
 
 		{"milliseconds: Prisjakt-style reset", Headers{Counters: []Counter{{
@@ -216,6 +223,11 @@ func check(t *testing.T, s Signal) {
 	default:
 		if s.Refused || s.RetryAfter != 0 {
 			t.Errorf("status %d read as Refused %v, RetryAfter %v", s.Status, s.Refused, s.RetryAfter)
+		}
+	}
+	for _, f := range s.Unreadable {
+		if f.Name == "" || len(f.Value) > maxValue {
+			t.Errorf("unreadable header out of range: %+v", f)
 		}
 	}
 	for _, q := range s.Quotas {

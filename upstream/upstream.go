@@ -10,13 +10,15 @@
 //
 // Which headers are read, in which units, is a Headers value: Default reads
 // the usual ones (Retry-After, X-RateLimit-*, RateLimit and
-// RateLimit-Policy), SentinelHub reads Sentinel Hub's milliseconds and
-// processing units. See docs/upstream.md for every rule.
+// RateLimit-Policy); OpenAI, Anthropic, GitHub and SentinelHub read what
+// those APIs send, in their units. See docs/upstream.md for every rule.
 //
 // The parser never panics and never yields a negative duration: garbage
-// reads as "not said". A Retry-After or a reset further away than 24 hours
-// reads as 24 hours, a policy window longer than 366 days as 366 days, and a
-// count above 2^53 as 2^53.
+// reads as "not said", and a header the Headers name that is there but
+// cannot be read is listed in Signal.Unreadable, so that it can be
+// reported rather than taken for silence. A Retry-After or a reset
+// further away than 24 hours reads as 24 hours, a policy window longer than
+// 366 days as 366 days, and a count above 2^53 as 2^53.
 package upstream
 
 import (
@@ -41,6 +43,22 @@ type Signal struct {
 	// Quotas are the quotas the response reported the state of, in the
 	// order the headers were read. Several may count the same unit.
 	Quotas []Quota
+	// Unreadable are the headers the Headers name that the response sent
+	// with a value Parse cannot read (a count that is not a number, a
+	// reset in no format it knows), in the order they were read; nil when
+	// every one was read. Parse reads such a header as not said: a quota
+	// whose Remaining is unreadable is not reported, an unreadable Limit
+	// reads as -1, an unreadable Reset as 0, an unreadable Retry-After as
+	// none. Package transport logs them.
+	Unreadable []Field
+}
+
+// Field is a header as a response sent it.
+type Field struct {
+	// Name is the header's name, as the Headers spell it.
+	Name string
+	// Value is its value as sent, cut to its first 128 bytes.
+	Value string
 }
 
 // Quota is the state of one of the upstream's quotas, as one response
@@ -59,8 +77,16 @@ type Quota struct {
 	// value is rounded down.
 	Remaining int64
 	// Reset is how long until the quota is replenished or its window
-	// resets; 0 when the response did not say.
+	// resets; 0 when the response did not say. UntilFull says which.
 	Reset time.Duration
+	// UntilFull is true when Reset is the time until the quota is full
+	// again at its steady rate (OpenAI's and Anthropic's resets), not an
+	// instant before which nothing comes back (a window's end, as
+	// GitHub's). Such a quota refills all along: a receiver lowers its
+	// level to Remaining and lets it go on refilling at its own rate,
+	// rather than holding its refills until Reset. It comes from the
+	// Headers configuration (Counter.UntilFull), not from the response.
+	UntilFull bool
 	// Window is the quota's window, from the IETF draft's w= parameter; 0
 	// when the response did not say.
 	Window time.Duration
@@ -79,8 +105,9 @@ type Quota struct {
 //     their order, not released together when it comes.
 //   - Sync: for each Quota q, the level of the limiter's policies that
 //     count q.Unit is brought down to at most q.Remaining, and their
-//     refills resume at now + q.Reset (at once when q.Reset is 0). Sync
-//     never raises a level, and never above the configured capacity.
+//     refills resume at now + q.Reset (at once when q.Reset is 0 or
+//     q.UntilFull: such a quota refills all along). Sync never raises a
+//     level, and never above the configured capacity.
 //   - Adapt: if s.Refused, the refusal counts toward lowering the rate in
 //     force, when the limiter has adapting enabled.
 //
