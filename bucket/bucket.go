@@ -192,6 +192,11 @@ type Config struct {
 	// make callers late: set it above that spread. 0 means 25 ms; negative
 	// means a caller always starts on its slot, however late.
 	MaxLateness time.Duration
+	// ReservationTTL is how long after its grant a Reservation may be
+	// settled or cancelled (Reserve); past it, it counts at its estimate
+	// for good and Settle and Cancel fail with ErrReservationSettled. 0
+	// means 1 hour.
+	ReservationTTL time.Duration
 }
 
 // Policy is one limit of a bucket in one unit: it holds at most Capacity
@@ -417,6 +422,12 @@ func (c Config) withDefaults() (Config, error) {
 		c.MaxLateness = defaultMaxLateness
 	}
 	switch {
+	case c.ReservationTTL < 0:
+		return bad("ReservationTTL %v, want ≥ 0", c.ReservationTTL)
+	case c.ReservationTTL == 0:
+		c.ReservationTTL = time.Hour
+	}
+	switch {
 	case c.ReplicaAcks < 0:
 		return bad("ReplicaAcks %d, want ≥ 0", c.ReplicaAcks)
 	case c.ReplicaTimeout < 0:
@@ -640,7 +651,7 @@ func (b *Bucket) Estimate(ctx context.Context, c Cost) (Estimate, error) {
 			return Estimate{}, err
 		}
 		wait, ahead, err := b.q.Estimate(ctx, costs)
-		retry, serr := b.settle(ctx, err, settled)
+		retry, serr := b.followInForce(ctx, err, settled)
 		switch {
 		case retry:
 			continue
@@ -699,7 +710,7 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep Report, err error) {
 			return rep, err
 		}
 		again, err := b.enterOnce(ctx, costs, &rep)
-		if retry, serr := b.settle(ctx, err, settled); retry {
+		if retry, serr := b.followInForce(ctx, err, settled); retry {
 			settled++
 			continue
 		} else if serr != nil {
@@ -799,7 +810,7 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 		if errors.As(err, new(*queue.ConfigError)) {
 			// A live change since this caller queued: poll under the
 			// policies in force (the caller keeps its place).
-			if _, serr := b.settle(ctx, err, 0); serr != nil {
+			if _, serr := b.followInForce(ctx, err, 0); serr != nil {
 				b.cancel(entry)
 				return false, serr
 			}

@@ -120,7 +120,7 @@ func (b *Bucket) feedback(ctx context.Context, plan func([]Policy) (time.Duratio
 			return queue.FeedbackResult{}, err
 		}
 		r, err := b.q.Feedback(ctx, id, hold, held, syncs)
-		retry, serr := b.settle(ctx, err, settled)
+		retry, serr := b.followInForce(ctx, err, settled)
 		switch {
 		case retry:
 			continue

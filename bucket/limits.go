@@ -105,12 +105,12 @@ func (b *Bucket) inForce() []Policy {
 	return fromQueue(ps)
 }
 
-// settle decides what a call that found another configuration in force
+// followInForce decides what a call that found another configuration in force
 // (err a *queue.ConfigError) does: it reports retry when this process now
 // runs under the policies in force, and an error wrapping a
 // *sluice.ConfigMismatchError when it may not follow them. Any other err is not
-// settle's: it returns (false, nil).
-func (b *Bucket) settle(ctx context.Context, err error, settled int) (retry bool, _ error) {
+// followInForce's: it returns (false, nil).
+func (b *Bucket) followInForce(ctx context.Context, err error, settled int) (retry bool, _ error) {
 	var cerr *queue.ConfigError
 	if !errors.As(err, &cerr) {
 		return false, nil

@@ -81,20 +81,37 @@ func ones(ts []time.Time) []Grant {
 
 // sorted returns the grants of non-zero cost in time order, and the
 // count and units of all; it panics on a negative cost, which no bucket
-// grants.
-func sorted(grants []Grant) (gs []Grant, res Result) {
+// grants, unless charges (CheckCharges): then, at equal times, the
+// negative ones come first.
+func sorted(grants []Grant, charges bool) (gs []Grant, res Result) {
 	res.Grants = len(grants)
 	for _, g := range grants {
 		switch {
-		case g.Cost < 0:
+		case g.Cost < 0 && !charges:
 			panic(fmt.Sprintf("guarantee: negative cost %d at %v", g.Cost, g.At))
-		case g.Cost > 0:
+		case g.Cost != 0:
 			gs = append(gs, g)
 			res.Units += g.Cost
 		}
 	}
-	slices.SortStableFunc(gs, func(a, b Grant) int { return a.At.Compare(b.At) })
+	slices.SortStableFunc(gs, func(a, b Grant) int {
+		if c := a.At.Compare(b.At); c != 0 {
+			return c
+		}
+		return min(a.Cost, 0) - min(b.Cost, 0) // negative ones first: only charges have any
+	})
 	return gs, res
+}
+
+// CheckCharges is CheckCosts over charges that may be negative: a
+// reservation's estimate at its grant, then at its settle the rest given
+// back (negative) or the debt taken (positive). A window counts the sum
+// of the charges in it. A window that begins between charges of the same
+// instant counts only those after it: with the negative ones first, such
+// a window is judged more strictly than the whole instant, never less.
+func CheckCharges(charges []Grant, l Limit, slack time.Duration) Result {
+	gs, res := sorted(charges, true)
+	return checkCosts(gs, res, l, slack)
 }
 
 // CheckCosts returns the worst window of grants against l, each grant
@@ -116,7 +133,12 @@ func sorted(grants []Grant) (gs []Grant, res Result) {
 // window only where the whole group of them gives a larger sum, so the
 // best window holds whole groups.)
 func CheckCosts(grants []Grant, l Limit, slack time.Duration) Result {
-	gs, res := sorted(grants)
+	gs, res := sorted(grants, false)
+	return checkCosts(gs, res, l, slack)
+}
+
+// checkCosts is CheckCosts over grants sorted (by sorted).
+func checkCosts(gs []Grant, res Result, l Limit, slack time.Duration) Result {
 	n := len(gs)
 	if n == 0 {
 		return res
@@ -202,16 +224,28 @@ func Brute(grants []time.Time, l Limit, slack time.Duration) Result {
 // one to the other (cost 0 included, counting nothing) against what l
 // allows in that window, slack longer.
 func BruteCosts(grants []Grant, l Limit, slack time.Duration) Result {
+	return bruteCosts(grants, l, slack, false)
+}
+
+// BruteCharges is CheckCharges by its definition, in O(n²), over windows
+// of whole instants.
+func BruteCharges(charges []Grant, l Limit, slack time.Duration) Result {
+	return bruteCosts(charges, l, slack, true)
+}
+
+func bruteCosts(grants []Grant, l Limit, slack time.Duration, charges bool) Result {
 	res := Result{Grants: len(grants)}
 	gs := slices.Clone(grants)
 	slices.SortStableFunc(gs, func(a, b Grant) int { return a.At.Compare(b.At) })
+	some := false
 	for _, g := range gs {
-		if g.Cost < 0 {
+		if g.Cost < 0 && !charges {
 			panic(fmt.Sprintf("guarantee: negative cost %d at %v", g.Cost, g.At))
 		}
 		res.Units += g.Cost
+		some = some || g.Cost != 0
 	}
-	if res.Units == 0 {
+	if !some {
 		return res
 	}
 	res.Excess = -1 << 62

@@ -218,3 +218,47 @@ func BenchmarkCheckCosts(b *testing.B) {
 		CheckCosts(g, l, 0)
 	}
 }
+
+// TestCheckChargesMatchesBrute: over charges with give-backs (negative)
+// and debts, CheckCharges finds BruteCharges's worst window when no two
+// charges share an instant, and never judges more leniently when some do.
+func TestCheckChargesMatchesBrute(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	fails, stricter := 0, 0
+	const trials = 3000
+	for trial := 0; trial < trials; trial++ {
+		l := Limit{Capacity: 1 + rng.IntN(40), RefillAmount: 1 + rng.IntN(10), RefillFrequency: time.Duration(1+rng.IntN(20)) * time.Millisecond}
+		n := 1 + rng.IntN(60)
+		shared := trial%2 == 1
+		gs := make([]Grant, n)
+		for i := range gs {
+			us := rng.IntN(200_000_000)
+			if shared && i > 0 && rng.IntN(3) == 0 {
+				us = int(gs[rng.IntN(i)].At.Sub(at(0)[0]) / time.Microsecond)
+			}
+			c := 1 + rng.IntN(12)
+			if rng.IntN(3) == 0 {
+				c = -c
+			}
+			gs[i] = Grant{At: at(0)[0].Add(time.Duration(us) * time.Microsecond), Cost: c}
+		}
+		fast, slow := CheckCharges(gs, l, 0), BruteCharges(gs, l, 0)
+		switch {
+		case fast.Units != slow.Units:
+			t.Fatalf("trial %d: units %d and %d", trial, fast.Units, slow.Units)
+		case fast.Excess < slow.Excess:
+			t.Fatalf("trial %d %+v: CheckCharges %v more lenient than BruteCharges %v", trial, l, fast, slow)
+		case fast.Excess > slow.Excess && !shared:
+			t.Fatalf("trial %d %+v: CheckCharges %v, BruteCharges %v, with no shared instant", trial, l, fast, slow)
+		case fast.Excess > slow.Excess:
+			stricter++
+		}
+		if slow.Excess > 0 {
+			fails++
+		}
+	}
+	if fails < trials/10 || fails > trials*9/10 {
+		t.Fatalf("%d of %d random sets failed: too one-sided for the comparison to prove much", fails, trials)
+	}
+	t.Logf("%d of %d sets failed; %d judged more strictly for charges at a shared instant", fails, trials, stricter)
+}

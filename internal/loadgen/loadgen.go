@@ -51,6 +51,16 @@ type Grant struct {
 	Seq int `json:"n,omitempty"`
 	// Cost is the caller's cost in Spec.CostUnit (0 without one).
 	Cost int `json:"co,omitempty"`
+	// Actual is the true cost a settled reservation was charged (Spec's
+	// SettleMax); SettleSent and SettleDone (unix ns) bound when the
+	// charge happened; SettleErr is its error.
+	Actual     int    `json:"ac,omitempty"`
+	SettleSent int64  `json:"ss,omitempty"`
+	SettleDone int64  `json:"sd,omitempty"`
+	SettleErr  string `json:"se,omitempty"`
+	// Reserved marks an announcement (Begun) sent once a reservation was
+	// granted, before it is settled (Spec.Announce with SettleMax).
+	Reserved bool `json:"rs,omitempty"`
 	// Begun marks an announcement (Spec.Announce): the caller is about to
 	// call Enter; its outcome follows in a record with the same Caller and
 	// Seq. Proc keeps announcements apart from outcomes (Proc.Pending).
@@ -108,6 +118,14 @@ type Spec struct {
 	CostUnit string `json:"cost_unit,omitempty"`
 	CostMin  int    `json:"cost_min,omitempty"`
 	CostMax  int    `json:"cost_max,omitempty"`
+	// SettleMin and SettleMax, when SettleMax is set, make every caller
+	// Reserve its cost as an estimate and then Settle its cost in
+	// CostUnit at a true cost drawn uniformly from SettleMin to SettleMax
+	// percent of the estimate (above 100: a debt), after holding the
+	// reservation for Work; the grant records both.
+	SettleMin int           `json:"settle_min,omitempty"`
+	SettleMax int           `json:"settle_max,omitempty"`
+	Work      time.Duration `json:"work,omitempty"`
 	// Hog, when set, makes a worker run this many goroutines that keep
 	// the CPU busy (see Hog) while its callers enter: a process starved
 	// of CPU by its own other work. Run itself ignores it.
@@ -154,7 +172,16 @@ func Run(ctx context.Context, b *bucket.Bucket, spec Spec, out func(Grant)) {
 					costs = []bucket.Cost{{"": 1, spec.CostUnit: cost}}
 				}
 				start := time.Now()
-				rep, err := b.EnterReport(ectx, costs...)
+				var rep bucket.Report
+				var res *bucket.Reservation
+				var err error
+				if spec.SettleMax > 0 && costs != nil {
+					if res, err = b.Reserve(ectx, costs[0]); err == nil {
+						rep = res.Report()
+					}
+				} else {
+					rep, err = b.EnterReport(ectx, costs...)
+				}
 				end := time.Now()
 				cancel()
 				g := Grant{Proc: spec.Proc, Caller: c, Ticket: rep.Ticket, Start: start.UnixNano(), End: end.UnixNano(),
@@ -164,6 +191,12 @@ func Run(ctx context.Context, b *bucket.Bucket, spec Spec, out func(Grant)) {
 				}
 				if err != nil {
 					g.Err = err.Error()
+				}
+				if res != nil {
+					if spec.Announce {
+						out(Grant{Proc: spec.Proc, Caller: c, Seq: seq, Start: g.Start, Cost: cost, Begun: true, Reserved: true})
+					}
+					settle(ctx, res, spec, rng, &g)
 				}
 				out(g)
 				if err != nil && ctx.Err() != nil {
@@ -181,6 +214,27 @@ func Run(ctx context.Context, b *bucket.Bucket, spec Spec, out func(Grant)) {
 		}()
 	}
 	wg.Wait()
+}
+
+// settle holds res for spec.Work and settles it at a true cost drawn
+// from spec's range, recording it in g.
+func settle(ctx context.Context, res *bucket.Reservation, spec Spec, rng *rand.Rand, g *Grant) {
+	if spec.Work > 0 {
+		t := time.NewTimer(spec.Work)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+	pct := spec.SettleMin + rng.IntN(max(spec.SettleMax-spec.SettleMin, 0)+1)
+	g.Actual = g.Cost * pct / 100
+	g.SettleSent = time.Now().UnixNano()
+	err := res.Settle(context.WithoutCancel(ctx), bucket.Cost{spec.CostUnit: g.Actual})
+	g.SettleDone = time.Now().UnixNano()
+	if err != nil {
+		g.SettleErr = err.Error()
+	}
 }
 
 // EnvSpec is the environment variable that makes a binary a worker.
