@@ -17,7 +17,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -38,6 +41,11 @@ const defaultRetries = 2
 // connection can be reused; a longer body is closed unread.
 const drainLimit = 64 << 10
 
+// warnEvery is how often, at most, the Logger is told of one unreadable
+// header: every response of a busy client carries it, and one line a
+// minute says it without flooding the log.
+const warnEvery = time.Minute
+
 // Transport is an http.RoundTripper that enters a limiter before each
 // request (see the package comment). Create one with New; the zero value is
 // not usable. A Transport is safe for concurrent use, as its base and
@@ -50,6 +58,8 @@ type Transport struct {
 	enter   func(context.Context, *http.Request) error
 	headers upstream.Headers
 	retries int
+	logger  *slog.Logger
+	warned  warnClock
 }
 
 // Option configures a Transport.
@@ -84,6 +94,16 @@ func WithEnter(enter func(ctx context.Context, req *http.Request) error) Option 
 // without it.
 func WithHeaders(h upstream.Headers) Option {
 	return func(t *Transport) { t.headers = h }
+}
+
+// WithLogger sets where the Transport tells an operator what they must
+// know: a header the upstream sent, among those WithHeaders names, with a
+// value that cannot be read (upstream.Signal.Unreadable; the Transport
+// reads it as not said), logged at Warn with the request's host, the
+// status, the header's name and value, at most once a minute for each
+// header name. Without it, or with nil, nothing is logged.
+func WithLogger(l *slog.Logger) Option {
+	return func(t *Transport) { t.logger = l }
 }
 
 // WithRetries sets how many times a refused request is sent again, each
@@ -154,6 +174,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		s := t.headers.Parse(resp)
+		t.warnUnreadable(ctx, r, s)
 		held := false
 		if t.recv != nil && (s.Refused || s.RetryAfter > 0 || len(s.Quotas) > 0) {
 			held = t.recv.Feedback(ctx, s) == nil
@@ -252,6 +273,43 @@ func (t *Transport) sendInDo(ctx context.Context, r *http.Request) (*http.Respon
 		return nil, err
 	}
 	return resp, rtErr
+}
+
+// warnUnreadable tells the Logger of the headers of s that could not be
+// read, each name at most once every warnEvery.
+func (t *Transport) warnUnreadable(ctx context.Context, r *http.Request, s upstream.Signal) {
+	if t.logger == nil || len(s.Unreadable) == 0 {
+		return
+	}
+	now := time.Now()
+	for _, f := range s.Unreadable {
+		if t.warned.due(f.Name, now) {
+			t.logger.WarnContext(ctx, "sluice: the upstream sent a rate-limit header that cannot be read; it is ignored",
+				"host", r.URL.Host, "status", s.Status, "header", f.Name, "value", f.Value)
+		}
+	}
+}
+
+// warnClock remembers when each header name was last logged. Names come
+// from the Headers, so the map stays small.
+type warnClock struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+// due reports whether the header name may be logged now, and if so notes it.
+func (c *warnClock) due(name string, now time.Time) bool {
+	name = strings.ToLower(name)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if last, ok := c.last[name]; ok && now.Sub(last) < warnEvery {
+		return false
+	}
+	if c.last == nil {
+		c.last = map[string]time.Time{}
+	}
+	c.last[name] = now
+	return true
 }
 
 // wait is how long a client on its own should wait before sending a
