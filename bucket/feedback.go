@@ -61,7 +61,11 @@ func (b *Bucket) Hold(ctx context.Context, d time.Duration, units ...string) (in
 
 // Sync brings the level of the policy q describes down to q.Remaining, for
 // every process at once, and when it lowered it, resumes that policy's
-// refills no sooner than q.Reset from now. It never raises a level. The
+// refills no sooner than q.Reset from now; when q.UntilFull (q.Reset is
+// the time until the upstream's quota is full again at its steady rate,
+// as OpenAI and Anthropic say it), the refills go on at the policy's
+// rate, not delayed: holding them until the quota is full would stall
+// every process for up to a window. It never raises a level. The
 // policy is the one counting q.Unit whose Capacity is q.Limit; else,
 // when q.Window is known, the one whose time to fill from empty is
 // nearest to it; else the one of that unit that fills fastest. A quota
@@ -70,7 +74,7 @@ func (b *Bucket) Hold(ctx context.Context, d time.Duration, units ...string) (in
 func (b *Bucket) Sync(ctx context.Context, q upstream.Quota) (bool, error) {
 	r, err := b.feedback(ctx, func(ps []Policy) (time.Duration, []int, []queue.Sync, error) {
 		if i := policyFor(q, ps); i >= 0 {
-			return 0, nil, []queue.Sync{{Policy: i, Remaining: q.Remaining, Reset: q.Reset}}, nil
+			return 0, nil, []queue.Sync{syncOf(i, q)}, nil
 		}
 		return 0, nil, nil, nil
 	})
@@ -102,7 +106,7 @@ func (b *Bucket) Feedback(ctx context.Context, s upstream.Signal) error {
 		var syncs []queue.Sync
 		for _, q := range s.Quotas {
 			if i := policyFor(q, ps); i >= 0 && (s.RetryAfter > 0 || b.syncs.due(i, len(ps), b.now())) {
-				syncs = append(syncs, queue.Sync{Policy: i, Remaining: q.Remaining, Reset: q.Reset})
+				syncs = append(syncs, syncOf(i, q))
 			}
 		}
 		return s.RetryAfter, nil, syncs, nil
@@ -131,6 +135,17 @@ func (b *Bucket) feedback(ctx context.Context, plan func([]Policy) (time.Duratio
 		}
 		return r, nil
 	}
+}
+
+// syncOf is the sync of policy i to quota q: refills resume at once (Reset
+// 0) for a quota that refills all along (q.UntilFull), at q.Reset from now
+// otherwise.
+func syncOf(i int, q upstream.Quota) queue.Sync {
+	s := queue.Sync{Policy: i, Remaining: q.Remaining, Reset: q.Reset}
+	if q.UntilFull {
+		s.Reset = 0
+	}
+	return s
 }
 
 // policyFor is the index of the policy quota q describes (see Sync), or
