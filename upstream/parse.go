@@ -115,7 +115,8 @@ var OpenAI = Headers{
 // token limits in force), input-tokens in unit "input_tokens" and
 // output-tokens in unit "output_tokens". The resets are RFC 3339
 // timestamps ("2024-06-21T17:34:00Z"): when the quota will be fully
-// replenished. Treat it as read-only: copy it to change it.
+// replenished. Anthropic rounds the tokens remaining to the nearest
+// thousand. Treat it as read-only: copy it to change it.
 var Anthropic = Headers{
 	RetryAfter: []Delay{{Name: "retry-after"}},
 	Counters: []Counter{
