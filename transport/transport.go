@@ -9,7 +9,9 @@
 // a 429 with Retry-After holds every caller, not only this one. A request
 // the upstream refused for its limit (a 429, a 503 with Retry-After, a 403
 // with Retry-After or an exhausted quota) is sent again after entering
-// again, a bounded number of times. See docs/upstream.md.
+// again, a bounded number of times. With WithReserve it reserves each
+// request's estimated cost instead, and settles it with the usage the
+// response reports (an LLM API's tokens). See docs/upstream.md.
 package transport
 
 import (
@@ -24,6 +26,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/upstream"
 )
@@ -56,6 +59,7 @@ type Transport struct {
 	recv    upstream.Receiver // lim, when it is one
 	cost    func(*http.Request) int
 	enter   func(context.Context, *http.Request) error
+	reserve *reserving // WithReserve
 	headers upstream.Headers
 	retries int
 	logger  *slog.Logger
@@ -169,7 +173,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				r.Body = body
 			}
 		}
-		resp, err := t.send(ctx, r)
+		resp, res, err := t.send(ctx, r)
 		if err != nil {
 			return nil, err
 		}
@@ -178,6 +182,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		held := false
 		if t.recv != nil && (s.Refused || s.RetryAfter > 0 || len(s.Quotas) > 0) {
 			held = t.recv.Feedback(ctx, s) == nil
+		}
+		if res != nil {
+			t.settleOn(ctx, r, resp, s, res)
 		}
 		if !s.Refused || attempt >= t.retries || !replayable {
 			return resp, nil
@@ -213,9 +220,13 @@ type (
 	}
 )
 
-// send enters the limiter and sends r. When it does not send, it closes
+// send enters the limiter (or reserves, with WithReserve: the
+// reservation is returned) and sends r. When it does not send, it closes
 // r's body, as a RoundTripper must.
-func (t *Transport) send(ctx context.Context, r *http.Request) (*http.Response, error) {
+func (t *Transport) send(ctx context.Context, r *http.Request) (*http.Response, *bucket.Reservation, error) {
+	if t.reserve != nil {
+		return t.sendReserved(ctx, r)
+	}
 	var err error
 	switch {
 	case t.enter != nil:
@@ -226,13 +237,15 @@ func (t *Transport) send(ctx context.Context, r *http.Request) (*http.Response, 
 		err = t.enterCost(ctx, 1)
 	}
 	if err == errUseDo {
-		return t.sendInDo(ctx, r)
+		resp, err := t.sendInDo(ctx, r)
+		return resp, nil, err
 	}
 	if err != nil {
 		closeBody(r)
-		return nil, err
+		return nil, nil, err
 	}
-	return t.base.RoundTrip(r)
+	resp, err := t.base.RoundTrip(r)
+	return resp, nil, err
 }
 
 // errUseDo tells send that the limiter has only Do.
