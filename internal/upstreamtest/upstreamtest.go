@@ -2,7 +2,8 @@
 // benchmarks: a real net/http server on loopback that enforces token-bucket
 // policies judged at each request's arrival, answers 429 with Retry-After
 // in whole seconds rounded up (as most APIs do), and counts what it
-// accepted and refused.
+// accepted and refused. Server limits requests; LLM limits requests and
+// tokens as an LLM API does, and answers with the tokens used.
 package upstreamtest
 
 import (
