@@ -121,6 +121,16 @@ func TestRateFeedback(t *testing.T) {
 			want:    []outcome{{ms(2110), nil}, {ms(2210), nil}},
 		},
 		{
+			// The same answer from an upstream whose reset is the time
+			// until full (OpenAI, Anthropic): the bucket is empty at
+			// once, and refills go on at the rate, not after the 2 s.
+			name:    "remaining 0 of an until-full quota refills at the rate",
+			cfg:     RateConfig{Rate: 10, Burst: 5},
+			script:  []arrival{{at: ms(100)}, {at: ms(100)}},
+			signals: []feedback{quota(ms(10), upstream.Quota{Limit: 5, Remaining: 0, Reset: 2 * time.Second, UntilFull: true})},
+			want:    []outcome{{ms(110), nil}, {ms(210), nil}},
+		},
+		{
 			name:    "a caller that gives up during a hold leaves no hole",
 			cfg:     RateConfig{Rate: 10},
 			script:  []arrival{{}, {}, {cancelAt: ms(500)}, {}},

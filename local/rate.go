@@ -162,11 +162,15 @@ func (r *Rate) Do(ctx context.Context, fn func(ctx context.Context) error) error
 //     ignored, since a Rate counts only calls), the tokens are brought down
 //     to at most q.Remaining (never raised). With q.Remaining 0 and a
 //     q.Reset, the bucket is empty at the reset and nobody starts before
-//     it: refills resume at the reset, as the Receiver contract asks. With
-//     q.Remaining above 0, q.Reset is not used: x/time/rate refills
-//     continuously and has no way to let the remaining tokens through while
-//     holding its refills back until the reset, so refills go on at the
-//     configured rate; a refusal's Retry-After then holds the Rate.
+//     it: refills resume at the reset, as the Receiver contract asks;
+//     but when q.UntilFull (the reset is the time until the upstream's
+//     quota is full again, as OpenAI and Anthropic say it), the quota
+//     refills all along: the bucket is emptied and refills go on at the
+//     configured rate at once. With q.Remaining above 0, q.Reset is not
+//     used: x/time/rate refills continuously and has no way to let the
+//     remaining tokens through while holding its refills back until the
+//     reset, so refills go on at the configured rate; a refusal's
+//     Retry-After then holds the Rate.
 //   - Adapt: a Rate does not adapt its rate; s.Refused alone changes
 //     nothing.
 //
@@ -185,7 +189,13 @@ func (r *Rate) Feedback(ctx context.Context, s upstream.Signal) error {
 	sched := r.q.sched.(*rateSchedule)
 	r.q.retime(func(now time.Time) {
 		for _, q := range quotas {
-			sched.sync(now, q.Remaining, q.Reset)
+			reset := q.Reset
+			if q.UntilFull {
+				// The quota refills all along: its reset is when it is
+				// full, not when refills resume.
+				reset = 0
+			}
+			sched.sync(now, q.Remaining, reset)
 		}
 		if s.RetryAfter > 0 {
 			sched.hold(now, now.Add(s.RetryAfter))
