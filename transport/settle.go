@@ -384,7 +384,10 @@ func OpenAIUsage(doc []byte, seen bucket.Cost) bool {
 // "input_tokens" (input_tokens plus cache_creation_input_tokens, what
 // Anthropic's input-tokens-per-minute limit counts; cache reads are left
 // out, as that limit leaves them out), "output_tokens", and "tokens", the
-// two added. WithReserve settles those of them the estimate names.
+// two added. message_start's output_tokens (a count of the output so far,
+// 1 or so) is not taken: a stream closed before its first message_delta
+// settles its input and keeps the estimate of "output_tokens" and
+// "tokens". WithReserve settles the units the estimate names.
 func AnthropicUsage(doc []byte, seen bucket.Cost) bool {
 	type usage struct {
 		Input         *int `json:"input_tokens"`
@@ -401,8 +404,8 @@ func AnthropicUsage(doc []byte, seen bucket.Cost) bool {
 		return false
 	}
 	u := d.Usage
-	if u == nil && d.Message != nil {
-		u = d.Message.Usage // message_start
+	if u == nil && d.Message != nil && d.Message.Usage != nil {
+		u = &usage{Input: d.Message.Usage.Input, CacheCreation: d.Message.Usage.CacheCreation} // message_start
 	}
 	if u == nil || (u.Input == nil && u.Output == nil) {
 		return false
@@ -416,6 +419,10 @@ func AnthropicUsage(doc []byte, seen bucket.Cost) bool {
 	if u.Output != nil {
 		seen[unitOutput] = *u.Output
 	}
-	seen[unitTokens] = seen[unitInput] + seen[unitOutput]
+	in, inOK := seen[unitInput]
+	out, outOK := seen[unitOutput]
+	if inOK && outOK {
+		seen[unitTokens] = in + out
+	}
 	return true
 }

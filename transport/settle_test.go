@@ -1,6 +1,7 @@
 package transport_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -237,6 +238,42 @@ func TestReserveSettlesAnthropic(t *testing.T) {
 	}
 }
 
+// TestReserveAnthropicClosedEarly: an Anthropic stream closed after its
+// message_start settles the input it reported; its output, not yet
+// reported, keeps its estimate.
+func TestReserveAnthropicClosedEarly(t *testing.T) {
+	srv := redistest.New(t)
+	release := make(chan struct{})
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		start, _, _ := strings.Cut(anthropicStream, "\r\n\r\n")
+		io.WriteString(w, start+"\r\n\r\n")
+		w.(http.Flusher).Flush()
+		select { // the rest would come later
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	defer api.Close()
+	defer close(release)
+	b := settleBucket(t, srv, "input_tokens", "output_tokens", "tokens")
+	c := &http.Client{Transport: transport.New(nil, b,
+		transport.WithReserve(estimateOf("tokens", "input_tokens", "output_tokens"), transport.AnthropicUsage))}
+	resp := post(t, c, api.URL, 1000)
+	r := bufio.NewReader(resp.Body)
+	for { // through message_start's blank line
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if line == "\r\n" {
+			break
+		}
+	}
+	resp.Body.Close()
+	wantLevels(t, b, "after Close", 9, 10_000-150, 10_000-1000, 10_000-1100)
+}
+
 // TestReserveCancelsRefused: a 429 gives the whole estimate back, the
 // call too; the request sent again after it is settled as usual.
 func TestReserveCancelsRefused(t *testing.T) {
@@ -426,6 +463,9 @@ func TestUsageReaders(t *testing.T) {
 			`{"type":"message_delta","usage":{"output_tokens":33}}`,
 		}, bucket.Cost{"tokens": 43, "input_tokens": 10, "output_tokens": 33}},
 		{"anthropic ping", transport.AnthropicUsage, []string{`{"type":"ping"}`}, nil},
+		{"anthropic message_start alone", transport.AnthropicUsage, []string{
+			`{"type":"message_start","message":{"usage":{"input_tokens":10,"cache_creation_input_tokens":5,"output_tokens":1}}}`,
+		}, bucket.Cost{"input_tokens": 15}},
 	} {
 		seen := bucket.Cost{}
 		found := false
