@@ -83,8 +83,8 @@ type Usage func(doc []byte, seen bucket.Cost) bool
 // Always read the body to its end or close it: a body neither read to
 // its end nor closed never settles. RoundTrip refuses a limiter without
 // Reserve with an error matching ErrConfig. WithReserve overrides
-// WithEnter and WithCost. A nil usage reads nothing: every call keeps its
-// estimate.
+// WithEnter and WithCost. A nil estimate reserves one call, as Enter
+// would; a nil usage reads nothing: every call keeps its estimate.
 func WithReserve(estimate func(req *http.Request) bucket.Cost, usage Usage) Option {
 	return func(t *Transport) { t.reserve = &reserving{estimate: estimate, usage: usage} }
 }
@@ -109,7 +109,11 @@ func (t *Transport) sendReserved(ctx context.Context, r *http.Request) (*http.Re
 		closeBody(r)
 		return nil, nil, groundwork.Invalid(ErrConfig, "WithReserve for a limiter (%T) with no Reserve", t.lim)
 	}
-	res, err := rv.Reserve(ctx, t.reserve.estimate(r))
+	var estimate bucket.Cost // nil: Enter's cost
+	if t.reserve.estimate != nil {
+		estimate = t.reserve.estimate(r)
+	}
+	res, err := rv.Reserve(ctx, estimate)
 	if err != nil {
 		closeBody(r)
 		return nil, nil, err
