@@ -1,0 +1,62 @@
+package upstreamtest
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"time"
+)
+
+// NewOpenAI starts a Server on a free loopback port that judges as New's
+// does but answers in OpenAI's words (upstream.OpenAI reads them): on
+// every answer x-ratelimit-limit-requests (the burst),
+// x-ratelimit-remaining-requests (the whole requests left) and
+// x-ratelimit-reset-requests (the time until full again at the rate, a
+// Go duration in whole milliseconds rounded up, as "195ms"), all of the
+// policy with the fewest requests left; on a refusal retry-after in whole
+// seconds rounded up. Together they say the upstream's rate: (limit −
+// remaining) ÷ reset. cfg.Remaining is not used. Close it when done.
+func NewOpenAI(cfg Config) *Server {
+	s := &Server{}
+	for _, p := range cfg.Policies {
+		period, burst := p.Period, max(p.Burst, 1)
+		if period == 0 {
+			period = time.Second
+		}
+		every := period / time.Duration(max(p.Rate, 1))
+		s.policies = append(s.policies, gcra{every: every, tau: time.Duration(burst-1) * every, burst: burst})
+	}
+	s.srv = httptest.NewServer(http.HandlerFunc(s.serveOpenAI))
+	return s
+}
+
+func (s *Server) serveOpenAI(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	status, wait, _, _ := s.judge(now)
+	if limit, left, full := s.untilFull(now); limit > 0 {
+		h := w.Header()
+		h.Set("x-ratelimit-limit-requests", strconv.Itoa(limit))
+		h.Set("x-ratelimit-remaining-requests", strconv.Itoa(left))
+		h.Set("x-ratelimit-reset-requests", ((full + time.Millisecond - 1) / time.Millisecond * time.Millisecond).String())
+	}
+	if status != http.StatusOK {
+		w.Header().Set("retry-after", strconv.FormatInt(ceilSeconds(wait), 10))
+	}
+	w.WriteHeader(status)
+}
+
+// untilFull is the burst, the whole requests left and the time until full
+// of the policy with the fewest requests left at now.
+func (s *Server) untilFull(now time.Time) (limit, left int, full time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	left = -1
+	for _, p := range s.policies {
+		ahead := later(p.tat, now).Sub(now)
+		n := max(int((p.tau+p.every-ahead)/p.every), 0)
+		if left < 0 || n < left {
+			limit, left, full = p.burst, n, ahead
+		}
+	}
+	return limit, max(left, 0), full
+}
