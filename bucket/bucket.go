@@ -149,16 +149,28 @@ type Config struct {
 	// Adapt lets the upstream's refusals (Feedback with a refused signal,
 	// as package transport sends; not an outage's 503) lower the rate in
 	// force for every process, and lets it climb back while the upstream
-	// stays quiet: each refusal multiplies every policy's refill rate by
-	// 0.85 (refusals within a second of a step down count once; never
-	// below 1/16 of the configured rate); from 2 s after it, each second
+	// stays quiet. A refusal whose exhausted quotas say the upstream's
+	// rate (Limit over Window; for an until-full quota, as OpenAI's and
+	// Anthropic's, Limit − Remaining − 1 over Reset, never above the
+	// upstream's rate) slows every policy's refills straight to the share
+	// of its configured rate that this rate is of the rate of the policy
+	// the quota steers, or leaves them when the rate in force is already
+	// within it (the refusal was not for the rate); a refusal that says
+	// no rate multiplies every refill rate by 0.85. Refusals within a
+	// second of a step down count once; the rate is never below 1/16 of
+	// the configured rate, never above it. Such a refusal's Retry-After
+	// in whole seconds holds only until its exhausted quotas say a request
+	// is back (at an until-full quota of calls, the time one of Limit
+	// comes back; else its Reset), when they say so within the
+	// Retry-After's last second. From 2 s after a step down, each second
 	// the rate climbs fast (half the way, at least 1 % of the configured
 	// rate) to 95 % of the rate last refused, then by 1 % of the
 	// configured rate a step (5 % once the last refusal is 30 s old), up
-	// to the configured rate. Steps up are tried by this process's Enter
-	// and Feedback calls. The slowed policies are stored in Redis as a
-	// live change (SetLimits with AsIs), which every process follows;
-	// SetLimits ends the adaptation. See docs/upstream.md.
+	// to the configured rate (from a rate the upstream said, without the
+	// fast part). Steps up are tried by this process's Enter and Feedback
+	// calls. The slowed policies are stored in Redis as a live change
+	// (SetLimits with AsIs), which every process follows; SetLimits ends
+	// the adaptation. See docs/upstream.md.
 	Adapt bool
 	// ReplicaAcks, when above 0, closes the gap a failover leaves
 	// (docs/guarantees.md, "Failover"): a caller learns its grant only

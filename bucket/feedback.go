@@ -88,16 +88,20 @@ func (b *Bucket) Sync(ctx context.Context, q upstream.Quota) (bool, error) {
 // ignored. A signal that asks for nothing costs nothing. With
 // Config.Adapt, a refusal for the upstream's limit (not a 503: an outage)
 // also lowers the rate in force (one more round trip, at most once a
-// second fleet-wide), and any other signal may raise it back (see
-// Config.Adapt).
+// second fleet-wide), to the rate its quotas say when they say one, and
+// any other signal may raise it back; and such a refusal's Retry-After
+// in whole seconds holds only until its quotas say requests come back,
+// when they say it within its last second (see Config.Adapt).
 func (b *Bucket) Feedback(ctx context.Context, s upstream.Signal) error {
+	hold := s.RetryAfter
 	if b.cfg.Adapt {
 		// An outage's 503 is not the upstream's limit: it holds, it does
 		// not slow the fleet after it.
 		if s.Refused && s.Status != http.StatusServiceUnavailable {
-			if err := b.adaptStep(ctx, true); err != nil {
+			if err := b.adaptStep(ctx, true, s.Quotas); err != nil {
 				return err
 			}
+			hold = refusalHold(s)
 		} else {
 			b.maybeAdaptUp()
 		}
@@ -109,7 +113,7 @@ func (b *Bucket) Feedback(ctx context.Context, s upstream.Signal) error {
 				syncs = append(syncs, syncOf(i, q))
 			}
 		}
-		return s.RetryAfter, nil, syncs, nil
+		return hold, nil, syncs, nil
 	})
 	return err
 }
@@ -192,14 +196,16 @@ func (c *syncClock) due(i, n int, now time.Time) bool {
 	return true
 }
 
-// Adapt's rule (Config.Adapt): a multiplicative decrease of every
-// policy's refill rate on a refusal, then a climb back that remembers where
-// the upstream refused (as CUBIC and the AWS SDK's adaptive retry mode
-// do, inside one process; here the fleet adapts together, in Redis): fast
-// to just under that rate, then a slow probe above it. Each refusal costs
-// the fleet a whole Retry-After, so the rule aims to refuse seldom.
+// Adapt's rule (Config.Adapt): on a refusal, a step straight to the rate
+// the upstream's quotas say, when they say one (see saidFactor), else a
+// multiplicative decrease of every policy's refill rate; then a climb back
+// that remembers where the upstream refused (as CUBIC and the AWS SDK's
+// adaptive retry mode do, inside one process; here the fleet adapts
+// together, in Redis): fast to just under that rate, then a slow probe
+// above it. A refusal costs the fleet its hold, so the rule aims to
+// refuse seldom.
 const (
-	adaptDown    = 0.85             // a refusal multiplies the rate in force by this
+	adaptDown    = 0.85             // a refusal that says no rate multiplies the rate in force by this
 	adaptFloor   = 1.0 / 16         // never below this share of the configured rate
 	adaptNear    = 0.95             // the climb is fast up to this share of the rate last refused
 	adaptProbe   = 0.01             // then each step adds this share of the configured rate
@@ -211,8 +217,9 @@ const (
 )
 
 // adaptStep lowers (down) or raises the rate in force for every process
-// by Adapt's rule, when the rule allows a step now on the Redis clock.
-func (b *Bucket) adaptStep(ctx context.Context, down bool) error {
+// by Adapt's rule, when the rule allows a step now on the Redis clock. said
+// are the quotas the refusal reported, for a step down.
+func (b *Bucket) adaptStep(ctx context.Context, down bool, said []upstream.Quota) error {
 	r, err := b.q.Change(ctx, int(AsIs), func(old queue.Config, now time.Time) (queue.Config, bool) {
 		base, f := old.Base, old.Factor
 		if len(base) == 0 || f <= 0 {
@@ -225,7 +232,21 @@ func (b *Bucket) adaptStep(ctx context.Context, down bool) error {
 				return old, false // the refusals of one episode count once
 			}
 			peak := f
-			f = max(f*adaptDown, adaptFloor)
+			if sf := saidFactor(said, fromQueue(base)); sf > 0 {
+				if sf >= f {
+					// The rate in force is within what the upstream
+					// says: the refusal is not for the rate (a request
+					// crossing the network faster than the one before
+					// it), and the hold deals with it.
+					return old, false
+				}
+				// Climb from here only by the slow probe: the upstream
+				// said its rate.
+				f = max(sf, adaptFloor)
+				peak = f
+			} else {
+				f = max(f*adaptDown, adaptFloor)
+			}
 			return queue.Config{Policies: slowed(base, f), Base: base, Factor: f, DownAt: t, UpAt: old.UpAt, Peak: peak}, true
 		}
 		if f >= 1 || since(old.DownAt) < adaptQuiet || since(old.UpAt) < adaptEvery {
@@ -256,6 +277,84 @@ func (b *Bucket) adaptStep(ctx context.Context, down bool) error {
 		b.sched.Ensure()
 	}
 	return nil
+}
+
+// saidFactor is the share of the configured rate that a refusal's quotas
+// say the upstream allows: the least, over the quotas it found exhausted
+// (Remaining 0) that say their rate (saidRate), of that rate over the
+// configured rate of the policy the quota steers (the one Sync picks); 0
+// when none says it.
+func saidFactor(qs []upstream.Quota, base []Policy) float64 {
+	f := 0.0
+	for _, q := range qs {
+		i := policyFor(q, base)
+		r := saidRate(q)
+		if q.Remaining > 0 || i < 0 || r <= 0 {
+			continue
+		}
+		p := base[i]
+		if share := r / (float64(p.RefillAmount) / p.RefillFrequency.Seconds()); f == 0 || share < f {
+			f = share
+		}
+	}
+	return f
+}
+
+// saidRate is the rate, per second, at which quota q says the upstream
+// refills it, or 0 when it does not say: Limit over Window (the IETF
+// draft's w=); or, for a quota that refills all along (UntilFull: OpenAI,
+// Anthropic), what is missing over the time to refill it, counting one
+// less than Limit − Remaining: Remaining is rounded down, so more than
+// that is missing, and the rate read is never above the upstream's.
+func saidRate(q upstream.Quota) float64 {
+	switch {
+	case q.Limit > 0 && q.Window > 0:
+		return float64(q.Limit) / q.Window.Seconds()
+	case q.UntilFull && q.Reset > 0 && q.Limit-q.Remaining > 1:
+		return float64(q.Limit-q.Remaining-1) / q.Reset.Seconds()
+	}
+	return 0
+}
+
+// refusalHold is how long a refusal for the upstream's limit holds every
+// process, with Adapt: its Retry-After, or less when that is a whole
+// number of seconds (an upstream rounds it up to one at least) and every
+// quota the refusal found exhausted says when it is back within the
+// Retry-After's last second (backIn): then the latest of those. A
+// Retry-After that quotas do not explain so (a longer penalty, a limit
+// no header reports) holds in full.
+func refusalHold(s upstream.Signal) time.Duration {
+	ra := s.RetryAfter
+	if ra <= 0 || ra%time.Second != 0 {
+		return ra
+	}
+	var back time.Duration
+	for _, q := range s.Quotas {
+		if q.Remaining > 0 {
+			continue
+		}
+		d := backIn(q)
+		if d <= 0 {
+			return ra
+		}
+		back = max(back, d)
+	}
+	if back <= ra-time.Second || back >= ra {
+		return ra
+	}
+	return back
+}
+
+// backIn is how soon an exhausted quota q says the next request may pass,
+// or 0 when it does not say: for calls refilling all along with a known
+// Limit, the time one of Limit comes back (Reset ÷ Limit: a whole one is
+// back by then whatever fraction was left); else its Reset, when it is
+// all back (a window's end, or full again).
+func backIn(q upstream.Quota) time.Duration {
+	if q.UntilFull && q.Unit == "" && q.Limit > 0 {
+		return (q.Reset + time.Duration(q.Limit) - 1) / time.Duration(q.Limit)
+	}
+	return q.Reset
 }
 
 // slowed is ps with every refill f times as fast (f ≤ 1): the period
@@ -289,6 +388,6 @@ func (b *Bucket) maybeAdaptUp() {
 	b.bg.Go(func(ctx context.Context) {
 		ctx, cancel := context.WithTimeout(ctx, b.cfg.LockTTL)
 		defer cancel()
-		_ = b.adaptStep(ctx, false) // a failure only delays the step up
+		_ = b.adaptStep(ctx, false, nil) // a failure only delays the step up
 	})
 }
