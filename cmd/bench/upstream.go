@@ -28,13 +28,14 @@ import (
 // Upstream is issue 13's table: a strict HTTP upstream on loopback
 // (internal/upstreamtest: a token bucket judged at each request's
 // arrival, 429 with Retry-After in whole seconds rounded up,
-// X-RateLimit-Limit and -Remaining on every answer) driven by callers in
-// several worker processes, each sending through a transport.Transport
-// around one bucket.Bucket shared in Redis. Each case runs with the
-// bucket fed back (the transport hands every answer to the bucket: holds
-// and syncs, with Config.Adapt or without) and not (each refused caller
-// waits out Retry-After alone, as a well-behaved client without a shared
-// limiter does), side by side.
+// X-RateLimit-Limit and -Remaining on every answer; or, in the -openai
+// cases, OpenAI's headers, whose reset until full says the upstream's
+// rate) driven by callers in several worker processes, each sending
+// through a transport.Transport around one bucket.Bucket shared in Redis.
+// Each case runs with the bucket fed back (the transport hands every
+// answer to the bucket: holds and syncs, with Config.Adapt or without)
+// and not (each refused caller waits out Retry-After alone, as a
+// well-behaved client without a shared limiter does), side by side.
 type Upstream struct {
 	Procs    int           `json:"procs"`
 	Callers  int           `json:"callers"`
@@ -49,7 +50,7 @@ type Upstream struct {
 // UpstreamRow is one case run in one feedback mode, as the upstream saw
 // it.
 type UpstreamRow struct {
-	Case     string `json:"case"`     // "at-limit", "at-limit-headroom", "25pct-over", "outage"
+	Case     string `json:"case"`     // "at-limit", "at-limit-headroom", "25pct-over", "outage", "at-limit-openai", "25pct-over-openai"
 	Feedback string `json:"feedback"` // "hold+sync", "hold+sync+adapt" or "off"
 	// Configured is the bucket's rate, requests a second, and Capacity
 	// its capacity.
@@ -122,7 +123,7 @@ func init() {
 
 func (*Upstream) about() about {
 	return about{name: "upstream", takes: "~4 min",
-		what: "a strict HTTP upstream driven through the transport from several processes: at its limit, 25 % above it, and an announced outage, fed back or not"}
+		what: "a strict HTTP upstream driven through the transport from several processes: at its limit, 25 % above it, and an announced outage, fed back or not; at its limit and above it again with OpenAI's headers"}
 }
 
 func (u *Upstream) flags(fs *flag.FlagSet) {
@@ -131,7 +132,7 @@ func (u *Upstream) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&u.Duration, "upstream-duration", 30*time.Second, "how long the at-limit and 25 %-over cases run (the outage case runs 7 s)")
 	fs.IntVar(&u.Rate, "upstream-rate", 100, "the upstream's limit, requests a second")
 	fs.IntVar(&u.Burst, "upstream-burst", 20, "the upstream's burst: requests it accepts at once")
-	fs.StringVar(&u.Only, "upstream-cases", "", "run only these cases, comma-separated (at-limit, at-limit-headroom, 25pct-over, outage); \"\" runs all")
+	fs.StringVar(&u.Only, "upstream-cases", "", "run only these cases, comma-separated ("+strings.Join(u.caseNames(), ", ")+"); \"\" runs all")
 	// Whole seconds: the first 503 announces it exactly as Retry-After.
 	u.Outage = 2 * time.Second
 }
@@ -148,7 +149,7 @@ func (u *Upstream) check() error {
 	}
 	for _, name := range strings.Split(u.Only, ",") {
 		if name != "" && !slices.ContainsFunc(u.cases(), func(c upstreamCase) bool { return c.name == name }) {
-			return fmt.Errorf("--upstream-cases: no case %q (at-limit, at-limit-headroom, 25pct-over, outage)", name)
+			return fmt.Errorf("--upstream-cases: no case %q (%s)", name, strings.Join(u.caseNames(), ", "))
 		}
 	}
 	return nil
@@ -179,18 +180,47 @@ type upstreamCase struct {
 	duration time.Duration // how long the callers send
 	outageAt time.Duration // when the outage begins, from the start (0: none)
 	modes    []string      // the feedback modes it runs in
+	// openai: the upstream answers with OpenAI's headers (limit,
+	// remaining, a reset until full), read with upstream.OpenAI.
+	openai bool
+	// over: the bucket is configured above the upstream (the goals
+	// above its limit apply, not those at it).
+	over bool
 }
 
 func (u *Upstream) cases() []upstreamCase {
 	all := []string{fbHoldSync, fbAdapt, fbOff}
+	fed := []string{fbHoldSync, fbAdapt}
 	return []upstreamCase{
 		{name: "at-limit", rate: u.Rate, capacity: u.Burst, duration: u.Duration, modes: all},
 		// One request of headroom: what a user does once they have seen
 		// the row above.
 		{name: "at-limit-headroom", rate: u.Rate, capacity: max(u.Burst-1, 1), duration: u.Duration, modes: []string{fbHoldSync}},
-		{name: "25pct-over", rate: u.Rate * 5 / 4, capacity: u.Burst, duration: u.Duration, modes: all},
+		{name: "25pct-over", rate: u.Rate * 5 / 4, capacity: u.Burst, duration: u.Duration, modes: all, over: true},
 		{name: "outage", rate: u.Rate, capacity: u.Burst, duration: 3*time.Second + 2*u.Outage, outageAt: 2 * time.Second, modes: all},
+		// The same upstream in OpenAI's words: its rate is said on every
+		// answer, which Adapt steps to.
+		{name: "at-limit-openai", rate: u.Rate, capacity: u.Burst, duration: u.Duration, modes: fed, openai: true},
+		{name: "25pct-over-openai", rate: u.Rate * 5 / 4, capacity: u.Burst, duration: u.Duration, modes: fed, openai: true, over: true},
 	}
+}
+
+// caseOf is the case called name (the zero case when none is).
+func (u *Upstream) caseOf(name string) upstreamCase {
+	for _, c := range u.cases() {
+		if c.name == name {
+			return c
+		}
+	}
+	return upstreamCase{}
+}
+
+func (u *Upstream) caseNames() []string {
+	var names []string
+	for _, c := range u.cases() {
+		names = append(names, c.name)
+	}
+	return names
 }
 
 func (u *Upstream) run(ctx context.Context, e *env) error {
@@ -215,8 +245,13 @@ func (u *Upstream) run(ctx context.Context, e *env) error {
 // runCase starts a fresh upstream, runs the workers against it through a
 // fresh bucket, and judges what the upstream saw.
 func (u *Upstream) runCase(ctx context.Context, e *env, c upstreamCase, feedback string) (UpstreamRow, error) {
-	up := upstreamtest.New(upstreamtest.Config{Policies: []upstreamtest.Policy{{Rate: u.Rate, Burst: u.Burst}}, Remaining: true})
-	defer up.Close()
+	upCfg := upstreamtest.Config{Policies: []upstreamtest.Policy{{Rate: u.Rate, Burst: u.Burst}}, Remaining: true}
+	up := upstreamtest.New
+	if c.openai {
+		up = upstreamtest.NewOpenAI
+	}
+	srv := up(upCfg)
+	defer srv.Close()
 	p := bucket.Rate(c.rate, time.Second, c.capacity)
 	cfg := bucket.Config{Name: fmt.Sprintf("%s-%s-%s", e.name, c.name, feedback),
 		Capacity: p.Capacity, RefillAmount: p.RefillAmount, RefillFrequency: p.RefillFrequency, Adapt: feedback == fbAdapt}
@@ -224,18 +259,18 @@ func (u *Upstream) runCase(ctx context.Context, e *env, c upstreamCase, feedback
 	begin := time.Now().Add(time.Second)
 	specs := make([]upstreamSpec, u.Procs)
 	for i := range specs {
-		specs[i] = upstreamSpec{Addr: e.opt.Addr, URL: e.url, Bucket: cfg, Upstream: up.URL(), Callers: share(u.Callers, u.Procs, i),
+		specs[i] = upstreamSpec{Addr: e.opt.Addr, URL: e.url, Bucket: cfg, Upstream: srv.URL(), OpenAI: c.openai, Callers: share(u.Callers, u.Procs, i),
 			Feedback: feedback != fbOff, Begin: begin.UnixNano(), Until: begin.Add(c.duration).UnixNano()}
 	}
 	if c.outageAt > 0 {
-		t := time.AfterFunc(time.Until(begin.Add(c.outageAt)), func() { up.Outage(u.Outage) })
+		t := time.AfterFunc(time.Until(begin.Add(c.outageAt)), func() { srv.Outage(u.Outage) })
 		defer t.Stop()
 	}
 	results, err := workers.Run[upstreamSpec, upstreamResult](ctx, upstreamEnv, specs)
 	if err != nil {
 		return UpstreamRow{}, err
 	}
-	row := judgeUpstream(up.Arrivals(), u.Rate, u.Burst)
+	row := judgeUpstream(srv.Arrivals(), u.Rate, u.Burst)
 	row.Case, row.Feedback = c.name, feedback
 	row.Configured, row.Capacity = float64(p.RefillAmount)/p.RefillFrequency.Seconds(), p.Capacity
 	for _, r := range results {
@@ -258,7 +293,7 @@ func (u *Upstream) runCase(ctx context.Context, e *env, c upstreamCase, feedback
 	}
 	if c.outageAt > 0 {
 		lim := guarantee.Limit{Capacity: p.Capacity, RefillAmount: p.RefillAmount, RefillFrequency: p.RefillFrequency}
-		row.Outage = judgeOutage(up.Arrivals(), u.Outage, lim, defaultMaxLateness+startSlack)
+		row.Outage = judgeOutage(srv.Arrivals(), u.Outage, lim, defaultMaxLateness+startSlack)
 	}
 	return row, nil
 }
@@ -327,6 +362,7 @@ type upstreamSpec struct {
 	URL      string        `json:"url,omitempty"` // --redis, when given: wins over Addr
 	Bucket   bucket.Config `json:"bucket"`
 	Upstream string        `json:"upstream"`
+	OpenAI   bool          `json:"openai,omitempty"` // read the answers with upstream.OpenAI
 	Callers  int           `json:"callers"`
 	Feedback bool          `json:"feedback"`
 	Begin    int64         `json:"begin_unix_ns"` // the callers start then
@@ -376,9 +412,13 @@ func upstreamWorker(raw string) error {
 	if !spec.Feedback {
 		lim = unheard{b}
 	}
+	headers := upstream.Default
+	if spec.OpenAI {
+		headers = upstream.OpenAI
+	}
 	base := &http.Transport{MaxIdleConnsPerHost: spec.Callers}
 	defer base.CloseIdleConnections()
-	c := &http.Client{Transport: transport.New(base, lim)}
+	c := &http.Client{Transport: transport.New(base, lim, transport.WithHeaders(headers))}
 
 	select {
 	case <-time.After(time.Until(time.Unix(0, spec.Begin))):
@@ -416,7 +456,7 @@ func upstreamWorker(raw string) error {
 				}
 				io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
-				s := upstream.Parse(resp)
+				s := headers.Parse(resp)
 				mu.Lock()
 				res.Requests++
 				mu.Unlock()
@@ -451,25 +491,33 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 }
 
 func (u *Upstream) table(t *table, _ Limit) {
-	t.title("UPSTREAM: a strict HTTP upstream (%d requests a second, burst %d, Retry-After in whole seconds rounded up) driven through the transport by %d callers in %d processes sharing one bucket",
+	t.title("UPSTREAM: a strict HTTP upstream (%d requests a second, burst %d, Retry-After in whole seconds rounded up; its limit and remaining on every answer, and in the -openai cases, in OpenAI's words, its reset until full too, which says its rate) driven through the transport by %d callers in %d processes sharing one bucket",
 		u.Rate, u.Burst, u.Callers, u.Procs)
 	t.row("case", "feedback", "bucket", "refused (429)", "utilization", "")
 	for _, r := range u.Rows {
+		c := u.caseOf(r.Case)
 		share := per(int64(r.Refused), r.Arrivals)
 		var verdict string
 		switch {
 		case r.Feedback == fbOff:
 			verdict = "no goal: for contrast"
-		case r.Case == "at-limit":
-			verdict = t.goal(share <= upstreamAtLimitRefused, "429s ≤ 0.1 %") + "; " + t.goal(r.Utilization >= upstreamAtLimitUtil, "utilization ≥ 0.99")
-		case r.Case == "25pct-over":
-			verdict = t.goal(share <= upstreamOverRefused, "429s ≤ 1 %") + "; " + t.goal(r.Utilization >= upstreamOverUtil, "utilization ≥ 0.9")
 		case r.Outage != nil:
 			verdict = "the hold is judged below; utilization not judged"
-		default:
+		case r.Case == "at-limit-headroom":
 			verdict = "no goal: the at-limit goals with one request of headroom"
+		case c.over && r.Feedback != fbAdapt:
+			// Holds and syncs lower a level; only Adapt lowers a rate.
+			verdict = "no goal: for contrast, only Adapt slows a bucket configured above the upstream"
+		case c.over:
+			verdict = t.goal(share <= upstreamOverRefused, "429s ≤ 1 %") + "; " + t.goal(r.Utilization >= upstreamOverUtil, "utilization ≥ 0.9")
+		default:
+			verdict = t.goal(share <= upstreamAtLimitRefused, "429s ≤ 0.1 %") + "; " + t.goal(r.Utilization >= upstreamAtLimitUtil, "utilization ≥ 0.99")
 		}
-		if r.Refused > 0 && r.Feedback != fbOff {
+		switch {
+		case r.Refused == 0 || r.Feedback == fbOff:
+		case c.openai && r.Feedback == fbAdapt:
+			verdict += fmt.Sprintf("; each 429 holds the fleet until its reset says a request is back (%v), not for its Retry-After (1 s)", time.Second/time.Duration(u.Rate))
+		default:
 			verdict += "; each 429 holds the whole fleet for its Retry-After (1 s)"
 		}
 		if r.Slowed > 0 {

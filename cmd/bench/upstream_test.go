@@ -36,8 +36,8 @@ func TestUpstreamScenario(t *testing.T) {
 		t.Fatalf("no upstream figures (%v): %s", err, stdout.String())
 	}
 	u := rep.Upstream
-	if len(u.Rows) != 10 {
-		t.Fatalf("%d rows, want 10: %+v", len(u.Rows), u.Rows)
+	if len(u.Rows) != 14 {
+		t.Fatalf("%d rows, want 14: %+v", len(u.Rows), u.Rows)
 	}
 	for _, r := range u.Rows {
 		if r.Errors > 0 || r.Accepted == 0 {
@@ -66,6 +66,63 @@ func TestUpstreamScenario(t *testing.T) {
 		if !strings.Contains(table.String(), w) {
 			t.Errorf("table lacks %q:\n%s", w, table.String())
 		}
+	}
+}
+
+// TestUpstreamAdapt runs the cases whose upstream says its rate (OpenAI's
+// headers) for 5 s in two worker processes and judges Adapt's rows
+// against the scenario's goals, loosened for a short run on a loaded
+// machine: 25 % above the upstream, Adapt steps to its rate at the first
+// refusal and holds until a request is back, so that few requests are
+// refused and most of the quota is used (a hold of the whole Retry-After
+// per refusal, and steps of × 0.85, used about 0.6 of it); at its limit,
+// nearly nothing is refused and nearly all is used.
+func TestUpstreamAdapt(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	var stdout, stderr bytes.Buffer
+	args := []string{"--redis", srv.URL(), "--scenario", "upstream", "--upstream-cases", "at-limit-openai,25pct-over-openai",
+		"--upstream-duration", "5s", "--upstream-procs", "2", "--upstream-callers", "16", "--json"}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // a bound on a hang, not a speed goal
+	defer cancel()
+	if err := run(ctx, args, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	var rep struct {
+		Upstream *Upstream `json:"upstream"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || rep.Upstream == nil {
+		t.Fatalf("no upstream figures (%v): %s", err, stdout.String())
+	}
+	judged := 0
+	for _, r := range rep.Upstream.Rows {
+		share := per(int64(r.Refused), r.Arrivals)
+		t.Logf("%s, feedback %s: %d refused of %d (%.2f %%), utilization %.4f, rate left at %.1f/s",
+			r.Case, r.Feedback, r.Refused, r.Arrivals, 100*share, r.Utilization, r.Slowed)
+		if r.Feedback != fbAdapt {
+			continue
+		}
+		judged++
+		if r.Errors > 0 {
+			t.Errorf("%s: %d errors, first: %s", r.Case, r.Errors, r.Err)
+		}
+		switch r.Case {
+		case "25pct-over-openai":
+			// Goals 1 % and 0.9.
+			if share > 0.02 || r.Utilization < 0.85 {
+				t.Errorf("25 %% above an upstream that says its rate, with Adapt: %.2f %% refused, utilization %.4f; want ≤ 2 %% and ≥ 0.85",
+					100*share, r.Utilization)
+			}
+		case "at-limit-openai":
+			// Goals 0.1 % and 0.99.
+			if share > 0.005 || r.Utilization < 0.95 {
+				t.Errorf("at the limit of an upstream that says its rate, with Adapt: %.2f %% refused, utilization %.4f; want ≤ 0.5 %% and ≥ 0.95",
+					100*share, r.Utilization)
+			}
+		}
+	}
+	if judged != 2 {
+		t.Fatalf("%d rows with Adapt, want 2: %+v", judged, rep.Upstream.Rows)
 	}
 }
 
