@@ -46,15 +46,21 @@ const sluiceACL = "on >s3cret resetkeys ~sluice:* resetchannels &sluice:* -@all 
 // scriptCommands are the commands run inside queue/lua/*.lua and
 // redislock's scripts; TestACLCoversScripts keeps the list complete.
 const scriptCommands = "+time +get +set +getrange +del +exists +pexpire +pttl +publish " +
-	"+llen +rpush +lpop +lpos +lrem +lrange"
+	"+llen +rpush +lpop +lpos +lrem +lrange +ltrim +lset"
 
-// TestACLCoversScripts reads every redis.call in queue/lua/*.lua and
-// fails when one is missing from the ACL line, so that a new command in a
-// script cannot silently break restricted users.
+// TestACLCoversScripts reads every redis.call in the scripts and the
+// code they share (queue/lua, scheduler/lua, internal/protocol) and fails
+// when one is missing from the ACL line, so that a new command in a
+// script cannot silently break restricted users. (It read queue/lua
+// only, and missed the scheduler's LTRIM of callers with costs.)
 func TestACLCoversScripts(t *testing.T) {
-	files, err := filepath.Glob("../queue/lua/*.lua")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no Lua scripts found: %v", err)
+	var files []string
+	for _, dir := range []string{"../queue/lua", "../scheduler/lua", "../internal/protocol"} {
+		fs, err := filepath.Glob(dir + "/*.lua")
+		if err != nil || len(fs) == 0 {
+			t.Fatalf("no Lua scripts found in %s: %v", dir, err)
+		}
+		files = append(files, fs...)
 	}
 	allowed := map[string]bool{}
 	for _, f := range strings.Fields(scriptCommands) {

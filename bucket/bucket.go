@@ -212,7 +212,10 @@ type Config struct {
 }
 
 // Policy is one limit of a bucket in one unit: it holds at most Capacity
-// tokens and gains RefillAmount every RefillFrequency.
+// tokens and gains RefillAmount every RefillFrequency (a token bucket, the
+// default Kind), or it is a window of length RefillFrequency that grants
+// at most Capacity (Kind FixedWindow or RollingWindow; make one with Fixed
+// or Rolling).
 type Policy struct {
 	// Unit names what the policy counts. "" counts calls: Enter takes 1
 	// token of it and EnterN n. A policy of any other unit ("pu",
@@ -221,6 +224,59 @@ type Policy struct {
 	Capacity        int
 	RefillAmount    int
 	RefillFrequency time.Duration
+	// Kind is TokenBucket (the zero value), FixedWindow or RollingWindow.
+	// A window's RefillFrequency is its length and its RefillAmount its
+	// Capacity (0 means Capacity).
+	Kind Kind
+}
+
+// Kind is the kind of limit a Policy is. See docs/limits.md, "Windows".
+type Kind int
+
+const (
+	// TokenBucket holds at most Capacity tokens and gains RefillAmount
+	// every RefillFrequency: in any window of length T it grants at most
+	// Capacity + RefillAmount × (⌊T / RefillFrequency⌋ + 1). The default.
+	TokenBucket Kind = iota
+	// FixedWindow grants at most Capacity in each window of length
+	// RefillFrequency, the windows starting at whole multiples of it on
+	// the Redis clock plus a lag of min(half a window, 5 ms) (an API whose
+	// quota resets every whole minute, hour or day); a Sync whose reset
+	// the upstream announces moves them later, to the upstream's. Tokens
+	// promised to slots past a window's end count in the next one.
+	FixedWindow
+	// RollingWindow grants at most Capacity in any window of length
+	// RefillFrequency, including both its ends: each grant's tokens come
+	// back 1 µs after that long. Its grants are logged in a Redis list
+	// of the bucket; the window must be longer than Config.Lookahead.
+	RollingWindow
+)
+
+func (k Kind) String() string {
+	switch k {
+	case TokenBucket:
+		return "TokenBucket"
+	case FixedWindow:
+		return "FixedWindow"
+	case RollingWindow:
+		return "RollingWindow"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Fixed is a FixedWindow policy counting calls that grants at most n in
+// each window of length window: Fixed(5000, time.Hour) is "5,000 an hour,
+// resetting on the hour". Set Unit on the result for another unit.
+func Fixed(n int, window time.Duration) Policy {
+	return Policy{Capacity: n, RefillAmount: n, RefillFrequency: window, Kind: FixedWindow}
+}
+
+// Rolling is a RollingWindow policy counting calls that grants at most n
+// in any window of length window: Rolling(20, time.Second) never lets 21
+// calls start within one second. Set Unit on the result for another
+// unit.
+func Rolling(n int, window time.Duration) Policy {
+	return Policy{Capacity: n, RefillAmount: n, RefillFrequency: window, Kind: RollingWindow}
 }
 
 // Rate is a policy counting calls that allows n per period with bursts of
@@ -424,6 +480,9 @@ func (c Config) withDefaults() (Config, error) {
 	case c.Lookahead < time.Millisecond || c.Lookahead > c.LockTTL/2:
 		return bad("Lookahead %v, want 0 (default) or between 1ms and LockTTL/2 (%v)", c.Lookahead, c.LockTTL/2)
 	}
+	if err := windows(c.Policies, c.Lookahead, "Policies"); err != nil {
+		return c, err
+	}
 	if c.MaxQueue < 0 {
 		return bad("MaxQueue %d, want ≥ 0", c.MaxQueue)
 	}
@@ -458,6 +517,15 @@ func checkPolicy(p Policy, where string) error {
 		return groundwork.Invalid(ErrConfig, where+format, a...)
 	}
 	const maxCount = 1 << 40 // Lua numbers are doubles: keep every sum exact
+	if p.Kind != TokenBucket {
+		switch {
+		case p.Kind != FixedWindow && p.Kind != RollingWindow:
+			return bad("Kind %d, want TokenBucket, FixedWindow or RollingWindow", p.Kind)
+		case p.RefillAmount != p.Capacity && p.RefillAmount != 0:
+			return bad("RefillAmount %d of a window, want 0 or its Capacity %d (make one with Fixed or Rolling)", p.RefillAmount, p.Capacity)
+		}
+		p.RefillAmount = p.Capacity
+	}
 	switch {
 	case p.Capacity < 1:
 		return bad("Capacity %d, want ≥ 1 (with Rate(n, period, burst): the burst)", p.Capacity)
@@ -524,9 +592,34 @@ func unitName(u string) string {
 	return fmt.Sprintf("%q", u)
 }
 
-// describe is a policy as errors show it: "1000 pu, 1 every 60ms".
+// describe is a policy as errors show it: "1000 pu, 1 every 60ms",
+// "20 calls in any 1s", "5000 calls each 1h0m0s".
 func describe(p Policy) string {
+	switch p.Kind {
+	case RollingWindow:
+		return fmt.Sprintf("%d %s in any %v", p.Capacity, unitName(p.Unit), p.RefillFrequency)
+	case FixedWindow:
+		return fmt.Sprintf("%d %s each %v", p.Capacity, unitName(p.Unit), p.RefillFrequency)
+	}
 	return fmt.Sprintf("%d %s, %d every %v", p.Capacity, unitName(p.Unit), p.RefillAmount, p.RefillFrequency)
+}
+
+// windows fills in the RefillAmount of windows (0 means Capacity) and
+// checks that a rolling window is longer than the lookahead: slots are
+// handed out that far ahead, and a rolling window's estimates past its
+// log are lower bounds only as long as a window is longer.
+func windows(ps []Policy, lookahead time.Duration, where string) error {
+	for i := range ps {
+		p := &ps[i]
+		if p.Kind == TokenBucket {
+			continue
+		}
+		p.RefillAmount = p.Capacity
+		if p.Kind == RollingWindow && p.RefillFrequency <= lookahead {
+			return groundwork.Invalid(ErrConfig, "%s[%d]: a rolling window of %v, want one longer than Lookahead (%v)", where, i, p.RefillFrequency, lookahead)
+		}
+	}
+	return nil
 }
 
 // Config returns this process's configuration with defaults filled in.

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/internal/protocol"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -81,6 +83,10 @@ func (b *Bucket) SetLimits(ctx context.Context, tokens Tokens, policies ...Polic
 		if err := checkPolicy(p, fmt.Sprintf("policies[%d] ", i)); err != nil {
 			return err
 		}
+	}
+	policies = slices.Clone(policies)
+	if err := windows(policies, b.cfg.Lookahead, "policies"); err != nil {
+		return err
 	}
 	if tokens < Proportionally || tokens > Reset {
 		return groundwork.Invalid(ErrConfig, "Tokens %d, want Proportionally, AsIs or Reset", tokens)
@@ -170,7 +176,7 @@ func (b *Bucket) changed(id string) {
 func toQueue(ps []Policy) []queue.Policy {
 	out := make([]queue.Policy, len(ps))
 	for i, p := range ps {
-		out[i] = queue.Policy{Unit: p.Unit, Capacity: int64(p.Capacity), RefillAmount: int64(p.RefillAmount), RefillFrequency: p.RefillFrequency}
+		out[i] = queue.Policy{Unit: p.Unit, Capacity: int64(p.Capacity), RefillAmount: int64(p.RefillAmount), RefillFrequency: p.RefillFrequency, Kind: protocol.Kind(p.Kind)}
 	}
 	return out
 }
@@ -178,7 +184,7 @@ func toQueue(ps []Policy) []queue.Policy {
 func fromQueue(ps []queue.Policy) []Policy {
 	out := make([]Policy, len(ps))
 	for i, p := range ps {
-		out[i] = Policy{Unit: p.Unit, Capacity: int(p.Capacity), RefillAmount: int(p.RefillAmount), RefillFrequency: p.RefillFrequency}
+		out[i] = Policy{Unit: p.Unit, Capacity: int(p.Capacity), RefillAmount: int(p.RefillAmount), RefillFrequency: p.RefillFrequency, Kind: Kind(p.Kind)}
 	}
 	return out
 }

@@ -101,7 +101,11 @@ func (r *Reservation) close(ctx context.Context, why string, actual Cost) error 
 	if err := r.claim(); err != nil {
 		return err
 	}
-	err := r.b.settle(ctx, r.estimate, actual)
+	var slot int64
+	if !r.report.Slot.IsZero() {
+		slot = r.report.Slot.UnixMicro()
+	}
+	err := r.b.settle(ctx, slot, r.estimate, actual)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err != nil {
@@ -130,7 +134,7 @@ func (r *Reservation) claim() error {
 // settle charges every policy in force the difference between actual and
 // estimate (units missing from actual keep their estimate), following the
 // policies in force as every call does.
-func (b *Bucket) settle(ctx context.Context, estimate, actual Cost) error {
+func (b *Bucket) settle(ctx context.Context, slot int64, estimate, actual Cost) error {
 	for settled := 0; ; settled++ {
 		id, qps := b.q.Policies()
 		ps := fromQueue(qps)
@@ -154,7 +158,7 @@ func (b *Bucket) settle(ctx context.Context, estimate, actual Cost) error {
 		if !changes {
 			return nil
 		}
-		_, err := b.q.Settle(ctx, id, diffs)
+		_, err := b.q.Settle(ctx, id, slot, diffs)
 		retry, serr := b.followInForce(ctx, err, settled)
 		switch {
 		case retry:

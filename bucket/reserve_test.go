@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/loadgen"
@@ -56,7 +58,7 @@ func wantLevels(t *testing.T, b *bucket.Bucket, what string, want ...int64) {
 func TestSettleDown(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.New(t)
-	b := newBucket(t, srv.Client(), tokensOnly(t.Name(), 100))
+	b := newBucket(t, clientOf(t, srv), tokensOnly(t.Name(), 100))
 	r, err := b.Reserve(ctx, bucket.Cost{"tokens": 60})
 	if err != nil {
 		t.Fatal(err)
@@ -84,7 +86,7 @@ func TestSettleCapsAtCapacity(t *testing.T) {
 	cfg := bucket.Config{Name: t.Name(), Policies: []bucket.Policy{
 		{Unit: "tokens", Capacity: 100, RefillAmount: 50, RefillFrequency: 50 * time.Millisecond},
 	}}
-	b := newBucket(t, srv.Client(), cfg)
+	b := newBucket(t, clientOf(t, srv), cfg)
 	r, err := b.Reserve(ctx, bucket.Cost{"tokens": 80})
 	if err != nil {
 		t.Fatal(err)
@@ -106,7 +108,7 @@ func TestSettleUp(t *testing.T) {
 	cfg := bucket.Config{Name: t.Name(), Policies: []bucket.Policy{
 		{Unit: "tokens", Capacity: 100, RefillAmount: 1, RefillFrequency: time.Second},
 	}}
-	b := newBucket(t, srv.Client(), cfg)
+	b := newBucket(t, clientOf(t, srv), cfg)
 	r, err := b.Reserve(ctx, bucket.Cost{"tokens": 100})
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +140,7 @@ func TestCancelGivesAllBack(t *testing.T) {
 	srv := redistest.New(t)
 	cfg := tokensOnly(t.Name(), 100)
 	cfg.Capacity, cfg.RefillAmount, cfg.RefillFrequency = 5, 1, time.Hour
-	b := newBucket(t, srv.Client(), cfg)
+	b := newBucket(t, clientOf(t, srv), cfg)
 	r, err := b.Reserve(ctx, bucket.Cost{"": 1, "tokens": 30})
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +166,7 @@ func TestCancelGivesAllBack(t *testing.T) {
 func TestSettleErrors(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.New(t)
-	b := newBucket(t, srv.Client(), tokensOnly(t.Name(), 100))
+	b := newBucket(t, clientOf(t, srv), tokensOnly(t.Name(), 100))
 	r, err := b.Reserve(ctx, bucket.Cost{"tokens": 20})
 	if err != nil {
 		t.Fatal(err)
@@ -213,7 +215,7 @@ func TestSettleErrors(t *testing.T) {
 	// Past ReservationTTL, a reservation counts at its estimate for good.
 	cfg := tokensOnly(t.Name()+"-ttl", 100)
 	cfg.ReservationTTL = time.Millisecond
-	b2 := newBucket(t, srv.Client(), cfg)
+	b2 := newBucket(t, clientOf(t, srv), cfg)
 	r2, err := b2.Reserve(ctx, bucket.Cost{"tokens": 20})
 	if err != nil {
 		t.Fatal(err)
@@ -223,7 +225,7 @@ func TestSettleErrors(t *testing.T) {
 		t.Fatalf("Settle past ReservationTTL: %v", err)
 	}
 	wantLevels(t, b2, "after a settle past the TTL", 80)
-	if _, err := bucket.New(srv.Client(), bucket.Config{Name: "x", Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second, ReservationTTL: -time.Second}); !errors.Is(err, bucket.ErrConfig) {
+	if _, err := bucket.New(clientOf(t, srv), bucket.Config{Name: "x", Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second, ReservationTTL: -time.Second}); !errors.Is(err, bucket.ErrConfig) {
 		t.Fatalf("negative ReservationTTL: %v", err)
 	}
 }
@@ -249,7 +251,7 @@ func TestReservationAbandoned(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-p.Done()
-	b := newBucket(t, srv.Client(), cfg)
+	b := newBucket(t, clientOf(t, srv), cfg)
 	wantLevels(t, b, "after the holder died", 4, 30)
 	short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
@@ -345,4 +347,13 @@ func TestSettlesAcrossProcesses(t *testing.T) {
 	if actual < allowed*6/10 {
 		t.Errorf("used %d tokens of %d allowed: the give-backs were not used", actual, allowed)
 	}
+}
+
+// clientOf is a client of srv, closed when the test ends (after the
+// buckets made on it, which close first).
+func clientOf(t *testing.T, srv *redistest.Server) *redis.Client {
+	t.Helper()
+	rdb := srv.Client()
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
 }

@@ -25,15 +25,16 @@ type Settled struct {
 // less the estimate it was granted with, one per policy in the order of
 // the configuration id names (lua/settle.lua): a negative difference goes
 // back to the bucket (up to each policy's capacity), a positive one is
-// taken as a debt the callers after it wait out. When the configuration
-// in force is another, Settle changes nothing and returns a *ConfigError.
-// One round trip.
-func (q *Queue) Settle(ctx context.Context, id string, diffs []int64) (Settled, error) {
+// taken as a debt the callers after it wait out. slot is the grant's (µs
+// on the Redis clock, 0 if unknown), which a rolling window's give-back
+// needs. When the configuration in force is another, Settle changes
+// nothing and returns a *ConfigError. One round trip.
+func (q *Queue) Settle(ctx context.Context, id string, slot int64, diffs []int64) (Settled, error) {
 	reply, err := q.run(ctx, settleScript, q.keys.retime(), func(c *conf) ([]any, error) {
 		if c.id != id || len(diffs) != len(c.policies) {
 			return nil, &ConfigError{Mine: id}
 		}
-		args := []any{us(q.opt.Grace), protocol.Costs(diffs)}
+		args := []any{us(q.opt.Grace), protocol.Costs(diffs), max(slot, 0)}
 		return append(args, c.args...), nil
 	})
 	v, err := groundwork.Ints(reply, err)

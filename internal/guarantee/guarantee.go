@@ -13,13 +13,21 @@ import (
 	"slices"
 	"sort"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/protocol"
 )
 
-// Limit is one policy's promise.
+// Limit is one policy's promise. Kind makes it a window of length
+// RefillFrequency: at most Capacity in any closed window of that length
+// (protocol.Rolling), or in each window [Offset + k·RefillFrequency,
+// Offset + (k+1)·RefillFrequency) of the Unix clock (protocol.Fixed); a
+// token bucket's promise (Allowed) holds for a fixed window too.
 type Limit struct {
 	Capacity        int
 	RefillAmount    int
 	RefillFrequency time.Duration
+	Kind            protocol.Kind
+	Offset          time.Duration
 }
 
 // Allowed is the most units (grants, when each counts 1) the limit
@@ -134,7 +142,80 @@ func CheckCharges(charges []Grant, l Limit, slack time.Duration) Result {
 // best window holds whole groups.)
 func CheckCosts(grants []Grant, l Limit, slack time.Duration) Result {
 	gs, res := sorted(grants, false)
+	switch l.Kind {
+	case protocol.Rolling:
+		return checkRolling(gs, res, l, slack)
+	case protocol.Fixed:
+		if r := checkFixed(gs, res, l, slack); !r.OK() {
+			return r
+		}
+	}
 	return checkCosts(gs, res, l, slack)
+}
+
+// checkRolling is CheckCosts for a rolling window: the most units in any
+// closed window of length RefillFrequency less slack (starts that lag
+// their slots by up to slack and lie within that of each other have
+// slots within a window), against Capacity, in O(n).
+func checkRolling(gs []Grant, res Result, l Limit, slack time.Duration) Result {
+	w := l.RefillFrequency - slack
+	worst, sum, i := -1<<62, 0, 0
+	for j, g := range gs {
+		sum += g.Cost
+		for g.At.Sub(gs[i].At) > w {
+			sum -= gs[i].Cost
+			i++
+		}
+		if j+1 < len(gs) && gs[j+1].At.Equal(g.At) {
+			continue // the window ends with all grants of that instant
+		}
+		if e := sum - l.Capacity; e > worst {
+			worst = e
+			res.From, res.To, res.Count, res.InWindow = gs[i].At, g.At, j-i+1, sum
+		}
+	}
+	if len(gs) > 0 {
+		res.Excess = worst
+	}
+	return res
+}
+
+// checkFixed judges each fixed window on its own: the units of its
+// grants against Capacity; with slack, a window counts only the grants
+// from slack after its start (their slots surely lie in it).
+func checkFixed(gs []Grant, res Result, l Limit, slack time.Duration) Result {
+	w := int64(l.RefillFrequency)
+	off := int64(l.Offset)
+	index := func(t time.Time) int64 {
+		d := t.UnixNano() - off
+		k := d / w
+		if d < 0 && d%w != 0 {
+			k--
+		}
+		return k
+	}
+	worst := -1 << 62
+	for i := 0; i < len(gs); {
+		k := index(gs[i].At)
+		from, end := time.Unix(0, off+k*w).Add(slack), time.Unix(0, off+(k+1)*w)
+		sum, j := 0, i
+		for ; j < len(gs) && gs[j].At.Before(end); j++ {
+			if !gs[j].At.Before(from) {
+				sum += gs[j].Cost
+			}
+		}
+		if e := sum - l.Capacity; e > worst {
+			worst = e
+			res.From, res.To, res.Count, res.InWindow = gs[i].At, gs[j-1].At, j-i, sum
+		}
+		for i < len(gs) && index(gs[i].At) == k {
+			i++
+		}
+	}
+	if len(gs) > 0 {
+		res.Excess = worst
+	}
+	return res
 }
 
 // checkCosts is CheckCosts over grants sorted (by sorted).

@@ -3,6 +3,8 @@ package guarantee
 import (
 	"math/rand/v2"
 	"testing"
+
+	"github.com/sluicehq/sluice/internal/protocol"
 	"time"
 )
 
@@ -261,4 +263,84 @@ func TestCheckChargesMatchesBrute(t *testing.T) {
 		t.Fatalf("%d of %d random sets failed: too one-sided for the comparison to prove much", fails, trials)
 	}
 	t.Logf("%d of %d sets failed; %d judged more strictly for charges at a shared instant", fails, trials, stricter)
+}
+
+// TestCheckWindowsMatchBrute: the window checks find what trying every
+// window finds: for a rolling window, every closed window of its length
+// from a grant on; for a fixed one, each window of the grid.
+func TestCheckWindowsMatchBrute(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	fails := [3]int{}
+	const trials = 2000
+	for trial := 0; trial < trials; trial++ {
+		w := time.Duration(1+rng.IntN(50)) * time.Millisecond
+		l := Limit{Capacity: 1 + rng.IntN(30), RefillFrequency: w, Kind: protocol.Rolling}
+		l.RefillAmount = l.Capacity
+		n := rng.IntN(60)
+		gs := make([]Grant, n)
+		for i := range gs {
+			us := rng.IntN(200_000)
+			if i > 0 && rng.IntN(4) == 0 {
+				us = int(gs[rng.IntN(i)].At.Sub(at(0)[0]) / time.Microsecond)
+			}
+			gs[i] = Grant{At: at(0)[0].Add(time.Duration(us) * time.Microsecond), Cost: rng.IntN(6)}
+		}
+		// Rolling, by brute force.
+		worst := 0
+		if units := func() int {
+			u := 0
+			for _, g := range gs {
+				u += g.Cost
+			}
+			return u
+		}(); units > 0 {
+			worst = -1 << 62
+			for _, a := range gs {
+				sum := 0
+				for _, b := range gs {
+					if d := b.At.Sub(a.At); d >= 0 && d <= w {
+						sum += b.Cost
+					}
+				}
+				worst = max(worst, sum-l.Capacity)
+			}
+		}
+		if r := CheckCosts(gs, l, 0); r.Excess != worst && !(len(gs) == 0 && r.Excess == 0) {
+			// With every cost 0 the fast check has nothing to judge.
+			if worst != -1<<62 || r.Units != 0 {
+				t.Fatalf("trial %d rolling %+v: CheckCosts %v, brute excess %d", trial, l, r, worst)
+			}
+		}
+		if worst > 0 {
+			fails[0]++
+		}
+		// Fixed, by brute force over the grid.
+		l.Kind, l.Offset = protocol.Fixed, time.Duration(rng.IntN(int(w)))
+		per := map[int64]int{}
+		worst = -1 << 62
+		for _, g := range gs {
+			if g.Cost == 0 {
+				continue
+			}
+			k := (g.At.UnixNano() - int64(l.Offset)) / int64(w)
+			per[k] += g.Cost
+		}
+		for _, u := range per {
+			worst = max(worst, u-l.Capacity)
+		}
+		r := CheckCosts(gs, l, 0)
+		switch {
+		case len(per) == 0:
+		case worst > 0 && r.Excess != worst:
+			t.Fatalf("trial %d fixed %+v: CheckCosts %v, brute excess %d", trial, l, r, worst)
+		case worst <= 0 && !r.OK():
+			t.Fatalf("trial %d fixed %+v: CheckCosts %v, brute excess %d", trial, l, r, worst)
+		}
+		if worst > 0 {
+			fails[1]++
+		}
+	}
+	if fails[0] < trials/10 || fails[0] > trials*9/10 || fails[1] < trials/10 || fails[1] > trials*9/10 {
+		t.Fatalf("%v of %d random sets failed: too one-sided to prove much", fails, trials)
+	}
 }

@@ -56,7 +56,11 @@ type Config struct {
 func ConfigID(ps []Policy) string {
 	h := fnv.New64a()
 	for _, p := range ps {
-		fmt.Fprintf(h, "%q %d %d %d;", p.Unit, p.Capacity, p.RefillAmount, p.RefillFrequency.Microseconds())
+		fmt.Fprintf(h, "%q %d %d %d", p.Unit, p.Capacity, p.RefillAmount, p.RefillFrequency.Microseconds())
+		if p.Kind != TokenBucket { // a token bucket's id is as before kinds
+			fmt.Fprintf(h, " k%d", p.Kind)
+		}
+		fmt.Fprint(h, ";")
 	}
 	return "c" + fmt.Sprintf("%016x", h.Sum64())
 }
@@ -69,6 +73,7 @@ type jsonPolicy struct {
 	Capacity int64  `json:"capacity"`
 	Amount   int64  `json:"amount"`
 	EveryUS  int64  `json:"every_us"`
+	Kind     Kind   `json:"kind,omitempty"`
 }
 
 type jsonConfig struct {
@@ -84,7 +89,7 @@ type jsonConfig struct {
 func toJSON(ps []Policy) []jsonPolicy {
 	var out []jsonPolicy
 	for _, p := range ps {
-		out = append(out, jsonPolicy{Unit: p.Unit, Capacity: p.Capacity, Amount: p.RefillAmount, EveryUS: p.RefillFrequency.Microseconds()})
+		out = append(out, jsonPolicy{Unit: p.Unit, Capacity: p.Capacity, Amount: p.RefillAmount, EveryUS: p.RefillFrequency.Microseconds(), Kind: p.Kind})
 	}
 	return out
 }
@@ -92,7 +97,7 @@ func toJSON(ps []Policy) []jsonPolicy {
 func fromJSON(js []jsonPolicy) []Policy {
 	var out []Policy
 	for _, p := range js {
-		out = append(out, Policy{Unit: p.Unit, Capacity: p.Capacity, RefillAmount: p.Amount, RefillFrequency: time.Duration(p.EveryUS) * time.Microsecond})
+		out = append(out, Policy{Unit: p.Unit, Capacity: p.Capacity, RefillAmount: p.Amount, RefillFrequency: time.Duration(p.EveryUS) * time.Microsecond, Kind: p.Kind})
 	}
 	return out
 }

@@ -86,6 +86,9 @@ end
 -- string as stored when it is of this format (nil when missing or of an
 -- older one): see save_extras. The state table carries id, for save.
 local function load(state_key, ps, now, config_key, id)
+  if ps.rolling > 0 then
+    LOG_BASE = string.sub(state_key, 1, -6) .. 'window:' -- "<base>state"
+  end
   local raw = redis.call('GET', state_key)
   local st = {id = id, done0 = 0, hold = 0, held = 0}
   if not raw then
@@ -99,12 +102,21 @@ local function load(state_key, ps, now, config_key, id)
     -- exact limit). It costs at most 5 ms of one refill, once.
     for i = 1, #ps do
       local p = ps[i]
-      st[i] = {level = p.cap, anchor = now + math.min(math.floor(p.freq / 2), FRESH_LAG_US), extra = 0}
+      local lag = math.min(math.floor(p.freq / 2), FRESH_LAG_US)
+      if p.kind == FIXED then
+        -- The window now in progress, on the grid of whole windows.
+        st[i] = {level = p.cap, anchor = lag + math.floor((now - lag) / p.freq) * p.freq, extra = 0}
+      elseif p.kind == ROLLING then
+        st[i] = {level = p.cap, anchor = 0, extra = 0, log = {}, skip = 0, log_end = true}
+        redis.call('DEL', log_key(i)) -- a log the state outlived
+      else
+        st[i] = {level = p.cap, anchor = now + lag, extra = 0}
+      end
     end
     st.costed = 0
     return st, 0, 0, true, nil
   end
-  if #ps == 1 then -- the common case, without a loop or a table of values
+  if #ps == 1 and ps.rolling == 0 then -- the common case, without a loop or a table of values
     local p = ps[1]
     local done, till, l, a, v, sid, h, m, c, x = string.match(raw, '^(%S+) (%S+) (%S+) (%S+) ?(%S*) ?(%S*) ?(%S*) ?(%S*) ?(%S*) ?(%S*)')
     if sid ~= id then
@@ -140,8 +152,13 @@ local function load(state_key, ps, now, config_key, id)
   end
   for i = 1, n do
     local p = ps[i]
-    local level, anchor = refill(tonumber(vals[2 * i + 1]), tonumber(vals[2 * i + 2]), now, p.cap, p.amount, p.freq)
-    st[i] = {level = level, anchor = anchor, extra = tonumber(vals[at + 1 + i]) or 0}
+    if p.kind == ROLLING then
+      st[i] = {level = tonumber(vals[2 * i + 1]), anchor = tonumber(vals[2 * i + 2]), extra = tonumber(vals[at + 1 + i]) or 0}
+      window_refill(st[i], p, i, now)
+    else
+      local level, anchor = refill(tonumber(vals[2 * i + 1]), tonumber(vals[2 * i + 2]), now, p.cap, p.amount, p.freq)
+      st[i] = {level = level, anchor = anchor, extra = tonumber(vals[at + 1 + i]) or 0}
+    end
   end
   st.costed = tonumber(vals[at + 1]) or 0
   st.done0 = tonumber(vals[1]) or 0
@@ -156,7 +173,12 @@ local function full_in(st, ps, now)
   for i = 1, #ps do
     local p, s = ps[i], st[i]
     if s.level < p.cap then
-      local t = s.anchor + math.ceil((p.cap - s.level) / p.amount) * p.freq - now
+      local t
+      if p.kind == ROLLING then
+        t = s.anchor + p.freq + 1 - now -- the last entry logged expires
+      else
+        t = s.anchor + math.ceil((p.cap - s.level) / p.amount) * p.freq - now
+      end
       if t > d then d = t end
     end
   end
@@ -194,6 +216,22 @@ local function save(state_key, st, ps, now, grace, done, till, config_key)
     end
   end
   redis.call('SET', state_key, value, 'PX', ceil_ms(full_in(st, ps, now) + grace))
+  if (ps.rolling or 0) > 0 then
+    for i = 1, #ps do
+      if (st[i].skip or 0) > 0 then -- the entries window_refill counted back
+        redis.call('LTRIM', log_key(i), st[i].skip, -1)
+        st[i].skip = 0
+      end
+      local pend = st[i].pend
+      if pend and #pend > 0 then
+        local out = {}
+        for k = 1, #pend do out[k] = string.format('%d %d', pend[k][1], pend[k][2]) end
+        redis.call('RPUSH', log_key(i), unpack(out))
+        redis.call('PEXPIRE', log_key(i), ceil_ms(st[i].anchor + ps[i].freq + 1 - now + grace))
+        st[i].pend = nil
+      end
+    end
+  end
   if math.floor(done / CONFIG_RENEW_EVERY) ~= math.floor((st.done0 or -1) / CONFIG_RENEW_EVERY) then
     redis.call('PEXPIRE', config_key, CONFIG_TTL_MS)
   end

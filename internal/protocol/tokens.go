@@ -7,12 +7,29 @@ import "time"
 // RefillFrequency (used in whole microseconds). A caller without costs of
 // its own takes its call from each policy: 1 token, or 0 from a policy
 // that counts another unit than calls.
+//
+// Kind makes it a window of length RefillFrequency (tokens.lua, "Windows"):
+// Fixed is a token bucket whose RefillAmount is its Capacity, refilled at
+// whole multiples of the window (plus a lag) on the Redis clock; Rolling
+// grants at most Capacity in any window, each grant coming back the window
+// after it (its grants are logged in the key Keys.Window names).
 type Policy struct {
 	Unit            string
 	Capacity        int64
 	RefillAmount    int64
 	RefillFrequency time.Duration
+	Kind            Kind
 }
+
+// Kind is what kind of limit a Policy is.
+type Kind int
+
+// The kinds of Policy; the scripts read them as numbers.
+const (
+	TokenBucket Kind = 0
+	Fixed       Kind = 1
+	Rolling     Kind = 2
+)
 
 // Call is what a caller without costs of its own takes from p.
 func (p Policy) Call() int64 {
@@ -24,20 +41,22 @@ func (p Policy) Call() int64 {
 
 // PolicyArgs are the policies as the scripts read them (read_policies in
 // tokens.lua): their configuration's id (ConfigID), n, then capacity,
-// amount, period µs and call of each.
+// amount, period µs, call and kind of each.
 func PolicyArgs(ps []Policy) []any {
 	args := []any{ConfigID(ps), len(ps)}
 	for _, p := range ps {
-		args = append(args, p.Capacity, p.RefillAmount, p.RefillFrequency.Microseconds(), p.Call())
+		args = append(args, p.Capacity, p.RefillAmount, p.RefillFrequency.Microseconds(), p.Call(), int(p.Kind))
 	}
 	return args
 }
 
 // Refill is tokens.lua's refill in integer µs: it brings a policy's level
 // and anchor (the instant of the last refill counted) forward to now.
+// A Rolling policy's level comes back only as its log expires, which Refill
+// cannot read: it returns the level as stored, at most what it holds.
 func Refill(level, anchor, now int64, p Policy) (int64, int64) {
 	freq := p.RefillFrequency.Microseconds()
-	if now > anchor && freq > 0 {
+	if now > anchor && freq > 0 && p.Kind != Rolling {
 		if n := (now - anchor) / freq; n > 0 {
 			level = min(p.Capacity, level+n*p.RefillAmount)
 			anchor += n * freq
@@ -47,9 +66,10 @@ func Refill(level, anchor, now int64, p Policy) (int64, int64) {
 }
 
 // SlotFor is tokens.lua's slot_all for one policy: when the k-th token from
-// now on is due (now itself if the level covers it).
+// now on is due (now itself if the level covers it). For a Rolling policy,
+// whose log it cannot read, it is a lower bound: now.
 func SlotFor(level, anchor, now, k int64, p Policy) int64 {
-	if level >= k {
+	if level >= k || p.Kind == Rolling {
 		return now
 	}
 	need := k - level

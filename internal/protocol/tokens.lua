@@ -33,21 +33,150 @@ local function ceil_ms(us)
   return int(ms)
 end
 
--- read_policies parses "id, n, cap1, amount1, freq1, call1, ..." from argv
--- at index i and returns the policies, the index after them, whether every
--- policy counts calls (then a caller without costs takes one token of
--- each, and the scalar functions below serve), and id, the configuration
--- they make (config.go), which the state must carry (state.lua).
+-- read_policies parses "id, n, cap1, amount1, freq1, call1, kind1, ..."
+-- from argv at index i and returns the policies, the index after them,
+-- whether every policy counts calls (then a caller without costs takes one
+-- token of each, and the scalar functions below serve), and id, the
+-- configuration they make (config.go), which the state must carry
+-- (state.lua). kind is 0 for a token bucket, FIXED or ROLLING for a window
+-- (below, "Windows"); ps.rolling counts the rolling ones.
+local FIXED, ROLLING = 1, 2
 local function read_policies(argv, i)
   local id = argv[i]
   local n = tonumber(argv[i + 1])
-  local ps, unit = {}, true
+  local ps, unit = {rolling = 0}, true
   for k = 1, n do
-    local b = i + 2 + (k - 1) * 4
-    ps[k] = {cap = tonumber(argv[b]), amount = tonumber(argv[b + 1]), freq = tonumber(argv[b + 2]), call = tonumber(argv[b + 3])}
+    local b = i + 2 + (k - 1) * 5
+    ps[k] = {cap = tonumber(argv[b]), amount = tonumber(argv[b + 1]), freq = tonumber(argv[b + 2]), call = tonumber(argv[b + 3]), kind = tonumber(argv[b + 4])}
     if ps[k].call ~= 1 then unit = false end
+    if ps[k].kind == ROLLING then ps.rolling = ps.rolling + 1 end
   end
-  return ps, i + 2 + n * 4, unit, id
+  return ps, i + 2 + n * 5, unit, id
+end
+
+-- Windows. A fixed window (kind FIXED) of N per W is a token bucket of
+-- capacity N that gains N every W: each refill resets it to N, less the
+-- tokens already promised to slots past the refill. Its grid is whole
+-- multiples of W on the Redis clock, plus a lag (state.lua's
+-- fixed_anchor), so that its windows are the upstream's when that one
+-- counts per calendar minute, hour or day.
+--
+-- A rolling window (kind ROLLING) of N per W grants at most N in any
+-- closed window of length W (freq holds W): each grant's tokens come back
+-- 1 µs after W has passed since its slot. Its grants are logged, in slot
+-- order, in a list key of its own ("<base>window:<i>", log_key): entries
+-- "slot cost", one per slot (grants of the same slot merged). Its state's
+-- level is N less the costs logged and not yet expired (refilled by
+-- expiring them: window_refill), its anchor the slot of the last entry
+-- logged (0: none), which bounds when the log empties.
+
+-- MAX_WALK bounds how many log entries window_slot reads: past them its
+-- answer is a lower bound (an estimate), never a slot granted, since a
+-- window is longer than the lookahead (bucket.New checks it).
+local MAX_WALK = 256
+
+-- The log keys' prefix, set by load from the state key: every key of a
+-- bucket shares its hash tag, as the slot keys share the declared prefix.
+local LOG_BASE = nil
+
+local function log_key(i)
+  return LOG_BASE .. i
+end
+
+local function parse_entry(e)
+  local t, c = string.match(e, '^(%-?%d+) (%-?%d+)$')
+  return tonumber(t), tonumber(c)
+end
+
+-- window_refill gives a rolling policy's level back the tokens of the
+-- entries whose window has passed at now. It only reads: the entries
+-- leave the log when save writes the level (s.skip of them), so that a
+-- script that saves nothing leaves log and level as they were.
+local function window_refill(s, p, i, now)
+  s.log, s.skip, s.log_end = {}, 0, false
+  while true do
+    local chunk = redis.call('LRANGE', log_key(i), s.skip, s.skip + 63)
+    local stop = false
+    for _, e in ipairs(chunk) do
+      local t, c = parse_entry(e)
+      if stop or t + p.freq >= now then
+        stop = true
+        s.log[#s.log + 1] = {t, c}
+      else
+        s.skip = s.skip + 1
+        s.level = math.min(p.cap, s.level + c)
+      end
+    end
+    if #chunk < 64 then s.log_end = true end
+    if stop or #chunk < 64 then break end
+  end
+  if s.level >= p.cap and s.log_end and #s.log == 0 then s.anchor = 0 end
+end
+
+-- window_entries returns the first m entries of policy i's log that are
+-- still in the window (read by window_refill, then as needed, once per
+-- script).
+local function window_entries(s, i, m)
+  local have = #s.log
+  if have < m and not s.log_end then
+    local from = s.skip + have
+    local chunk = redis.call('LRANGE', log_key(i), from, from + m - have - 1)
+    for _, e in ipairs(chunk) do
+      local t, c = parse_entry(e)
+      s.log[#s.log + 1] = {t, c}
+    end
+    if #chunk < m - have then s.log_end = true end
+  end
+  return s.log
+end
+
+-- window_slot is the earliest instant at which a rolling policy can give
+-- its k-th token from now on: when enough logged grants have left the
+-- window. Past the log (or MAX_WALK entries), the tokens needed come
+-- back from grants not made yet, whose slots are now or later: the
+-- answer is then a lower bound.
+local function window_slot(s, p, i, now, k)
+  if s.level >= k then return now end
+  local need, acc = k - s.level, 0
+  local m = 16
+  local log = window_entries(s, i, m)
+  local j, last = 0, now
+  while true do
+    j = j + 1
+    if j > #log then
+      if s.log_end or j > MAX_WALK then break end
+      m = math.min(m * 4, MAX_WALK)
+      log = window_entries(s, i, m)
+      if j > #log then break end
+    end
+    local t, c = log[j][1], log[j][2]
+    last = t
+    acc = acc + c
+    if acc >= need then return math.max(now, t + p.freq + 1) end
+  end
+  return math.max(now + p.freq + 1, last + p.freq + 1)
+end
+
+-- window_record logs a grant of ks (nil: call each) at slot, for every
+-- rolling policy it takes from; save writes it to the log.
+local function window_record(st, ps, slot, ks)
+  if ps.rolling == 0 then return end
+  for i = 1, #ps do
+    local p = ps[i]
+    local c = ks and ks[i] or p.call
+    if p.kind == ROLLING and c > 0 then
+      local s = st[i]
+      local t = math.max(slot, s.anchor) -- the log stays in slot order
+      s.pend = s.pend or {}
+      local last = s.pend[#s.pend]
+      if last and last[1] == t then
+        last[2] = last[2] + c
+      else
+        s.pend[#s.pend + 1] = {t, c}
+      end
+      s.anchor = t
+    end
+  end
 end
 
 -- refill brings one policy's (level, anchor) forward to now. anchor is the
@@ -80,6 +209,13 @@ local function slot_for(level, anchor, now, k, amount, freq)
   return anchor + math.ceil((k - level) / amount) * freq
 end
 
+-- policy_slot is slot_for for policy i of any kind.
+local function policy_slot(st, ps, i, now, k)
+  local p, s = ps[i], st[i]
+  if p.kind == ROLLING then return window_slot(s, p, i, now, k) end
+  return slot_for(s.level, s.anchor, now, k, p.amount, p.freq)
+end
+
 -- A hold (st.hold, µs; state.lua) keeps every slot that takes from a held
 -- policy at or after it: st.held is a bitmask of the held policies (bit 0
 -- the first), 0 meaning all. feedback.lua, which sets it, also moves each
@@ -102,27 +238,19 @@ end
 -- caller takes from each: any hold applies).
 local function slot_all(st, ps, now, k)
   local slot = now
-  if #ps == 1 then -- the common case, without a loop
+  if #ps == 1 and ps.rolling == 0 then -- the common case, without a loop
     local s, p = st[1], ps[1]
     if s.level < k then
       slot = math.max(now, s.anchor + math.ceil((k - s.level) / p.amount) * p.freq)
     end
   else
     for i = 1, #ps do
-      local p = ps[i]
-      local s = slot_for(st[i].level, st[i].anchor, now, k, p.amount, p.freq)
+      local s = policy_slot(st, ps, i, now, k)
       if s > slot then slot = s end
     end
   end
   if (st.hold or 0) > slot then slot = st.hold end
   return slot
-end
-
--- take spends one token of every policy.
-local function take(st)
-  for i = 1, #st do
-    st[i].level = st[i].level - 1
-  end
 end
 
 -- slot_k is the slot at which every policy i can give its ks[i]-th token
@@ -132,18 +260,33 @@ end
 local function slot_k(st, ps, now, ks)
   local slot = now
   for i = 1, #ps do
-    local p = ps[i]
-    local s = slot_for(st[i].level, st[i].anchor, now, ks[i], p.amount, p.freq)
+    local s = policy_slot(st, ps, i, now, ks[i])
     if s > slot then slot = s end
   end
   if (st.hold or 0) > slot and held(st, ks) then slot = st.hold end
   return slot
 end
 
--- take_k spends ks[i] tokens of every policy i.
-local function take_k(st, ks)
-  for i = 1, #st do
-    st[i].level = st[i].level - ks[i]
+-- take_at spends, at slot, ks[i] tokens of every policy i (nil: call
+-- each). A policy that has them before slot (another policy or a hold set
+-- the slot later) keeps gaining refills until the slot, and a full one
+-- loses what it cannot hold: the tokens leave it at the slot, not now. So
+-- the refills it will lose by then are taken off its level too, now,
+-- which leaves it, at the slot, exactly as it will be there; before the
+-- slot it counts fewer tokens than it has, which costs nobody anything,
+-- since no caller after this one comes before its slot.
+local function take_at(st, ps, slot, ks, now)
+  for i = 1, #ps do
+    local p, s = ps[i], st[i]
+    local k = ks and ks[i] or p.call
+    if k > 0 then
+      if p.kind ~= ROLLING and slot > now and slot > s.anchor then
+        local level, anchor = refill(s.level, s.anchor, slot, p.cap, p.amount, p.freq)
+        local gained = (anchor - s.anchor) / p.freq * p.amount
+        s.level = s.level - (s.level + gained - level) -- the refills lost to the capacity
+      end
+      s.level = s.level - k
+    end
   end
 end
 

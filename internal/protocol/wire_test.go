@@ -22,8 +22,8 @@ if f == 'state' then
   -- ARGV[5..] each policy's capacity (its level: full, so the key's TTL
   -- is the grace); load it at a now less than a period after every
   -- anchor (nothing refills) and save it. KEYS[2] is the config key.
-  local ps = {}
-  for i = 5, #ARGV do ps[#ps + 1] = {cap = tonumber(ARGV[i]), amount = 1, freq = 1e12} end
+  local ps = {rolling = 0}
+  for i = 5, #ARGV do ps[#ps + 1] = {cap = tonumber(ARGV[i]), amount = 1, freq = 1e12, kind = 0} end
   redis.call('SET', KEYS[1], ARGV[2])
   local now = tonumber(ARGV[3])
   local st, done, till, _, raw = load(KEYS[1], ps, now, KEYS[2], ARGV[4])

@@ -17,7 +17,7 @@
 -- ARGV[3] grace µs added to the state's TTL
 -- ARGV[4] wake channel
 -- ARGV[5..] the policies in force (read_policies: id, n, then cap, amount,
---         freq µs, call each), then the new policies, then for each new
+--         freq µs, call, kind each), then the new policies, then for each new
 --         policy two old indexes (1-based, 0: none): the policy whose
 --         tokens it inherits, and the policy whose cost (its unit's) a
 --         queued caller's cost of it is
@@ -59,8 +59,49 @@ for k = 1, #nps do
     level = free + owed
   end
   nst[k] = {level = level, anchor = now, extra = 0}
-  if nst.hold > now then -- as feedback.lua leaves a held policy
-    nst[k].anchor = nst.hold
+  if p.kind == FIXED then -- the window in progress, as load starts one
+    local lag = math.min(math.floor(p.freq / 2), FRESH_LAG_US)
+    nst[k].anchor = lag + math.floor((now - lag) / p.freq) * p.freq
+  end
+  if nst.hold > now and p.kind ~= ROLLING then -- as feedback.lua leaves a held policy
+    nst[k].anchor = math.max(nst[k].anchor, nst.hold)
+  end
+end
+
+-- Rolling windows (tokens.lua, "Windows"): a new one that inherits from a
+-- rolling window of the same length keeps its log (unless the rule is
+-- reset), its tokens used staying used; any other starts with its tokens
+-- used (by the rule above) logged now, to come back a window from now.
+-- The logs of the old ones go.
+if ops.rolling > 0 or nps.rolling > 0 then
+  LOG_BASE = string.sub(KEYS[2], 1, -6) .. 'window:'
+  local logs = {}
+  for f = 1, #ops do
+    if ops[f].kind == ROLLING then
+      logs[f] = redis.call('LRANGE', log_key(f), 0, -1)
+      redis.call('DEL', log_key(f))
+    end
+  end
+  for k = 1, #nps do
+    local p, f = nps[k], from[k]
+    if p.kind == ROLLING then
+      local s = nst[k]
+      s.anchor, s.pend = 0, {}
+      if f > 0 and logs[f] and ops[f].freq == p.freq and mode ~= 2 then
+        local used = 0
+        for _, e in ipairs(logs[f]) do
+          local t, c = parse_entry(e)
+          if t + p.freq >= now then -- still in the window (load counted the others back)
+            s.pend[#s.pend + 1] = {t, c}
+            s.anchor, used = t, used + c
+          end
+        end
+        s.level = p.cap - used
+      elseif s.level < p.cap then
+        s.pend[1] = {now, p.cap - s.level}
+        s.anchor = now
+      end
+    end
   end
 end
 

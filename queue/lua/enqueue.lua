@@ -14,7 +14,7 @@
 -- ARGV[2] max queue length, 0 = unbounded
 -- ARGV[3] max wait µs, 0 = unbounded
 -- ARGV[4] grace µs added to every key's TTL
--- ARGV[5..] policies: configuration id, n, then cap, amount, freq µs, call for each
+-- ARGV[5..] policies: configuration id, n, then cap, amount, freq µs, call, kind for each
 -- ARGV[after policies] m, then for each of m callers its ID (fresh per
 --         Enter) and its costs, "c1,c2,..." one per policy, or "" to take
 --         each policy's call (entry.lua)
@@ -73,7 +73,8 @@ for c = 1, m do
     if max_wait > 0 and slot - now > max_wait then
       out[n + 1], out[n + 2], out[n + 3], n = 4, slot - now, 0, n + 3
     else
-      if costs then take_k(st, costs) elseif unit then take(st) else take_k(st, ahead_k(st, ps, 0, nil)) end
+      take_at(st, ps, slot, costs, now) -- nobody queued: no extras, costs or each one's call
+      window_record(st, ps, slot, costs)
       took = true
       done = done + 1
       out[n + 1], out[n + 2], out[n + 3], n = slot == now and 0 or 1, slot - now, 0, n + 3

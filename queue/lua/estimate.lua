@@ -4,7 +4,7 @@
 -- ahead leave (earlier) or the caller is refused (MaxQueue, MaxWait).
 --
 -- KEYS[1] queue, KEYS[2] state, KEYS[3] config (as in enqueue.lua)
--- ARGV[1..] policies: configuration id, n, then cap, amount, freq µs, call for each
+-- ARGV[1..] policies: configuration id, n, then cap, amount, freq µs, call, kind for each
 -- ARGV[after policies] the caller's costs, "c1,c2,..." or "" (entry.lua)
 --
 -- Reply {now µs, delay µs until the slot, callers ahead}.

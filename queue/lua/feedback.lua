@@ -54,7 +54,10 @@ if hold > 0 then
   -- A held policy gains nothing during the hold: its refills resume at
   -- its end (tokens.lua).
   for k = 1, #ps do
-    if mask == 0 or bit.band(mask, 2 ^ (k - 1)) ~= 0 then
+    -- (A rolling window's anchor is its log's last slot: its grants
+    -- still leave the window during the hold, and the hold keeps its
+    -- slots back.)
+    if (mask == 0 or bit.band(mask, 2 ^ (k - 1)) ~= 0) and ps[k].kind ~= ROLLING then
       st[k].anchor = math.max(st[k].anchor, st.hold)
     end
   end
@@ -65,7 +68,16 @@ for c = 1, m do
   local rem = tonumber(ARGV[i + 3 * c - 1])
   local reset = tonumber(ARGV[i + 3 * c])
   local p, s = ps[k], st[k]
-  if p and rem < s.level then
+  if p and rem < s.level and p.kind == ROLLING then
+    -- The tokens the upstream says are gone are logged as a grant now:
+    -- they come back when a window has passed.
+    local ks = {}
+    for j = 1, #ps do ks[j] = 0 end
+    ks[k] = s.level - rem
+    window_record(st, ps, now, ks)
+    s.level = rem
+    lowered = lowered + 1
+  elseif p and rem < s.level then
     s.level = rem
     if reset > 0 then
       s.anchor = math.max(s.anchor, now + reset - p.freq)

@@ -5,7 +5,7 @@
 -- KEYS[5] config (as in enqueue.lua)
 -- ARGV[1] caller's entry, "<id>|<estimate>"
 -- ARGV[2] tolerance µs: a slot older than this is stale and not handed out
--- ARGV[3..] policies: configuration id, n, then cap, amount, freq µs, call for each
+-- ARGV[3..] policies: configuration id, n, then cap, amount, freq µs, call, kind for each
 --
 -- Reply {kind, delay µs, position, lock TTL ms, slot[, room]}:
 --   kind 1 slot found: start after delay (may be negative: late);

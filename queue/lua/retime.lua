@@ -32,7 +32,7 @@
 -- ARGV[1] room ("" when the missed slot was given without one)
 -- ARGV[2] the caller's costs, "c1,c2,..." ("" for each policy's call)
 -- ARGV[3] grace µs added to the state's TTL
--- ARGV[4..] policies: configuration id, n, then cap, amount, freq µs, call for each
+-- ARGV[4..] policies: configuration id, n, then cap, amount, freq µs, call, kind for each
 --
 -- Reply {delay µs, refunded, room}: the new slot is delay from Redis's
 -- now; refunded is 1 when the missed slot's tokens went back; room is the
@@ -67,7 +67,8 @@ if t0 and id == cid then
         n = 0
       end
       local since = rs[i + 1] - r0[i + 1]
-      if since < 0 or l[i] + p.amount * n + since + ks[i] > p.cap or s.level + ks[i] > p.cap then
+      -- A rolling window's missed grant stays logged: spent.
+      if p.kind == ROLLING or since < 0 or l[i] + p.amount * n + since + ks[i] > p.cap or s.level + ks[i] > p.cap then
         ok = false
       end
     end
@@ -85,7 +86,8 @@ if t0 and id == cid then
   end
 end
 local slot = slot_k(st, ps, now, ks)
-take_k(st, ks)
+take_at(st, ps, slot, ks, now)
+window_record(st, ps, slot, ks)
 save(KEYS[2], st, ps, now, grace, done, till, KEYS[3])
 local room = string.match(slot_value(slot, now, cid, st, raw_r), '^%-?%d+ (.*)$')
 return {slot - now, refunded, room}

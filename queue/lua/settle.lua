@@ -20,20 +20,65 @@
 -- ARGV[1] grace µs added to the state's TTL
 -- ARGV[2] the difference per policy, "d1,d2,..." (true cost less the
 --         estimate: negative gives back, positive is a debt)
--- ARGV[3..] policies (read_policies)
+-- ARGV[3] the reservation's slot, µs (0: unknown)
+-- ARGV[4..] policies (read_policies)
+--
+-- A rolling window (tokens.lua, "Windows") logs each grant: its give-back
+-- lowers the cost logged at the reservation's slot (nothing once that
+-- has left the window, or when the slot is unknown), and its debt is
+-- logged now, to leave the window a window from now.
 --
 -- Reply {tokens given back, tokens lost at capacity, debt}, summed over
 -- the policies.
 local now = now_us()
 local grace = tonumber(ARGV[1])
 local ds = parse_costs(ARGV[2]) or {}
-local ps, _, _, id = read_policies(ARGV, 3)
+local slot = tonumber(ARGV[3])
+local ps, _, _, id = read_policies(ARGV, 4)
 local st, done, till = load(KEYS[2], ps, now, KEYS[3], id)
 local back, lost, debt = 0, 0, 0
 local rs
+
+-- window_back lowers by up to want the cost logged for the grant at slot
+-- in rolling policy i's log (the earliest entry at or after it: a grant
+-- logged behind a later one took that one's slot), and returns how much.
+local function window_back(s, p, i, want)
+  if slot <= 0 then return 0 end
+  local key = log_key(i)
+  local hi = redis.call('LLEN', key) - 1
+  local at, t0, c0
+  while hi >= 0 do
+    local lo = math.max(0, hi - 63)
+    local chunk = redis.call('LRANGE', key, lo, hi)
+    local before = false
+    for j = #chunk, 1, -1 do
+      local t, c = parse_entry(chunk[j])
+      if t < slot then before = true break end
+      at, t0, c0 = lo + j - 1, t, c
+    end
+    if before then break end
+    hi = lo - 1
+  end
+  if not at then return 0 end
+  local g = math.min(want, c0)
+  redis.call('LSET', key, at, string.format('%d %d', t0, c0 - g))
+  s.level = math.min(p.cap, s.level + g)
+  return g
+end
+
 for i = 1, #ps do
   local d, s = ds[i] or 0, st[i]
-  if d > 0 then
+  if d > 0 and ps[i].kind == ROLLING then
+    local ks = {}
+    for j = 1, #ps do ks[j] = 0 end
+    ks[i] = d
+    window_record(st, ps, now, ks)
+    s.level = s.level - d
+    debt = debt + d
+  elseif d < 0 and ps[i].kind == ROLLING then
+    local g = window_back(s, ps[i], i, -d)
+    back, lost = back + g, lost + (-d - g)
+  elseif d > 0 then
     s.level = s.level - d
     debt = debt + d
   elseif d < 0 then

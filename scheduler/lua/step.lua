@@ -21,7 +21,7 @@
 --         estimate less the lead, or whose estimate is 0 (pushed without
 --         one), are published there with their slot, as space-separated
 --         pairs "entry slot-µs" (wake.lua), so that their process polls in time
--- ARGV[8..] policies: configuration id, n, then cap, amount, freq µs, call for each
+-- ARGV[8..] policies: configuration id, n, then cap, amount, freq µs, call, kind for each
 --
 -- Reply {status, next µs, queue length, scheduled}:
 --   status -1 fenced (the lock is not ours: stop); 0 lock released (the
@@ -40,54 +40,53 @@ local channel = ARGV[7]
 local ps, _, unit, cid = read_policies(ARGV, 8)
 local st, done = load(KEYS[2], ps, now, KEYS[5], cid)
 local ids, slots, blocked = {}, {}, nil
+-- Each caller's slot follows from the state its predecessors in this
+-- step left (take_at spends their tokens at their slots), and never
+-- comes before theirs.
+local last = now
 if unit and st.costed == 0 then
   -- Every caller queued takes one token of each policy: how many have
   -- their slot within the lookahead follows from the state alone; pop
   -- them at once.
-  local n = 0
-  while n < batch do
-    local slot = slot_all(st, ps, now, n + 1)
+  local n, qn = 0, math.min(batch, redis.call('LLEN', KEYS[1]))
+  while n < qn do
+    local slot = math.max(last, slot_all(st, ps, now, 1))
     if slot - now > lookahead then break end
     n = n + 1
-    slots[n] = slot
+    slots[n], last = slot, slot
+    take_at(st, ps, slot, nil, now)
+    window_record(st, ps, slot, nil)
   end
   if n > 0 then ids = redis.call('LPOP', KEYS[1], n) or {} end
-  for k = 1, #ids do take(st) end
 else
-  -- Costs differ: read the head of the queue a few entries at a time,
-  -- adding up each caller's costs, until a slot falls beyond the
-  -- lookahead.
-  local ks, costs_of, from, stop = {}, {}, 0, false
-  for k = 1, #ps do ks[k] = 0 end
+  -- Costs differ: read the head of the queue a few entries at a time
+  -- until a slot falls beyond the lookahead.
+  local from, stop = 0, false
   while not stop and #ids < batch do
     local chunk = redis.call('LRANGE', KEYS[1], from, from + math.min(batch - #ids, 32) - 1)
     if #chunk == 0 then break end
     for _, e in ipairs(chunk) do
       local _, _, costs = entry_parts(e)
-      local nks = {}
-      for k = 1, #ps do nks[k] = ks[k] + (costs and costs[k] or ps[k].call) end
-      local slot = slot_k(st, ps, now, nks)
+      local ks = {}
+      for k = 1, #ps do ks[k] = costs and costs[k] or ps[k].call end
+      local slot = math.max(last, slot_k(st, ps, now, ks))
       if slot - now > lookahead or #ids >= batch then
         blocked, stop = slot, true
         break
       end
-      ks = nks
       ids[#ids + 1] = e
-      slots[#ids] = slot
-      costs_of[#ids] = costs
-    end
-    from = from + #chunk
-  end
-  if #ids > 0 then
-    redis.call('LTRIM', KEYS[1], #ids, -1)
-    take_k(st, ks)
-    for k = 1, #ids do
-      local costs = costs_of[k]
+      slots[#ids], last = slot, slot
+      take_at(st, ps, slot, ks, now)
+      window_record(st, ps, slot, ks)
       if costs then
         st.costed = st.costed - 1
         for j = 1, #ps do st[j].extra = st[j].extra - (costs[j] - ps[j].call) end
       end
     end
+    from = from + #chunk
+  end
+  if #ids > 0 then
+    redis.call('LTRIM', KEYS[1], #ids, -1)
   end
 end
 local early = {} -- the wake message (wake.lua)
@@ -131,8 +130,7 @@ end
 local tail = slot_k(st, ps, now, ahead_k(st, ps, qlen - 1, nil))
 redis.call('PEXPIRE', KEYS[1], ceil_ms(tail - now + grace))
 -- The head's slot, now that those ahead of it took their tokens; read
--- above when costs differ (blocked is relative to the tokens before this
--- step's takes, the same instant).
-local next = (blocked or slot_all(st, ps, now, 1)) - lookahead - now
+-- above when costs differ.
+local next = (blocked or math.max(last, slot_all(st, ps, now, 1))) - lookahead - now
 if next < 0 or scheduled >= batch then next = 0 end
 return {status, next, qlen, scheduled}
