@@ -24,7 +24,7 @@ import (
 // estimate. For Anthropic's API, use transport.AnthropicUsage and
 // upstream.Anthropic.
 func ExampleWithReserve() {
-	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
 	defer rdb.Close()
 	// The organization's limits: 500 requests and 200,000 tokens a minute.
 	requests := bucket.Rate(500, time.Minute, 500)
