@@ -247,8 +247,11 @@ const (
 	FixedWindow
 	// RollingWindow grants at most Capacity in any window of length
 	// RefillFrequency, including both its ends: each grant's tokens come
-	// back 1 µs after that long. Its grants are logged in a Redis list
-	// of the bucket; the window must be longer than Config.Lookahead.
+	// back that long after it, plus a lag of min(half a window, 5 ms) for
+	// the jitter between a slot and the upstream's arrival of its request
+	// (at most 0.5 % of a window of a second). Its grants are logged in a
+	// Redis list of the bucket; the window must be longer than
+	// Config.Lookahead.
 	RollingWindow
 )
 

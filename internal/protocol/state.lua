@@ -175,7 +175,7 @@ local function full_in(st, ps, now)
     if s.level < p.cap then
       local t
       if p.kind == ROLLING then
-        t = s.anchor + p.freq + 1 - now -- the last entry logged expires
+        t = s.anchor + window_span(p) + 1 - now -- the last entry logged expires
       else
         t = s.anchor + math.ceil((p.cap - s.level) / p.amount) * p.freq - now
       end
@@ -227,7 +227,7 @@ local function save(state_key, st, ps, now, grace, done, till, config_key)
         local out = {}
         for k = 1, #pend do out[k] = string.format('%d %d', pend[k][1], pend[k][2]) end
         redis.call('RPUSH', log_key(i), unpack(out))
-        redis.call('PEXPIRE', log_key(i), ceil_ms(st[i].anchor + ps[i].freq + 1 - now + grace))
+        redis.call('PEXPIRE', log_key(i), ceil_ms(st[i].anchor + window_span(ps[i]) + 1 - now + grace))
         st[i].pend = nil
       end
     end

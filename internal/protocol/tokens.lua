@@ -63,12 +63,22 @@ end
 --
 -- A rolling window (kind ROLLING) of N per W grants at most N in any
 -- closed window of length W (freq holds W): each grant's tokens come back
--- 1 µs after W has passed since its slot. Its grants are logged, in slot
+-- W plus a lag after its slot (window_span), the lag being a margin for
+-- the jitter between a slot and the upstream's arrival of its request. Its grants are logged, in slot
 -- order, in a list key of its own ("<base>window:<i>", log_key): entries
 -- "slot cost", one per slot (grants of the same slot merged). Its state's
 -- level is N less the costs logged and not yet expired (refilled by
 -- expiring them: window_refill), its anchor the slot of the last entry
 -- logged (0: none), which bounds when the log empties.
+
+-- window_span is how long after its slot a rolling window's grant still
+-- counts: its window W plus a lag of min(W / 2, 5 ms), as a new bucket's
+-- refills lag (state.lua's FRESH_LAG_US): an upstream that counts
+-- requests as they arrive sees one start a little after its slot, and
+-- the next one after the window must not arrive before it leaves.
+local function window_span(p)
+  return p.freq + math.min(math.floor(p.freq / 2), 5000)
+end
 
 -- MAX_WALK bounds how many log entries window_slot reads: past them its
 -- answer is a lower bound (an estimate), never a slot granted, since a
@@ -99,7 +109,7 @@ local function window_refill(s, p, i, now)
     local stop = false
     for _, e in ipairs(chunk) do
       local t, c = parse_entry(e)
-      if stop or t + p.freq >= now then
+      if stop or t + window_span(p) >= now then
         stop = true
         s.log[#s.log + 1] = {t, c}
       else
@@ -152,9 +162,9 @@ local function window_slot(s, p, i, now, k)
     local t, c = log[j][1], log[j][2]
     last = t
     acc = acc + c
-    if acc >= need then return math.max(now, t + p.freq + 1) end
+    if acc >= need then return math.max(now, t + window_span(p) + 1) end
   end
-  return math.max(now + p.freq + 1, last + p.freq + 1)
+  return math.max(now, last) + window_span(p) + 1
 end
 
 -- window_record logs a grant of ks (nil: call each) at slot, for every

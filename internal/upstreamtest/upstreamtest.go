@@ -16,11 +16,15 @@ import (
 
 // Policy is one limit: at most Burst requests at once, refilled at Rate per
 // Period, as local.RateConfig's fields. Period 0 means one second, Burst 0
-// means 1.
+// means 1. With Window set, it is a rolling window instead: at most Rate
+// requests arriving in any window of that length (a request at t counts
+// until t + Window, excluded), as a strict API that keeps a log of its
+// clients' requests; Period and Burst are then unused.
 type Policy struct {
 	Rate   int
 	Period time.Duration
 	Burst  int
+	Window time.Duration
 }
 
 // Config configures a Server.
@@ -67,12 +71,30 @@ type gcra struct {
 	tau   time.Duration // (Burst − 1) × every: how far ahead tat may run
 	burst int
 	tat   time.Time
+	// A rolling window (Policy.Window) instead: the arrivals it accepted
+	// within the last window, oldest first.
+	window time.Duration
+	limit  int
+	times  []time.Time
+}
+
+// expire drops a rolling window's arrivals that no longer count at now.
+func (p *gcra) expire(now time.Time) {
+	n := 0
+	for n < len(p.times) && !p.times[n].Add(p.window).After(now) {
+		n++
+	}
+	p.times = p.times[n:]
 }
 
 // New starts a Server on a free loopback port. Close it when done.
 func New(cfg Config) *Server {
 	s := &Server{remain: cfg.Remaining}
 	for _, p := range cfg.Policies {
+		if p.Window > 0 {
+			s.policies = append(s.policies, gcra{window: p.Window, limit: max(p.Rate, 1), burst: max(p.Rate, 1)})
+			continue
+		}
 		period, burst := p.Period, max(p.Burst, 1)
 		if period == 0 {
 			period = time.Second
@@ -136,7 +158,14 @@ func (s *Server) judge(now time.Time) (status int, wait time.Duration, limit, le
 	case now.Before(s.outage):
 		status, wait = http.StatusServiceUnavailable, s.outage.Sub(now)
 	default:
-		for _, p := range s.policies {
+		for i := range s.policies {
+			p := &s.policies[i]
+			if p.window > 0 {
+				if p.expire(now); len(p.times) >= p.limit {
+					status, wait = http.StatusTooManyRequests, max(wait, p.times[len(p.times)-p.limit].Add(p.window).Sub(now))
+				}
+				continue
+			}
 			if ahead := later(p.tat, now).Sub(now); ahead > p.tau {
 				status, wait = http.StatusTooManyRequests, max(wait, ahead-p.tau)
 			}
@@ -144,12 +173,22 @@ func (s *Server) judge(now time.Time) (status int, wait time.Duration, limit, le
 		if status == http.StatusOK {
 			for i := range s.policies {
 				p := &s.policies[i]
+				if p.window > 0 {
+					p.times = append(p.times, now)
+					continue
+				}
 				p.tat = later(p.tat, now).Add(p.every)
 			}
 		}
 	}
 	left = -1
 	for _, p := range s.policies {
+		if p.window > 0 {
+			if n := p.limit - len(p.times); left < 0 || n < left {
+				left, limit = max(n, 0), p.limit
+			}
+			continue
+		}
 		// Whole requests that would pass now: tat may run tau + every
 		// ahead of now before the next one is refused.
 		n := int((p.tau + p.every - later(p.tat, now).Sub(now)) / p.every)

@@ -40,6 +40,37 @@ func TestJudge(t *testing.T) {
 	}
 }
 
+// A rolling window of 3 per second, on fake instants: a request counts
+// until a second after it, excluded, and a refusal names when the oldest
+// one leaves.
+func TestJudgeRolling(t *testing.T) {
+	s := New(Config{Policies: []Policy{{Rate: 3, Window: time.Second}}, Remaining: true})
+	defer s.Close()
+	t0 := time.Unix(1000, 0)
+	steps := []struct {
+		at         time.Duration
+		status     int
+		wait       time.Duration
+		limit, rem int
+	}{
+		{0, 200, 0, 3, 2},
+		{100 * time.Millisecond, 200, 0, 3, 1},
+		{200 * time.Millisecond, 200, 0, 3, 0},
+		{999 * time.Millisecond, 429, time.Millisecond, 3, 0},
+		{time.Second, 200, 0, 3, 0},
+		{1099 * time.Millisecond, 429, time.Millisecond, 3, 0},
+		{1100 * time.Millisecond, 200, 0, 3, 0},
+		{3 * time.Second, 200, 0, 3, 2},
+	}
+	for i, st := range steps {
+		status, wait, limit, rem := s.judge(t0.Add(st.at))
+		if status != st.status || wait != st.wait || limit != st.limit || rem != st.rem {
+			t.Errorf("step %d at %v: got %d wait %v limit %d left %d, want %d wait %v limit %d left %d",
+				i, st.at, status, wait, limit, rem, st.status, st.wait, st.limit, st.rem)
+		}
+	}
+}
+
 // Over HTTP: the burst passes, the next is refused with Retry-After in
 // whole seconds rounded up, and an outage answers 503.
 func TestServer(t *testing.T) {

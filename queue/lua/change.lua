@@ -91,7 +91,7 @@ if ops.rolling > 0 or nps.rolling > 0 then
         local used = 0
         for _, e in ipairs(logs[f]) do
           local t, c = parse_entry(e)
-          if t + p.freq >= now then -- still in the window (load counted the others back)
+          if t + window_span(p) >= now then -- still in the window (load counted the others back)
             s.pend[#s.pend + 1] = {t, c}
             s.anchor, used = t, used + c
           end
