@@ -14,18 +14,13 @@ import (
 // x-ratelimit-reset-requests (the time until full again at the rate, a
 // Go duration in whole milliseconds rounded up, as "195ms"), all of the
 // policy with the fewest requests left; on a refusal retry-after in whole
-// seconds rounded up. Together they say the upstream's rate: (limit −
+// seconds rounded up. Of a token bucket they say its rate: (limit −
 // remaining) ÷ reset. cfg.Remaining is not used. Close it when done.
 func NewOpenAI(cfg Config) *Server {
-	s := &Server{}
-	for _, p := range cfg.Policies {
-		period, burst := p.Period, max(p.Burst, 1)
-		if period == 0 {
-			period = time.Second
-		}
-		every := period / time.Duration(max(p.Rate, 1))
-		s.policies = append(s.policies, gcra{every: every, tau: time.Duration(burst-1) * every, burst: burst})
-	}
+	s := New(Config{Policies: cfg.Policies})
+	// Judged as New's Server, answered in OpenAI's words instead: the
+	// server New started has served nobody.
+	s.srv.Close()
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serveOpenAI))
 	return s
 }
@@ -52,8 +47,22 @@ func (s *Server) untilFull(now time.Time) (limit, left int, full time.Duration) 
 	defer s.mu.Unlock()
 	left = -1
 	for _, p := range s.policies {
-		ahead := later(p.tat, now).Sub(now)
-		n := max(int((p.tau+p.every-ahead)/p.every), 0)
+		var n int
+		var ahead time.Duration
+		if p.window > 0 {
+			// A rolling window is full again when the last arrival it
+			// counts leaves it.
+			n = p.limit
+			for _, at := range p.times {
+				if leaves := at.Add(p.window); leaves.After(now) {
+					n, ahead = n-1, leaves.Sub(now)
+				}
+			}
+			n = max(n, 0)
+		} else {
+			ahead = later(p.tat, now).Sub(now)
+			n = max(int((p.tau+p.every-ahead)/p.every), 0)
+		}
 		if left < 0 || n < left {
 			limit, left, full = p.burst, n, ahead
 		}

@@ -42,3 +42,25 @@ func TestOpenAI(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 }
+
+// A rolling window in OpenAI's words: full again when the last arrival it
+// counts leaves it.
+func TestOpenAIWindow(t *testing.T) {
+	s := NewOpenAI(Config{Policies: []Policy{{Rate: 3, Window: time.Hour}}})
+	defer s.Close()
+	for i, want := range []int64{2, 1, 0, 0} {
+		resp, err := http.Get(s.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		sig := upstream.OpenAI.Parse(resp)
+		if len(sig.Quotas) != 1 || sig.Refused != (i == 3) {
+			t.Fatalf("request %d: %+v", i, sig)
+		}
+		q := sig.Quotas[0]
+		if q.Limit != 3 || q.Remaining != want || q.Reset < 59*time.Minute || q.Reset > time.Hour {
+			t.Errorf("request %d: %+v; want limit 3, %d left, full again in an hour", i, q, want)
+		}
+	}
+}
