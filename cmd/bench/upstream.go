@@ -186,7 +186,17 @@ type upstreamCase struct {
 	// over: the bucket is configured above the upstream (the goals
 	// above its limit apply, not those at it).
 	over bool
+	// rolling: the upstream allows its rate in any rolling second (its
+	// burst unused); the bucket is a rolling window at that limit, or,
+	// with asRate, a token bucket at that rate with the upstream's burst,
+	// for contrast.
+	rolling, asRate bool
 }
+
+// The goals of a rolling window at the upstream's exact limit.
+const (
+	upstreamRollingUtil = 0.98
+)
 
 func (u *Upstream) cases() []upstreamCase {
 	all := []string{fbHoldSync, fbAdapt, fbOff}
@@ -202,6 +212,11 @@ func (u *Upstream) cases() []upstreamCase {
 		// answer, which Adapt steps to.
 		{name: "at-limit-openai", rate: u.Rate, capacity: u.Burst, duration: u.Duration, modes: fed, openai: true},
 		{name: "25pct-over-openai", rate: u.Rate * 5 / 4, capacity: u.Burst, duration: u.Duration, modes: fed, openai: true, over: true},
+		// An upstream that allows its rate in any rolling second, and a
+		// bucket configured at exactly that: a rolling window, and for
+		// contrast a token bucket of that rate and the upstream's burst.
+		{name: "rolling-window", rate: u.Rate, capacity: u.Rate, duration: u.Duration, modes: []string{fbHoldSync}, rolling: true},
+		{name: "rolling-as-rate", rate: u.Rate, capacity: u.Burst, duration: u.Duration, modes: []string{fbHoldSync}, rolling: true, asRate: true},
 	}
 }
 
@@ -246,6 +261,9 @@ func (u *Upstream) run(ctx context.Context, e *env) error {
 // fresh bucket, and judges what the upstream saw.
 func (u *Upstream) runCase(ctx context.Context, e *env, c upstreamCase, feedback string) (UpstreamRow, error) {
 	upCfg := upstreamtest.Config{Policies: []upstreamtest.Policy{{Rate: u.Rate, Burst: u.Burst}}, Remaining: true}
+	if c.rolling {
+		upCfg.Policies[0].Window = time.Second
+	}
 	up := upstreamtest.New
 	if c.openai {
 		up = upstreamtest.NewOpenAI
@@ -255,6 +273,14 @@ func (u *Upstream) runCase(ctx context.Context, e *env, c upstreamCase, feedback
 	p := bucket.Rate(c.rate, time.Second, c.capacity)
 	cfg := bucket.Config{Name: fmt.Sprintf("%s-%s-%s", e.name, c.name, feedback),
 		Capacity: p.Capacity, RefillAmount: p.RefillAmount, RefillFrequency: p.RefillFrequency, Adapt: feedback == fbAdapt}
+	burst := u.Burst // the upstream's, for its utilization
+	if c.rolling {
+		burst = u.Rate // a rolling second allows its rate at once
+	}
+	if c.rolling && !c.asRate {
+		p = bucket.Rolling(c.rate, time.Second)
+		cfg.Capacity, cfg.RefillAmount, cfg.RefillFrequency, cfg.Policies = 0, 0, 0, []bucket.Policy{p}
+	}
 	// Time for the workers to start and connect before the run begins.
 	begin := time.Now().Add(time.Second)
 	specs := make([]upstreamSpec, u.Procs)
@@ -270,7 +296,7 @@ func (u *Upstream) runCase(ctx context.Context, e *env, c upstreamCase, feedback
 	if err != nil {
 		return UpstreamRow{}, err
 	}
-	row := judgeUpstream(srv.Arrivals(), u.Rate, u.Burst)
+	row := judgeUpstream(srv.Arrivals(), u.Rate, burst)
 	row.Case, row.Feedback = c.name, feedback
 	row.Configured, row.Capacity = float64(p.RefillAmount)/p.RefillFrequency.Seconds(), p.Capacity
 	for _, r := range results {
@@ -505,6 +531,10 @@ func (u *Upstream) table(t *table, _ Limit) {
 			verdict = "the hold is judged below; utilization not judged"
 		case r.Case == "at-limit-headroom":
 			verdict = "no goal: the at-limit goals with one request of headroom"
+		case c.asRate:
+			verdict = "no goal: for contrast, a token bucket at the rolling window's rate"
+		case c.rolling:
+			verdict = t.goal(r.Refused == 0, "no 429") + "; " + t.goal(r.Utilization >= upstreamRollingUtil, "utilization ≥ 0.98")
 		case c.over && r.Feedback != fbAdapt:
 			// Holds and syncs lower a level; only Adapt lowers a rate.
 			verdict = "no goal: for contrast, only Adapt slows a bucket configured above the upstream"
@@ -526,7 +556,11 @@ func (u *Upstream) table(t *table, _ Limit) {
 		if r.Errors > 0 {
 			verdict += fmt.Sprintf("; %d errors, first: %s", r.Errors, r.Err)
 		}
-		t.row(r.Case, r.Feedback, fmt.Sprintf("%s/s, capacity %d", num(r.Configured), r.Capacity),
+		bucketOf := fmt.Sprintf("%s/s, capacity %d", num(r.Configured), r.Capacity)
+		if c.rolling && !c.asRate {
+			bucketOf = fmt.Sprintf("%d in any 1s", r.Capacity)
+		}
+		t.row(r.Case, r.Feedback, bucketOf,
 			fmt.Sprintf("%s of %s", pct(r.Refused, r.Arrivals), commas(r.Arrivals)), fmt.Sprintf("%.4f", r.Utilization), verdict)
 	}
 	for _, r := range u.Rows {

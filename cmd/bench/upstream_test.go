@@ -36,8 +36,8 @@ func TestUpstreamScenario(t *testing.T) {
 		t.Fatalf("no upstream figures (%v): %s", err, stdout.String())
 	}
 	u := rep.Upstream
-	if len(u.Rows) != 14 {
-		t.Fatalf("%d rows, want 14: %+v", len(u.Rows), u.Rows)
+	if len(u.Rows) != 16 {
+		t.Fatalf("%d rows, want 16: %+v", len(u.Rows), u.Rows)
 	}
 	for _, r := range u.Rows {
 		if r.Errors > 0 || r.Accepted == 0 {
@@ -154,5 +154,46 @@ func TestJudgeOutage(t *testing.T) {
 	r := judgeUpstream(arrivals, 10, 1)
 	if r.Accepted != 4 || r.Refused != 0 || r.Arrivals != 7 || r.Span != 2300*time.Millisecond {
 		t.Errorf("judgeUpstream: %+v", r)
+	}
+}
+
+// TestUpstreamRolling runs the rolling-window cases for 3 s in two worker
+// processes: against an upstream that allows its rate in any rolling
+// second, a rolling window at that limit is refused (almost) never and
+// uses (nearly) all of it, where a token bucket of that rate and burst is
+// refused. Loose bounds for a loaded machine; the scenario's own goals
+// are no 429 and 0.98.
+func TestUpstreamRolling(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	var stdout, stderr bytes.Buffer
+	args := []string{"--redis", srv.URL(), "--scenario", "upstream", "--upstream-cases", "rolling-window,rolling-as-rate",
+		"--upstream-duration", "3s", "--upstream-procs", "2", "--upstream-callers", "16", "--json"}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a bound on a hang, not a speed goal
+	defer cancel()
+	if err := run(ctx, args, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	var rep struct {
+		Upstream *Upstream `json:"upstream"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || rep.Upstream == nil || len(rep.Upstream.Rows) != 2 {
+		t.Fatalf("no upstream figures (%v): %s", err, stdout.String())
+	}
+	rolling, rate := rep.Upstream.Rows[0], rep.Upstream.Rows[1]
+	for _, r := range rep.Upstream.Rows {
+		t.Logf("%s: %d of %d refused, utilization %.4f", r.Case, r.Refused, r.Arrivals, r.Utilization)
+		if r.Errors > 0 {
+			t.Errorf("%s: %d errors, first: %s", r.Case, r.Errors, r.Err)
+		}
+	}
+	if rolling.Case != "rolling-window" || rate.Case != "rolling-as-rate" {
+		t.Fatalf("rows %s, %s", rolling.Case, rate.Case)
+	}
+	if rolling.Refused*100 > rolling.Arrivals || rolling.Utilization < 0.9 {
+		t.Errorf("rolling window at the limit: %d of %d refused, utilization %.4f; want ≤ 1 %% and ≥ 0.9", rolling.Refused, rolling.Arrivals, rolling.Utilization)
+	}
+	if rate.Refused <= rolling.Refused {
+		t.Errorf("a token bucket at the rolling window's rate was refused %d times, the rolling window %d: the contrast shows nothing", rate.Refused, rolling.Refused)
 	}
 }
