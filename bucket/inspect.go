@@ -45,7 +45,8 @@ type Inspection struct {
 type Level struct {
 	// Tokens are free now; negative: owed to slots already handed out.
 	Tokens int64
-	// NextRefill is how long until the next refill (0 when full).
+	// NextRefill is how long until the next refill (0 when full); of a
+	// rolling window, until its oldest grant in the window leaves it.
 	NextRefill time.Duration
 }
 
@@ -81,20 +82,32 @@ func (b *Bucket) Inspect(ctx context.Context) (Inspection, error) {
 	for i, p := range qps {
 		level, anchor := p.Capacity, s.Now
 		var extra int64
+		var log []protocol.WindowEntry
 		if s.HasState && i < len(s.State.Levels) {
 			l := s.State.Levels[i]
 			level, anchor = protocol.Refill(l.Level, l.Anchor, s.Now, p)
+			if p.Kind == protocol.Rolling && i < len(s.Windows) {
+				level, log = protocol.WindowRefill(l.Level, s.Windows[i], s.Now, p)
+			}
 			if s.Queued > 0 && i < len(s.State.Extra) {
 				extra = s.State.Extra[i]
 			}
 		}
 		lv := Level{Tokens: level}
-		if level < p.Capacity {
+		switch {
+		case level >= p.Capacity:
+		case p.Kind == protocol.Rolling && len(log) > 0:
+			lv.NextRefill = time.Duration(log[0].Slot+protocol.WindowSpan(p)+1-s.Now) * time.Microsecond
+		case p.Kind != protocol.Rolling:
 			lv.NextRefill = time.Duration(anchor+p.RefillFrequency.Microseconds()-s.Now) * time.Microsecond
 		}
 		in.Levels = append(in.Levels, lv)
 		k := s.Queued*p.Call() + extra + p.Call()
-		slot = max(slot, protocol.SlotFor(level, anchor, s.Now, k, p))
+		if p.Kind == protocol.Rolling {
+			slot = max(slot, protocol.WindowSlot(level, log, s.Now, k, p))
+		} else {
+			slot = max(slot, protocol.SlotFor(level, anchor, s.Now, k, p))
+		}
 		if k > 0 && s.State.Holds(i, s.Now) { // tokens.lua's slot_k: held back to the hold
 			slot = max(slot, s.State.Hold)
 		}

@@ -144,7 +144,18 @@ func TestRollingSettleAndSync(t *testing.T) {
 	if l := levels(t, b)[0]; l != -5 {
 		t.Fatalf("level %d after a debt of 10 on 5 left, want -5", l)
 	}
-	// Everything comes back once a window has passed since the last.
+	// Inspect counts the grants still in the window (a script may not
+	// have expired the others yet), and when the oldest leaves it.
+	in, err := b.Inspect(ctx)
+	if err != nil || in.Levels[0].Tokens != -5 || in.Levels[0].NextRefill <= 0 || in.Levels[0].NextRefill > 505*time.Millisecond {
+		t.Fatalf("Inspect: %+v (%v), want -5 tokens and the oldest grant leaving within the window and its lag", in.Levels, err)
+	}
+	// Everything comes back once a window has passed since the last; so
+	// Inspect says, without a script having run.
+	waitFor(t, 3*time.Second, "Inspect to see the window pass", func() bool {
+		in, err := b.Inspect(ctx)
+		return err == nil && in.Levels[0].Tokens == 100 && in.Wait == 0
+	})
 	waitFor(t, 3*time.Second, "the window to pass", func() bool {
 		e, err := b.Estimate(ctx, bucket.Cost{"tokens": 100})
 		return err == nil && e.Wait == 0

@@ -3,10 +3,13 @@ package queue
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/internal/protocol"
 )
 
@@ -20,6 +23,9 @@ type Snapshot struct {
 	Queued   int64 // callers queued, in every process
 	Lock     string
 	LockTTL  time.Duration // < 0: no lock
+	// Windows holds each rolling policy's log, by the index of its
+	// policy (nil for the others).
+	Windows [][]protocol.WindowEntry
 }
 
 // Inspect reads the bucket's configuration, state, queue length and
@@ -33,7 +39,11 @@ func (q *Queue) Inspect(ctx context.Context) (Snapshot, error) {
 		lock       *redis.StringCmd
 		qlen       *redis.IntCmd
 		ttl        *redis.DurationCmd
+		logs       = map[int]*redis.StringSliceCmd{}
 	)
+	// The rolling windows' logs of the policies this process knows; of
+	// another configuration in force, read again below.
+	mine := q.conf.Load().policies
 	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		now = p.Time(ctx)
 		cfg = p.Get(ctx, q.keys.Config)
@@ -41,6 +51,11 @@ func (q *Queue) Inspect(ctx context.Context) (Snapshot, error) {
 		qlen = p.LLen(ctx, q.keys.Queue)
 		lock = p.Get(ctx, q.keys.Lock)
 		ttl = p.PTTL(ctx, q.keys.Lock)
+		for i, pol := range mine {
+			if pol.Kind == protocol.Rolling {
+				logs[i] = p.LRange(ctx, q.keys.Window+strconv.Itoa(i+1), 0, -1)
+			}
+		}
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
@@ -65,6 +80,33 @@ func (q *Queue) Inspect(ctx context.Context) (Snapshot, error) {
 			return Snapshot{}, err
 		}
 		s.HasState = true
+	}
+	ps := mine
+	if s.Stored {
+		ps = s.Config.Policies
+	}
+	s.Windows = make([][]protocol.WindowEntry, len(ps))
+	for i, pol := range ps {
+		if pol.Kind != protocol.Rolling {
+			continue
+		}
+		c, ok := logs[i]
+		if !ok { // a rolling window of the configuration in force only
+			if _, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				c = p.LRange(ctx, q.keys.Window+strconv.Itoa(i+1), 0, -1)
+				return nil
+			}); err != nil {
+				return Snapshot{}, err
+			}
+		}
+		raw := c.Val()
+		for _, r := range raw {
+			e, ok := protocol.ParseWindowEntry(r)
+			if !ok {
+				return Snapshot{}, fmt.Errorf("%w: rolling window log entry %q", groundwork.ErrReply, r)
+			}
+			s.Windows[i] = append(s.Windows[i], e)
+		}
 	}
 	return s, nil
 }

@@ -29,6 +29,10 @@ type Keys struct {
 	// give-back can tell whether it is exact; it lives a while after the
 	// last change.
 	Refunds string
+	// Window is the prefix of the logs of the bucket's rolling windows:
+	// the list Window+"<i>" (1-based) holds policy i's grants, "slot
+	// cost" (internal/protocol/tokens.lua, "Windows").
+	Window string
 }
 
 func newKeys(prefix, name string) Keys {
@@ -41,6 +45,7 @@ func newKeys(prefix, name string) Keys {
 		Wake:    base + "wake",
 		Config:  base + "config",
 		Refunds: base + "refunds",
+		Window:  base + "window:",
 	}
 }
 

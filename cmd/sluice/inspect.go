@@ -165,7 +165,7 @@ func (r report) write(w io.Writer) error {
 		fmt.Fprintln(tw, "  unit\tcapacity\trefill\trate\ttokens\tnext refill")
 		owed := false
 		for _, l := range r.Policies {
-			p := bucket.Policy{Unit: l.Unit, Capacity: l.Capacity, RefillAmount: l.RefillAmount, RefillFrequency: us(l.RefillEveryUS)}
+			p := bucket.Policy{Unit: l.Unit, Capacity: l.Capacity, RefillAmount: l.RefillAmount, RefillFrequency: us(l.RefillEveryUS), Kind: kindOf(l.Kind)}
 			next := "full"
 			if l.NextRefillUS > 0 || l.Tokens < int64(l.Capacity) {
 				next = fmt.Sprintf("+%d in %v", l.RefillAmount, round(us(l.NextRefillUS)))

@@ -93,7 +93,7 @@ func runSetLimits(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	rateFlag := fs.String("rate", "", "the policy counting calls: `N/PERIOD` (200/1s, 1000/1m), with --burst")
 	burst := fs.String("burst", "", "`B`, the most calls that may start at once (the capacity), with --rate")
 	var specs []string
-	fs.Func("policy", "a policy (repeatable), a `SPEC` unit=U,capacity=C,refill_amount=A,refill_frequency=D (A tokens every D, at most C) or unit=U,rate=N/PERIOD,burst=B; unit \"\" or calls counts calls", func(s string) error {
+	fs.Func("policy", "a policy (repeatable), a `SPEC` unit=U,capacity=C,refill_amount=A,refill_frequency=D (A tokens every D, at most C) or unit=U,rate=N/PERIOD,burst=B, or a window unit=U,rolling=N/PERIOD (at most N in any PERIOD) or unit=U,fixed=N/PERIOD (N per PERIOD of the clock); unit \"\" or calls counts calls", func(s string) error {
 		specs = append(specs, s)
 		return nil
 	})

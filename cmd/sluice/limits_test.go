@@ -51,6 +51,24 @@ func TestSetLimits(t *testing.T) {
 	if err := b.EnterCost(ctx, bucket.Cost{"": 1, "pu": 60}); err != nil { // the bucket's own handle follows
 		t.Fatal(err)
 	}
+
+	// Windows: a rolling second of calls and a fixed hour of pu.
+	out = sluice(t, "set-limits", "--redis", url, "--tokens", "reset",
+		"--policy", "rolling=20/1s", "--policy", "unit=pu,fixed=5000/1h", cfg.Name).ok(t).stdout
+	if !strings.Contains(out, "calls: capacity 20, 20 in any 1s (20/s)") || !strings.Contains(out, "pu: capacity 5000, 5000 each 1h0m0s (5000/h)") {
+		t.Errorf("set-limits with windows says:\n%s", out)
+	}
+	fixed := bucket.Fixed(5000, time.Hour)
+	fixed.Unit = "pu"
+	if got, want := mustLimits(t, b), []bucket.Policy{bucket.Rolling(20, time.Second), fixed}; !slices.Equal(got, want) {
+		t.Errorf("Limits after set-limits with windows = %+v, want %+v", got, want)
+	}
+	if r := decodeReport(t, sluice(t, "inspect", "--json", "--redis", url, cfg.Name).ok(t).stdout); r.Policies[0].Kind != "rolling" || r.Policies[1].Kind != "fixed" {
+		t.Errorf("inspect --json kinds %q, %q", r.Policies[0].Kind, r.Policies[1].Kind)
+	}
+	if e := sluice(t, "set-limits", "--redis", url, "--policy", "rolling=20/1s,burst=5", cfg.Name); e.code == 0 || !strings.Contains(e.stderr, "goes alone") {
+		t.Errorf("rolling with burst: exit %d, %s", e.code, e.stderr)
+	}
 }
 
 // TestSetLimitsNeverUsed: on a bucket nobody used, set-limits stores the

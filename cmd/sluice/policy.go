@@ -19,6 +19,9 @@ type policyJSON struct {
 	RefillAmount  int     `json:"refill_amount"`
 	RefillEveryUS int64   `json:"refill_every_us"`
 	RatePerSecond float64 `json:"rate_per_second"`
+	// Kind is "fixed" or "rolling" for a window (its capacity per
+	// refill_every_us), absent for a token bucket.
+	Kind string `json:"kind,omitempty"`
 }
 
 func toJSON(p bucket.Policy) policyJSON {
@@ -28,7 +31,30 @@ func toJSON(p bucket.Policy) policyJSON {
 		RefillAmount:  p.RefillAmount,
 		RefillEveryUS: p.RefillFrequency.Microseconds(),
 		RatePerSecond: perSecond(p),
+		Kind:          kindName(p.Kind),
 	}
+}
+
+// kindName is a policy's kind as --policy and --json write it.
+func kindName(k bucket.Kind) string {
+	switch k {
+	case bucket.FixedWindow:
+		return "fixed"
+	case bucket.RollingWindow:
+		return "rolling"
+	}
+	return ""
+}
+
+// kindOf reads kindName back.
+func kindOf(s string) bucket.Kind {
+	switch s {
+	case "fixed":
+		return bucket.FixedWindow
+	case "rolling":
+		return bucket.RollingWindow
+	}
+	return bucket.TokenBucket
 }
 
 // unitName is a policy's unit as a person reads it.
@@ -39,8 +65,14 @@ func unitName(u string) string {
 	return u
 }
 
-// refill is "1 every 5ms".
+// refill is "1 every 5ms", or a window's "20 in any 1s", "5000 each 1h0m0s".
 func refill(p bucket.Policy) string {
+	switch p.Kind {
+	case bucket.RollingWindow:
+		return fmt.Sprintf("%d in any %v", p.Capacity, p.RefillFrequency)
+	case bucket.FixedWindow:
+		return fmt.Sprintf("%d each %v", p.Capacity, p.RefillFrequency)
+	}
 	return fmt.Sprintf("%d every %v", p.RefillAmount, p.RefillFrequency)
 }
 
@@ -107,7 +139,8 @@ func parseRate(s string) (n int, period time.Duration, err error) {
 }
 
 // parsePolicy reads one --policy: comma-separated key=value pairs, either
-// capacity, refill_amount and refill_frequency, or rate and burst; unit is optional ("" or
+// capacity, refill_amount and refill_frequency, or rate and burst, or one
+// window, rolling=N/PERIOD or fixed=N/PERIOD; unit is optional ("" or
 // "calls" count calls).
 func parsePolicy(s string) (bucket.Policy, error) {
 	fields := map[string]string{}
@@ -117,8 +150,8 @@ func parsePolicy(s string) (bucket.Policy, error) {
 		switch {
 		case !ok:
 			return bucket.Policy{}, fmt.Errorf("%q is not key=value", kv)
-		case k != "unit" && k != "capacity" && k != "refill_amount" && k != "refill_frequency" && k != "rate" && k != "burst":
-			return bucket.Policy{}, fmt.Errorf("unknown key %q (want unit, capacity, refill_amount, refill_frequency; or unit, rate, burst)", k)
+		case k != "unit" && k != "capacity" && k != "refill_amount" && k != "refill_frequency" && k != "rate" && k != "burst" && k != "rolling" && k != "fixed":
+			return bucket.Policy{}, fmt.Errorf("unknown key %q (want unit, capacity, refill_amount, refill_frequency; or unit, rate, burst; or unit, rolling or fixed)", k)
 		}
 		if _, dup := fields[k]; dup {
 			return bucket.Policy{}, fmt.Errorf("%s given twice", k)
@@ -128,6 +161,21 @@ func parsePolicy(s string) (bucket.Policy, error) {
 	unit := fields["unit"]
 	if unit == "calls" {
 		unit = ""
+	}
+	for _, k := range []string{"rolling", "fixed"} {
+		v, ok := fields[k]
+		if !ok {
+			continue
+		}
+		if len(fields) > 2 || (len(fields) == 2 && !hasKey(fields, "unit")) {
+			return bucket.Policy{}, fmt.Errorf("%s=N/PERIOD goes alone, with unit at most", k)
+		}
+		n, period, err := parseRate(v)
+		if err != nil {
+			return bucket.Policy{}, err
+		}
+		p := bucket.Policy{Unit: unit, Capacity: n, RefillAmount: n, RefillFrequency: period, Kind: kindOf(k)}
+		return p, nil
 	}
 	_, hasRate := fields["rate"]
 	_, hasBurst := fields["burst"]
@@ -204,4 +252,9 @@ func checkPolicy(p bucket.Policy) error {
 		return fmt.Errorf("refill_frequency %v is not a whole number of microseconds", p.RefillFrequency)
 	}
 	return nil
+}
+
+func hasKey(m map[string]string, k string) bool {
+	_, ok := m[k]
+	return ok
 }

@@ -1,6 +1,10 @@
 package protocol
 
-import "time"
+import (
+	"strconv"
+	"strings"
+	"time"
+)
 
 // Policy is one limit of a bucket: it holds at most Capacity tokens of its
 // Unit ("" counts calls) and gains RefillAmount tokens every
@@ -75,4 +79,59 @@ func SlotFor(level, anchor, now, k int64, p Policy) int64 {
 	need := k - level
 	slot := anchor + (need+p.RefillAmount-1)/p.RefillAmount*p.RefillFrequency.Microseconds()
 	return max(slot, now)
+}
+
+// WindowEntry is one entry of a rolling window's log: the grants of one
+// slot (µs) and their cost.
+type WindowEntry struct {
+	Slot, Cost int64
+}
+
+// ParseWindowEntry reads an entry as tokens.lua writes it, "slot cost".
+func ParseWindowEntry(raw string) (WindowEntry, bool) {
+	var e WindowEntry
+	a, b, ok := strings.Cut(raw, " ")
+	if !ok {
+		return e, false
+	}
+	var err1, err2 error
+	e.Slot, err1 = strconv.ParseInt(a, 10, 64)
+	e.Cost, err2 = strconv.ParseInt(b, 10, 64)
+	return e, err1 == nil && err2 == nil
+}
+
+// WindowSpan is tokens.lua's window_span: how long after its slot a
+// rolling window's grant still counts, µs.
+func WindowSpan(p Policy) int64 {
+	w := p.RefillFrequency.Microseconds()
+	return w + min(w/2, 5000)
+}
+
+// WindowRefill is tokens.lua's window_refill: a rolling policy's level at
+// now, given its log, and the entries still in the window.
+func WindowRefill(level int64, log []WindowEntry, now int64, p Policy) (int64, []WindowEntry) {
+	span := WindowSpan(p)
+	for len(log) > 0 && log[0].Slot+span < now {
+		level = min(p.Capacity, level+log[0].Cost)
+		log = log[1:]
+	}
+	return level, log
+}
+
+// WindowSlot is tokens.lua's window_slot: when a rolling policy at level,
+// with the entries still in its window, can give its k-th token (past the
+// log, a lower bound).
+func WindowSlot(level int64, log []WindowEntry, now, k int64, p Policy) int64 {
+	if level >= k {
+		return now
+	}
+	need, acc, last := k-level, int64(0), now
+	for _, e := range log {
+		acc += e.Cost
+		last = e.Slot
+		if acc >= need {
+			return max(now, e.Slot+WindowSpan(p)+1)
+		}
+	}
+	return max(now, last) + WindowSpan(p) + 1
 }
