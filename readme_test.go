@@ -53,6 +53,7 @@ func TestReadmeSnippetsCompile(t *testing.T) {
 
 import (
 	"context"
+	"net/http"
 
 	"github.com/redis/go-redis/v9"
 
@@ -70,6 +71,8 @@ var (
 
 func call(...any) error { return nil }
 func do(any)            {}
+
+func promptOf(*http.Request) int { return 0 } // the prompt's tokens, counted high
 `)
 	for i, b := range blocks {
 		body := strings.ReplaceAll(string(b[1]), "{ ... }", "{ panic(err) }")
@@ -77,6 +80,7 @@ func do(any)            {}
 
 import (
 	"context"
+	"net/http"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -86,9 +90,12 @@ import (
 	"github.com/sluicehq/sluice/local"
 	"github.com/sluicehq/sluice/semaphore"
 	"github.com/sluicehq/sluice/transport"
+	"github.com/sluicehq/sluice/upstream"
 )
 
 var (
+	_ = http.NewRequest
+	_ = upstream.Parse
 	_ = transport.New
 	_ = context.Background
 	_ = time.Second
