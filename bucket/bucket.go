@@ -91,6 +91,11 @@ const (
 	// batchTimeout bounds an arrival call the batcher makes for several
 	// callers (each caller still returns at its own deadline).
 	batchTimeout = 5 * time.Second
+	// checkIn is the longest a queued caller goes without polling Redis:
+	// with groundwork.AnswerWithin, it makes Enter's bound on failing
+	// while Redis is away (2 s). A caller waiting longer than that polls
+	// once a second, a small cost against its wait.
+	checkIn = time.Second
 )
 
 // Config describes a bucket. Every process sharing a bucket uses the same
@@ -839,17 +844,19 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep Report, err error) {
 // caller must arrive anew (its slot went stale or was lost).
 func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report) (again bool, err error) {
 	id := b.newID()
-	er, sent, err := b.comings.enqueue(ctx, id, costs)
+	cctx, done, within := groundwork.CallCtx(ctx)
+	er, sent, err := b.comings.enqueue(cctx, id, costs)
+	done()
 	received := b.now()
 	rep.RoundTrips++
 	if errors.As(err, new(*queue.ConfigError)) {
 		return false, err // nothing was written: settle it
 	}
 	if err != nil {
-		if ctx.Err() != nil || errors.Is(err, queue.ErrNotReplicated) {
+		if cctx.Err() != nil || errors.Is(err, queue.ErrNotReplicated) {
 			b.cancel(id) // it may have arrived before the caller gave up
 		}
-		return false, b.redisErr(ctx, err)
+		return false, b.callErr(ctx, err, within)
 	}
 	b.rtt.observe(received.Sub(sent)) // only replies: a failed call says nothing of the network
 	rep.Ticket, rep.Position = er.Ticket, er.Position
@@ -874,7 +881,9 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report) (aga
 
 // awaitSlot sleeps until shortly before the estimated slot, then polls for
 // the slot; a poll that finds none backs off and, when no scheduler holds the
-// lock, starts one here. When the scheduler publishes the caller's slot
+// lock, starts one here. However far its slot, a caller polls at least
+// every checkIn: that is how it learns that Redis is away (the poll fails)
+// and fails within Enter's bound rather than at its slot. When the scheduler publishes the caller's slot
 // (pushed callers always, others when the slot came earlier than their
 // estimate), the caller polls a lead before that slot instead.
 func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.Time, rep *Report, costs []int64) (bool, error) {
@@ -898,7 +907,7 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 	backoff := time.Millisecond
 	wait := er.Delay - b.leadNow()
 	for {
-		slot, err := b.sleep(ctx, wait, hints)
+		slot, err := b.sleep(ctx, min(wait, checkIn), hints)
 		if err != nil {
 			b.cancel(entry)
 			return false, err
@@ -910,8 +919,10 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 				return false, err
 			}
 		}
-		sentFn, pctx := sentAt(ctx, b.now)
+		cctx, done, within := groundwork.CallCtx(ctx)
+		sentFn, pctx := sentAt(cctx, b.now)
 		pr, err := b.q.Poll(pctx, entry)
+		done()
 		received, sent := b.now(), sentFn()
 		rep.Polls++
 		rep.RoundTrips += max(pr.RoundTrips, 1)
@@ -927,7 +938,7 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 		}
 		if err != nil {
 			b.cancel(entry)
-			return false, b.redisErr(ctx, err)
+			return false, b.callErr(ctx, err, within)
 		}
 		b.rtt.observe(received.Sub(sent))
 		switch {
@@ -1008,11 +1019,16 @@ func (b *Bucket) retime(ctx context.Context, rep *Report, costs []int64, room st
 // caller thus throws nothing away and adds no arrival, so that a starved
 // host cannot feed its own overload (docs/design.md, "Overload").
 func (b *Bucket) retimeOnce(ctx context.Context, rep *Report, costs []int64, room string) (sent, received time.Time, r queue.Retimed, err error) {
-	sentFn, rctx := sentAt(ctx, b.now)
+	cctx, done, within := groundwork.CallCtx(ctx)
+	sentFn, rctx := sentAt(cctx, b.now)
 	r, err = b.q.Retime(rctx, room, costs)
+	done()
 	received, sent = b.now(), sentFn()
 	rep.RoundTrips++
 	if err != nil {
+		if !errors.As(err, new(*queue.ConfigError)) && !errors.Is(err, queue.ErrNotReplicated) {
+			err = b.callErr(ctx, err, within) // retimeFailed reads the others
+		}
 		return sent, received, r, err
 	}
 	b.rtt.observe(received.Sub(sent))
@@ -1084,6 +1100,14 @@ func (b *Bucket) cancel(entry string) { b.comings.leave(entry) }
 // matches both the caller's ctx error, when its ctx (or deadline) is what
 // cut the call short, and Redis's.
 func (b *Bucket) redisErr(ctx context.Context, err error) error {
+	return b.callErr(ctx, err, 0)
+}
+
+// callErr is redisErr for a call made on groundwork.CallCtx(ctx), whose
+// limit added is within: when that limit ended the call, the error says
+// Redis gave no answer within it (and why, when a dial shows it), and
+// does not match the caller's ctx errors.
+func (b *Bucket) callErr(ctx context.Context, err error, within time.Duration) error {
 	select {
 	case <-b.bg.Done(): // Close cut the call short
 		return ErrClosed
@@ -1092,5 +1116,5 @@ func (b *Bucket) redisErr(ctx context.Context, err error) error {
 	if errors.Is(err, queue.ErrNotReplicated) {
 		return fmt.Errorf("%w: %v", ErrNotReplicated, err)
 	}
-	return groundwork.RedisError(ctx, "bucket", b.rdb, err)
+	return groundwork.RedisError(ctx, "bucket", b.cfg.Name, b.rdb, err, within)
 }

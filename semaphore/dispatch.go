@@ -206,7 +206,7 @@ func (s *Semaphore) exchange(ctx context.Context, b batch) {
 			s.failed(b, err, true)
 			return
 		}
-		s.failed(b, s.cause(err, tctx.Err() != nil), false)
+		s.failed(b, s.cause(err, tctx.Err() != nil && ctx.Err() == nil), false)
 		return
 	}
 	switch r.refusal {
@@ -263,37 +263,49 @@ func (s *Semaphore) refuse(b batch, err error) {
 	}
 }
 
-// cause is what made an exchange fail, as callers should read it: Redis's
-// or the network's error ("connection refused"). When the exchange ran
-// out of its own time limit, go-redis reports only that limit's
-// context.DeadlineExceeded, which is not the caller's deadline and must
-// not match it: the cause then says so, and names why if a dial to the
-// server shows it (connection refused), or else the last error Redis gave
-// before, if any.
-func (s *Semaphore) cause(err error, timedOut bool) error {
+// cause is what made an exchange fail, as callers should read it: a
+// *groundwork.CallError naming Redis's or the network's error ("connection
+// refused"). When the exchange ran out of its own time limit, go-redis
+// reports only that limit's context.DeadlineExceeded, which is not the
+// caller's deadline and must not match it: the cause then says no answer
+// came within the limit, and names why if a dial to the server shows it
+// (connection refused), or else the last error Redis gave before, if any
+// was a reason.
+func (s *Semaphore) cause(err error, timedOut bool) *groundwork.CallError {
 	if !timedOut {
-		return err
+		return s.callError(err)
 	}
 	s.mu.Lock()
 	last := s.lastErr
 	s.mu.Unlock()
+	c := s.callError(groundwork.ErrNoAnswer)
+	c.Within = s.callTimeout
+	var lastCall *groundwork.CallError
 	if perr := groundwork.Probe(context.Background(), s.rdb); perr != nil {
-		return fmt.Errorf("%w within %v: %w", errNoAnswer, s.callTimeout, perr)
+		c.Err = perr
+	} else if errors.As(last, &lastCall) && !errors.Is(lastCall.Err, groundwork.ErrNoAnswer) {
+		c.Err = lastCall.Err
 	}
-	if last != nil && !errors.Is(last, errNoAnswer) {
-		return fmt.Errorf("%w within %v (the last error before: %w)", errNoAnswer, s.callTimeout, last)
-	}
-	return fmt.Errorf("%w within %v (%v)", errNoAnswer, s.callTimeout, err)
+	return c
 }
 
-// errNoAnswer is an exchange that ran out of its own time limit.
-var errNoAnswer = errors.New("no answer from Redis")
+// callError is err, the failure of a call to Redis, as this semaphore's
+// CallError; one already is returned as it is.
+func (s *Semaphore) callError(err error) *groundwork.CallError {
+	var c *groundwork.CallError
+	if errors.As(err, &c) {
+		return c
+	}
+	return &groundwork.CallError{Prefix: "semaphore", Name: s.cfg.Name, Addr: groundwork.Addr(s.rdb), Err: err}
+}
 
 // failed handles a batch Redis did not answer, because of cause. Its
 // effects are unknown, so releases and leaves are retried while they can
 // still matter, and arrivals fail (and leave, in case they were
-// recorded) with an error naming cause. cause is kept for the waiters
-// whose ctx ends while Redis stays unreachable (see Acquire). callerEnded
+// recorded) with an error naming cause; so do the waiters already queued,
+// whose places this process cannot keep while Redis does not answer:
+// that bounds how long Acquire blocks while Redis is away (see Acquire).
+// cause is kept for the waiters whose ctx ends meanwhile. callerEnded
 // means the exchange failed because its caller's ctx ended: the arrivals
 // are left to their Acquire, which gives them up.
 func (s *Semaphore) failed(b batch, cause error, callerEnded bool) {
@@ -306,7 +318,7 @@ func (s *Semaphore) failed(b batch, cause error, callerEnded bool) {
 		}
 		s.lastErr = cause
 	}
-	err := &groundwork.CallError{Prefix: "semaphore", Err: cause}
+	err := s.callError(cause)
 	now := time.Now()
 	if b.set != nil {
 		b.set.done <- err
@@ -334,6 +346,17 @@ func (s *Semaphore) failed(b batch, cause error, callerEnded bool) {
 			w.err = err
 			s.finishLocked(w)
 		}
+	}
+	if callerEnded {
+		return
+	}
+	for _, w := range s.waiters {
+		if w.done || !w.sent || w.ticket <= 0 {
+			continue // not queued in Redis: its own exchange decides it
+		}
+		s.retryLeave = append(s.retryLeave, leaveOp{id: w.id, until: w.deadline})
+		w.err = err
+		s.finishLocked(w)
 	}
 }
 

@@ -80,7 +80,7 @@ func (s *Semaphore) Inspect(ctx context.Context) (Inspection, error) {
 	keys := []string{s.keys[0], s.keys[1], s.keys[3], s.keys[4]}
 	v, err := inspectScript.Run(ctx, s.rdb, keys).Result()
 	if err != nil {
-		return Inspection{}, groundwork.RedisError(ctx, "semaphore", s.rdb, err)
+		return Inspection{}, groundwork.RedisError(ctx, "semaphore", s.cfg.Name, s.rdb, err, 0)
 	}
 	r, ok := v.([]interface{})
 	if !ok || len(r) != 8 {

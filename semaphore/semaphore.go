@@ -185,9 +185,19 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 // returns ErrQueueFull when Config.MaxQueue callers already wait,
 // ErrClosed after Close, sluice.ErrConfigMismatch when Config.Capacity differs
 // from the capacity in force (see Config.Adopt), and an error wrapping
-// Redis's when its arrival cannot be recorded. Once queued, a waiter rides out Redis errors (its
-// place is refreshed, or taken again with its original ticket) until ctx
-// ends.
+// Redis's when its arrival cannot be recorded.
+//
+// While Redis is unreachable (it refuses connections, or does not answer)
+// Acquire fails, whatever its ctx, within min(Config.LeaseTTL,
+// Config.QueueTTL) (2 s by default; at least 150 ms), or at its ctx's
+// deadline if that comes first: this process's exchanges with Redis, one
+// every third of that time while callers wait, each give up after two
+// thirds of it, and a waiter fails with the first exchange that fails
+// (its place in Redis could not be kept anyway). The error says so in a
+// person's words ("semaphore \"api\": Redis at 127.0.0.1:6379
+// unreachable: connection refused (no answer within 1.3s)") and matches
+// the network's error (syscall.ECONNREFUSED); it matches ctx.Err() only
+// when ctx ended first.
 func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
 	return s.AcquireN(ctx, 1)
 }
@@ -322,7 +332,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int) (_ *Permit, queued bool,
 	s.kick()
 	if last != nil {
 		// Redis is unreachable: say why, as well as that ctx ended.
-		return nil, queued, &groundwork.CallError{Prefix: "semaphore", Ctx: ctx.Err(), Err: last}
+		return nil, queued, s.callError(last).WithCtx(ctx.Err())
 	}
 	return nil, queued, ctx.Err()
 }
@@ -416,7 +426,7 @@ func (s *Semaphore) SetCapacity(ctx context.Context, n int) error {
 	s.exchange(ctx, batch{set: &setOp{n: n, done: done}})
 	err := <-done
 	if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
-		return &groundwork.CallError{Prefix: "semaphore", Ctx: ctx.Err(), Err: err}
+		return s.callError(err).WithCtx(ctx.Err())
 	}
 	return err
 }
@@ -430,7 +440,7 @@ func (s *Semaphore) SetCapacity(ctx context.Context, n int) error {
 func (s *Semaphore) Capacity(ctx context.Context) (int, error) {
 	v, err := s.rdb.HMGet(ctx, s.keys[4], fieldFormat, fieldCapacity).Result()
 	if err != nil {
-		return 0, groundwork.RedisError(ctx, "semaphore", s.rdb, err)
+		return 0, groundwork.RedisError(ctx, "semaphore", s.cfg.Name, s.rdb, err, 0)
 	}
 	if len(v) != 2 {
 		return 0, fmt.Errorf("%w: HMGET of 2 fields returned %d", errReply, len(v))

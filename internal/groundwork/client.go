@@ -3,7 +3,11 @@ package groundwork
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -48,22 +52,77 @@ func CheckClient(errConfig error, rdb redis.UniversalClient) error {
 // probeTimeout bounds Probe's dial.
 const probeTimeout = 50 * time.Millisecond
 
+// AnswerWithin bounds each call a limiter makes to Redis for a caller
+// whose ctx has no earlier deadline: a Redis that refuses connections, or
+// accepts them and does not answer (frozen, or a network that drops
+// packets), fails the caller within it rather than for as long as Redis
+// is away. go-redis's own limits (ReadTimeout, its dial retries) are
+// longer and apply per attempt.
+const AnswerWithin = time.Second
+
+// CallCtx returns ctx for one call to Redis made for a caller: ctx bounded
+// by AnswerWithin, unless its own deadline comes first; within is the
+// limit it added (0: none), for RedisError.
+func CallCtx(ctx context.Context) (_ context.Context, cancel context.CancelFunc, within time.Duration) {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= AnswerWithin {
+		return ctx, func() {}, 0
+	}
+	ctx, cancel = context.WithTimeout(ctx, AnswerWithin)
+	return ctx, cancel, AnswerWithin
+}
+
+// ErrNoAnswer is the cause of a call to Redis that ran out of its own time
+// limit (AnswerWithin, or the semaphore's exchange limit) without a
+// reason: Redis accepted the connection but did not answer.
+var ErrNoAnswer = errors.New("no answer")
+
 // CallError is a call to Redis that failed. It matches both its causes
 // with errors.Is: the ctx error, when the caller's ctx ended (or its
 // deadline passed as the socket timed out), and Redis's or the network's
 // error, so a caller can tell "my deadline" from "connection refused" and
-// still see both.
+// still see both. A call that ran out of the limiter's own time limit
+// (Within) does not match context.DeadlineExceeded: the caller's ctx did
+// not end.
 type CallError struct {
-	Prefix string // the package, "bucket"
-	Ctx    error  // context.Canceled or context.DeadlineExceeded, or nil
-	Err    error  // what go-redis returned
+	Prefix string        // the package, "bucket"
+	Name   string        // the limiter's Name, or ""
+	Addr   string        // Redis's address, when the client has one
+	Ctx    error         // context.Canceled or context.DeadlineExceeded, or nil
+	Err    error         // what go-redis returned, or the cause found (Probe), or ErrNoAnswer
+	Within time.Duration // > 0: the call got no answer within this limit of the limiter's
 }
 
+// Error says what happened in a person's words:
+//
+//	bucket "api": Redis at 127.0.0.1:6379 unreachable: connection refused (no answer within 1s)
+//	bucket "api": context deadline exceeded; Redis at 127.0.0.1:6379 unreachable: connection refused
+//	bucket "api": Redis at 127.0.0.1:6379: OOM command not allowed when used memory > 'maxmemory'.
 func (e *CallError) Error() string {
-	if e.Ctx == nil {
-		return e.Prefix + ": redis: " + e.Err.Error()
+	var b strings.Builder
+	b.WriteString(e.Prefix)
+	if e.Name != "" {
+		b.WriteString(" " + strconv.Quote(e.Name))
 	}
-	return e.Prefix + ": " + e.Ctx.Error() + " (redis: " + e.Err.Error() + ")"
+	b.WriteString(": ")
+	if e.Ctx != nil {
+		b.WriteString(e.Ctx.Error() + "; ")
+	}
+	b.WriteString("Redis")
+	if e.Addr != "" {
+		b.WriteString(" at " + e.Addr)
+	}
+	why, away := Words(e.Err)
+	switch {
+	case e.Within > 0 && errors.Is(e.Err, ErrNoAnswer):
+		b.WriteString(" unreachable: no answer within " + Round(e.Within))
+	case e.Within > 0:
+		b.WriteString(" unreachable: " + why + " (no answer within " + Round(e.Within) + ")")
+	case away:
+		b.WriteString(" unreachable: " + why)
+	default:
+		b.WriteString(": " + why)
+	}
+	return b.String()
 }
 
 // Unwrap returns the ctx error, if any, and Redis's.
@@ -74,16 +133,107 @@ func (e *CallError) Unwrap() []error {
 	return []error{e.Ctx, e.Err}
 }
 
-// RedisError wraps err, the failure of a call to rdb made on ctx, as a
-// CallError of package prefix. go-redis sets the socket deadline to the
-// ctx's, so the socket can time out a moment before ctx.Err() is set: a
-// timeout at the deadline counts as the deadline. An err that already is a
-// CallError is returned as it is. An err that is the ctx's own error is
-// returned as it is too, unless a dial to rdb's server is refused (Probe):
-// go-redis returns only the ctx's error when the ctx ends while it backs
-// off between retries of a refused dial, and the caller must still learn
-// that Redis is down.
-func RedisError(ctx context.Context, prefix string, rdb redis.UniversalClient, err error) error {
+// WithCtx returns a copy of e that also matches ctxErr (the caller's ctx
+// ended while Redis was unreachable).
+func (e *CallError) WithCtx(ctxErr error) *CallError {
+	c := *e
+	c.Ctx = ctxErr
+	return &c
+}
+
+// Words says err, a failed call's cause, as a person reads it, and whether
+// it means Redis cannot be reached (the network's, not Redis's, error):
+// "connection refused" rather than "dial tcp 127.0.0.1:6379: connect:
+// connection refused", whose address the CallError already names.
+func Words(err error) (why string, away bool) {
+	var errno syscall.Errno
+	var dns *net.DNSError
+	var ne net.Error
+	switch {
+	case err == nil:
+		return "no error", false
+	case errors.Is(err, ErrNoAnswer):
+		return "no answer", true
+	case errors.As(err, &errno):
+		switch errno {
+		case syscall.ECONNREFUSED:
+			return "connection refused", true
+		case syscall.ECONNRESET:
+			return "connection reset", true
+		case syscall.ETIMEDOUT:
+			return "connection timed out", true
+		case syscall.EHOSTUNREACH, syscall.ENETUNREACH:
+			return errno.Error(), true
+		}
+	case errors.As(err, &dns):
+		return "cannot resolve " + dns.Name + ": " + dns.Err, true
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed):
+		return "connection closed", true
+	case errors.As(err, &ne) && ne.Timeout():
+		return "no answer (network timeout)", true
+	}
+	var op *net.OpError
+	if errors.As(err, &op) {
+		return err.Error(), true
+	}
+	return err.Error(), false
+}
+
+// Round is d as a person reads it: "1.3s", "250ms", "2m0s", never
+// "1.333333332s".
+func Round(d time.Duration) string {
+	switch {
+	case d >= 10*time.Second:
+		d = d.Round(time.Second)
+	case d >= time.Second:
+		d = d.Round(100 * time.Millisecond)
+	case d >= 10*time.Millisecond:
+		d = d.Round(time.Millisecond)
+	case d >= 10*time.Microsecond:
+		d = d.Round(time.Microsecond)
+	}
+	return d.String()
+}
+
+// Addr is the address of rdb's server, for errors: "" when the client
+// cannot say (a wrapper, a Sentinel failover client whose master is the
+// sentinels' to say, a Ring), the seed addresses of a Cluster.
+func Addr(rdb redis.UniversalClient) string {
+	switch c := rdb.(type) {
+	case *redis.Client:
+		if c == nil {
+			return ""
+		}
+		o := c.Options()
+		if o.Network == "unix" {
+			return o.Addr
+		}
+		if _, _, err := net.SplitHostPort(o.Addr); err != nil {
+			return "" // not an address: "FailoverClient"
+		}
+		return o.Addr
+	case *redis.ClusterClient:
+		if c == nil {
+			return ""
+		}
+		return strings.Join(c.Options().Addrs, ",")
+	}
+	return ""
+}
+
+// RedisError wraps err, the failure of a call to rdb made on ctx for the
+// limiter name of package prefix, as a CallError. within > 0 says the call
+// ran on CallCtx(ctx) (or another limit of that length): when that limit,
+// not ctx, ended it, the error names the cause (Probe) or says no answer
+// came, and does not match the ctx's errors. go-redis sets the socket
+// deadline to the ctx's, so the socket can time out a moment before
+// ctx.Err() is set: a timeout at the caller's deadline counts as the
+// deadline. An err that already is a CallError is returned as it is. An
+// err that is the ctx's own error is returned as it is too, unless a dial
+// to rdb's server is refused (Probe): go-redis returns only the ctx's
+// error when the ctx ends while it backs off between retries of a refused
+// dial, and the caller must still learn that Redis is down.
+func RedisError(ctx context.Context, prefix, name string, rdb redis.UniversalClient, err error, within time.Duration) error {
 	if err == nil {
 		return nil
 	}
@@ -91,18 +241,32 @@ func RedisError(ctx context.Context, prefix string, rdb redis.UniversalClient, e
 	if errors.As(err, &ce) {
 		return err
 	}
+	call := &CallError{Prefix: prefix, Name: name, Addr: Addr(rdb), Err: err}
 	ctxErr := ctx.Err()
 	if ctxErr != nil && errors.Is(err, ctxErr) {
 		if perr := Probe(context.WithoutCancel(ctx), rdb); perr != nil {
-			return &CallError{Prefix: prefix, Ctx: ctxErr, Err: perr}
+			call.Ctx, call.Err = ctxErr, perr
+			return call
 		}
 		return err // the ctx ended before anything was sent, or Redis is slow
 	}
-	if ctxErr == nil {
-		var ne net.Error
-		if deadline, ok := ctx.Deadline(); ok && errors.As(err, &ne) && ne.Timeout() && time.Until(deadline) < time.Millisecond {
-			ctxErr = context.DeadlineExceeded
+	var ne net.Error
+	timedOut := errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+	if ctxErr == nil && timedOut {
+		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < time.Millisecond {
+			call.Ctx = context.DeadlineExceeded
+			return call
+		}
+		if within > 0 {
+			// The limiter's own limit ended the call: say why if a dial
+			// shows it, and never as the caller's deadline.
+			call.Within, call.Err = within, ErrNoAnswer
+			if perr := Probe(context.WithoutCancel(ctx), rdb); perr != nil {
+				call.Err = perr
+			}
+			return call
 		}
 	}
-	return &CallError{Prefix: prefix, Ctx: ctxErr, Err: err}
+	call.Ctx = ctxErr
+	return call
 }

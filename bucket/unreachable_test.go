@@ -1,0 +1,144 @@
+package bucket_test
+
+// When Redis is away and the caller has no deadline: Enter fails within
+// the documented bound (docs/guarantees.md, "When Redis is unreachable"),
+// with an error naming the cause in words a person can act on.
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// unreachableBound is the documented bound (bucket.Enter's doc), and
+// hangMargin what a loaded CI machine under -race may add: these tests
+// catch hangs, they do not time the bound.
+const (
+	unreachableBound = 2 * time.Second
+	hangMargin       = 2 * time.Second
+)
+
+// unrounded matches a duration printed to the nanosecond ("1.333333332s").
+var unrounded = regexp.MustCompile(`\d\.\d{4,}`)
+
+// checkUnreachableErr fails t unless err says Redis at addr was
+// unreachable in people's words, and matches refused when it should.
+func checkUnreachableErr(t *testing.T, err error, addr string, refused bool) {
+	t.Helper()
+	switch {
+	case err == nil:
+		t.Fatal("Enter with Redis away: nil error")
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+		t.Errorf("Enter without a deadline: %v, which matches a ctx error", err)
+	case !strings.Contains(err.Error(), "Redis at "+addr+" unreachable"):
+		t.Errorf("Enter with Redis away: %q, want it to say Redis at %s unreachable", err, addr)
+	case unrounded.MatchString(err.Error()):
+		t.Errorf("Enter with Redis away: %q, a duration not rounded for people", err)
+	case refused && (!errors.Is(err, syscall.ECONNREFUSED) || !strings.Contains(err.Error(), "connection refused")):
+		t.Errorf("Enter with Redis down: %q, want it to match and say connection refused", err)
+	}
+}
+
+// TestEnterRedisDownFromStart: against a Redis that is down from the
+// start, Enter without a deadline fails within the bound and says why.
+func TestEnterRedisDownFromStart(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	b := newBucket(t, rdb, bucket.Config{Name: t.Name(), Capacity: 5, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond})
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for _, what := range []string{"first Enter", "second Enter"} {
+		start := time.Now()
+		err := b.Enter(context.Background())
+		took := time.Since(start)
+		t.Logf("%s returned after %v: %v", what, took.Round(time.Millisecond), err)
+		if took > unreachableBound+hangMargin {
+			t.Errorf("%s returned after %v, want ≤ %v (the bound) + %v", what, took, unreachableBound, hangMargin)
+		}
+		checkUnreachableErr(t, err, srv.Addr(), true)
+	}
+	// A shorter deadline still holds.
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := b.Enter(ctx)
+	if took := time.Since(start); took > 100*time.Millisecond+deadlineSlack || err == nil {
+		t.Errorf("Enter on a 100ms deadline: %v after %v", err, took)
+	}
+}
+
+// TestEnterRedisGoneWhileWaiting: callers queued without a deadline, their
+// slots an hour away, all return with an error within the bound once Redis
+// is killed, or frozen (SIGSTOP).
+func TestEnterRedisGoneWhileWaiting(t *testing.T) {
+	for _, fault := range []string{"killed", "frozen"} {
+		t.Run(fault, func(t *testing.T) {
+			srv := redistest.New(t)
+			srv.RequireReal(t)
+			rdb := srv.Client()
+			defer rdb.Close()
+			b := newBucket(t, rdb, bucket.Config{Name: t.Name(), Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour})
+			if err := b.Enter(context.Background()); err != nil {
+				t.Fatal(err) // the one token: everyone else queues
+			}
+			const callers = 20
+			type result struct {
+				err error
+				at  time.Time
+			}
+			results := make(chan result, callers)
+			for range callers {
+				go func() {
+					err := b.Enter(context.Background())
+					results <- result{err, time.Now()}
+				}()
+			}
+			waitFor(t, 10*time.Second, "the callers to queue", func() bool {
+				in, err := b.Inspect(context.Background())
+				return err == nil && in.Queued == callers
+			})
+			var faultAt time.Time
+			if fault == "killed" {
+				faultAt = time.Now()
+				if err := srv.Kill(); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				faultAt = time.Now()
+				if err := srv.Pause(); err != nil {
+					t.Fatal(err)
+				}
+				defer srv.Resume()
+			}
+			var worst time.Duration
+			timeout := time.After(unreachableBound + hangMargin + time.Second)
+			for i := range callers {
+				select {
+				case r := <-results:
+					took := r.at.Sub(faultAt)
+					worst = max(worst, took)
+					if took > unreachableBound+hangMargin {
+						t.Errorf("a caller returned %v after Redis was %s, want ≤ %v + %v", took, fault, unreachableBound, hangMargin)
+					}
+					if i == 0 {
+						t.Logf("first caller back after %v: %v", took.Round(time.Millisecond), r.err)
+					}
+					checkUnreachableErr(t, r.err, srv.Addr(), fault == "killed")
+				case <-timeout:
+					t.Fatalf("%d of %d callers still blocked %v after Redis was %s", callers-i, callers, unreachableBound+hangMargin+time.Second, fault)
+				}
+			}
+			t.Logf("Redis %s: all %d callers returned within %v", fault, callers, worst.Round(time.Millisecond))
+		})
+	}
+}

@@ -1,0 +1,130 @@
+package semaphore
+
+// When Redis is away and the caller has no deadline: Acquire fails within
+// the documented bound, min(LeaseTTL, QueueTTL) (Acquire's doc), with an
+// error naming the cause in words a person can act on.
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// defaultBound is Acquire's bound with the default TTLs; hangMargin what
+// a loaded CI machine under -race may add: these tests catch hangs, they
+// do not time the bound.
+const (
+	defaultBound = 2 * time.Second
+	hangMargin   = 2 * time.Second
+)
+
+// unrounded matches a duration printed to the nanosecond ("1.333333332s").
+var unrounded = regexp.MustCompile(`\d\.\d{4,}`)
+
+func checkUnreachableErr(t *testing.T, err error, addr string, refused bool) {
+	t.Helper()
+	switch {
+	case err == nil:
+		t.Fatal("Acquire with Redis away: nil error")
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+		t.Errorf("Acquire without a deadline: %v, which matches a ctx error", err)
+	case !strings.Contains(err.Error(), "Redis at "+addr+" unreachable"):
+		t.Errorf("Acquire with Redis away: %q, want it to say Redis at %s unreachable", err, addr)
+	case unrounded.MatchString(err.Error()):
+		t.Errorf("Acquire with Redis away: %q, a duration not rounded for people", err)
+	case refused && (!errors.Is(err, syscall.ECONNREFUSED) || !strings.Contains(err.Error(), "connection refused")):
+		t.Errorf("Acquire with Redis down: %q, want it to match and say connection refused", err)
+	}
+}
+
+// TestAcquireRedisDownFromStart: against a Redis that is down from the
+// start, Acquire without a deadline fails within the bound and says why.
+func TestAcquireRedisDownFromStart(t *testing.T) {
+	e := newEnv(t)
+	e.srv.RequireReal(t)
+	s := e.sem(t, Config{Name: t.Name(), Capacity: 2})
+	if err := e.srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for _, what := range []string{"first Acquire", "second Acquire"} {
+		start := time.Now()
+		_, err := s.Acquire(context.Background())
+		took := time.Since(start)
+		t.Logf("%s returned after %v: %v", what, took.Round(time.Millisecond), err)
+		if took > defaultBound+hangMargin {
+			t.Errorf("%s returned after %v, want ≤ %v (the bound) + %v", what, took, defaultBound, hangMargin)
+		}
+		checkUnreachableErr(t, err, e.srv.Addr(), true)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := s.Acquire(ctx)
+	if took := time.Since(start); took > 300*time.Millisecond || err == nil {
+		t.Errorf("Acquire on a 100ms deadline: %v after %v", err, took)
+	}
+}
+
+// TestAcquireRedisGoneWhileWaiting: waiters queued without a deadline all
+// return with an error within the bound once Redis is killed, or frozen
+// (SIGSTOP).
+func TestAcquireRedisGoneWhileWaiting(t *testing.T) {
+	for _, fault := range []string{"killed", "frozen"} {
+		t.Run(fault, func(t *testing.T) {
+			e := newEnv(t)
+			e.srv.RequireReal(t)
+			s := e.sem(t, Config{Name: t.Name(), Capacity: 1})
+			acquire(t, s, time.Second) // held: everyone else queues
+			const callers = 20
+			type result struct {
+				err error
+				at  time.Time
+			}
+			results := make(chan result, callers)
+			for range callers {
+				go func() {
+					p, err := s.Acquire(context.Background())
+					if p != nil {
+						err = errors.New("granted while the permit was held")
+					}
+					results <- result{err, time.Now()}
+				}()
+			}
+			waitFor(t, 10*time.Second, "the waiters to queue", func() bool { return queueLen(t, e.rdb, s) == callers })
+			faultAt := time.Now()
+			if fault == "killed" {
+				if err := e.srv.Kill(); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				if err := e.srv.Pause(); err != nil {
+					t.Fatal(err)
+				}
+				defer e.srv.Resume()
+			}
+			var worst time.Duration
+			timeout := time.After(defaultBound + hangMargin + time.Second)
+			for i := range callers {
+				select {
+				case r := <-results:
+					took := r.at.Sub(faultAt)
+					worst = max(worst, took)
+					if took > defaultBound+hangMargin {
+						t.Errorf("a waiter returned %v after Redis was %s, want ≤ %v + %v", took, fault, defaultBound, hangMargin)
+					}
+					if i == 0 {
+						t.Logf("first waiter back after %v: %v", took.Round(time.Millisecond), r.err)
+					}
+					checkUnreachableErr(t, r.err, e.srv.Addr(), fault == "killed")
+				case <-timeout:
+					t.Fatalf("%d of %d waiters still blocked %v after Redis was %s", callers-i, callers, defaultBound+hangMargin+time.Second, fault)
+				}
+			}
+			t.Logf("Redis %s: all %d waiters returned within %v", fault, callers, worst.Round(time.Millisecond))
+		})
+	}
+}
