@@ -688,6 +688,15 @@ var reasons = []groundwork.Reason{
 // It returns an error matching ctx.Err() when ctx ends first, ErrQueueFull
 // or ErrWaitTooLong when refused, ErrClosed after Close, or a Redis error.
 //
+// While Redis is unreachable (it refuses connections, or does not answer)
+// Enter fails within 2 s whatever its ctx, or at its ctx's deadline if
+// that comes first: each call to Redis made for the caller gives up after
+// 1 s without an answer, and a queued caller polls Redis at least once a
+// second. The error says so in a person's words ("bucket \"api\": Redis
+// at 127.0.0.1:6379 unreachable: connection refused") and matches the
+// network's error (syscall.ECONNREFUSED); it matches ctx.Err() only when
+// ctx ended first.
+//
 // Cancellation: a caller still in the queue leaves it and spends no token;
 // one whose slot was already assigned (its token due within the lookahead)
 // spends that token, which nobody else then uses.
