@@ -73,11 +73,13 @@ func (c *comings) enqueue(ctx context.Context, id string, costs []int64) (queue.
 			cs = [][]int64{costs}
 		}
 		rs, err := c.q.Enqueue(left, []string{id}, cs)
-		sent := sentFn()
 		c.arr.Release()
 		if err != nil {
-			return queue.Arrival{}, sent, err
+			// Not sentFn: a shared pipeline the call left early (its ctx
+			// ended) may still be stamping it.
+			return queue.Arrival{}, time.Time{}, err
 		}
+		sent := sentFn()
 		return rs[0], sent, nil
 	}
 	ar := &arrival{id: id, costs: costs, done: make(chan struct{})}

@@ -93,7 +93,7 @@ const (
 	batchTimeout = 5 * time.Second
 	// checkIn is the longest a queued caller goes without polling Redis:
 	// with groundwork.AnswerWithin, it makes Enter's bound on failing
-	// while Redis is away (2 s). A caller waiting longer than that polls
+	// while Redis is away (3 s). A caller waiting longer than that polls
 	// once a second, a small cost against its wait.
 	checkIn = time.Second
 )
@@ -689,9 +689,10 @@ var reasons = []groundwork.Reason{
 // or ErrWaitTooLong when refused, ErrClosed after Close, or a Redis error.
 //
 // While Redis is unreachable (it refuses connections, or does not answer)
-// Enter fails within 2 s whatever its ctx, or at its ctx's deadline if
-// that comes first: each call to Redis made for the caller gives up after
-// 1 s without an answer, and a queued caller polls Redis at least once a
+// Enter fails within 3 s whatever its ctx (plus Config.ReplicaTimeout
+// with ReplicaAcks), or at its ctx's deadline if that comes first: each
+// call to Redis made for the caller gives up after 2 s without an answer
+// (plus ReplicaTimeout), and a queued caller polls Redis at least once a
 // second. The error says so in a person's words ("bucket \"api\": Redis
 // at 127.0.0.1:6379 unreachable: connection refused") and matches the
 // network's error (syscall.ECONNREFUSED); it matches ctx.Err() only when
@@ -853,7 +854,7 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep Report, err error) {
 // caller must arrive anew (its slot went stale or was lost).
 func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report) (again bool, err error) {
 	id := b.newID()
-	cctx, done, within := groundwork.CallCtx(ctx)
+	cctx, done, within := groundwork.CallCtx(ctx, b.answerWithin())
 	er, sent, err := b.comings.enqueue(cctx, id, costs)
 	done()
 	received := b.now()
@@ -928,11 +929,15 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 				return false, err
 			}
 		}
-		cctx, done, within := groundwork.CallCtx(ctx)
+		cctx, done, within := groundwork.CallCtx(ctx, b.answerWithin())
 		sentFn, pctx := sentAt(cctx, b.now)
 		pr, err := b.q.Poll(pctx, entry)
 		done()
-		received, sent := b.now(), sentFn()
+		received := b.now()
+		var sent time.Time
+		if err == nil {
+			sent = sentFn() // a failed call may still be stamping it
+		}
 		rep.Polls++
 		rep.RoundTrips += max(pr.RoundTrips, 1)
 		if errors.As(err, new(*queue.ConfigError)) {
@@ -1028,11 +1033,11 @@ func (b *Bucket) retime(ctx context.Context, rep *Report, costs []int64, room st
 // caller thus throws nothing away and adds no arrival, so that a starved
 // host cannot feed its own overload (docs/design.md, "Overload").
 func (b *Bucket) retimeOnce(ctx context.Context, rep *Report, costs []int64, room string) (sent, received time.Time, r queue.Retimed, err error) {
-	cctx, done, within := groundwork.CallCtx(ctx)
+	cctx, done, within := groundwork.CallCtx(ctx, b.answerWithin())
 	sentFn, rctx := sentAt(cctx, b.now)
 	r, err = b.q.Retime(rctx, room, costs)
 	done()
-	received, sent = b.now(), sentFn()
+	received = b.now()
 	rep.RoundTrips++
 	if err != nil {
 		if !errors.As(err, new(*queue.ConfigError)) && !errors.Is(err, queue.ErrNotReplicated) {
@@ -1040,6 +1045,7 @@ func (b *Bucket) retimeOnce(ctx context.Context, rep *Report, costs []int64, roo
 		}
 		return sent, received, r, err
 	}
+	sent = sentFn() // only now: a failed call may still be stamping it
 	b.rtt.observe(received.Sub(sent))
 	rep.Retimes++
 	if r.Refunded {
@@ -1105,6 +1111,16 @@ func (b *Bucket) sleep(ctx context.Context, d time.Duration, hints <-chan int64)
 // at once even if Redis hangs.
 func (b *Bucket) cancel(entry string) { b.comings.leave(entry) }
 
+// answerWithin bounds each call to Redis made for a caller whose ctx has
+// no earlier deadline: groundwork.AnswerWithin, plus ReplicaTimeout when
+// the call waits for replicas (ReplicaAcks).
+func (b *Bucket) answerWithin() time.Duration {
+	if b.cfg.ReplicaAcks > 0 {
+		return groundwork.AnswerWithin + b.cfg.ReplicaTimeout
+	}
+	return groundwork.AnswerWithin
+}
+
 // redisErr reports ErrClosed after Close, and otherwise an error that
 // matches both the caller's ctx error, when its ctx (or deadline) is what
 // cut the call short, and Redis's.
@@ -1112,7 +1128,7 @@ func (b *Bucket) redisErr(ctx context.Context, err error) error {
 	return b.callErr(ctx, err, 0)
 }
 
-// callErr is redisErr for a call made on groundwork.CallCtx(ctx), whose
+// callErr is redisErr for a call made on groundwork.CallCtx, whose
 // limit added is within: when that limit ended the call, the error says
 // Redis gave no answer within it (and why, when a dial shows it), and
 // does not match the caller's ctx errors.

@@ -21,7 +21,7 @@ import (
 // hangMargin what a loaded CI machine under -race may add: these tests
 // catch hangs, they do not time the bound.
 const (
-	unreachableBound = 2 * time.Second
+	unreachableBound = 3 * time.Second
 	hangMargin       = 2 * time.Second
 )
 
