@@ -92,8 +92,8 @@ const (
 	// callers (each caller still returns at its own deadline).
 	batchTimeout = 5 * time.Second
 	// checkIn is the longest a queued caller goes without polling Redis:
-	// with groundwork.AnswerWithin, it makes Enter's bound on failing
-	// while Redis is away (3 s). A caller waiting longer than that polls
+	// with groundwork.AnswerWithin and the PING that follows a call out
+	// of it, it makes Enter's bound on failing while Redis is away (3 s). A caller waiting longer than that polls
 	// once a second, a small cost against its wait.
 	checkIn = time.Second
 )
@@ -689,11 +689,12 @@ var reasons = []groundwork.Reason{
 // or ErrWaitTooLong when refused, ErrClosed after Close, or a Redis error.
 //
 // While Redis is unreachable (it refuses connections, or does not answer)
-// Enter fails within 3 s whatever its ctx (plus Config.ReplicaTimeout
-// with ReplicaAcks), or at its ctx's deadline if that comes first: each
-// call to Redis made for the caller gives up after 2 s without an answer
-// (plus ReplicaTimeout), and a queued caller polls Redis at least once a
-// second. The error says so in a person's words ("bucket \"api\": Redis
+// Enter fails within 3 s whatever its ctx (plus 4 ×
+// Config.ReplicaTimeout with ReplicaAcks), or at its ctx's deadline if that comes first: each
+// call to Redis made for the caller gives up after 1 s without an answer
+// (plus 4 × ReplicaTimeout) unless Redis still answers a PING within 1 s
+// (it is slow, not away: the call is made again), and a queued caller
+// polls Redis at least once a second. The error says so in a person's words ("bucket \"api\": Redis
 // at 127.0.0.1:6379 unreachable: connection refused") and matches the
 // network's error (syscall.ECONNREFUSED); it matches ctx.Err() only when
 // ctx ended first.
@@ -812,6 +813,7 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep Report, err error) {
 		res, why := groundwork.Classify(ctx, err, reasons...)
 		b.tally.End(sluice.Event{Result: res, Reason: why, Wait: b.now().Sub(start), Queued: rep.Position > 0 && res != sluice.Refused, Late: rep.Late, Reentries: rep.Reentries})
 	}()
+	limit := b.answerWithin()
 	for settled := 0; ; {
 		select {
 		case <-b.bg.Done():
@@ -832,7 +834,7 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep Report, err error) {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		again, err := b.enterOnce(ctx, costs, &rep)
+		again, err := b.enterOnce(ctx, costs, &rep, &limit)
 		if retry, serr := b.followInForce(ctx, err, settled); retry {
 			settled++
 			continue
@@ -852,9 +854,13 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep Report, err error) {
 
 // enterOnce makes one arrival with a fresh ID. It reports again when the
 // caller must arrive anew (its slot went stale or was lost).
-func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report) (again bool, err error) {
+//
+// limit bounds each of its calls to Redis (groundwork.CallCtx): it doubles
+// each time a call runs out of it while Redis answers a PING (busy), so
+// that a slow Redis is waited for and a frozen one is not.
+func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report, limit *time.Duration) (again bool, err error) {
 	id := b.newID()
-	cctx, done, within := groundwork.CallCtx(ctx, b.answerWithin())
+	cctx, done, within := groundwork.CallCtx(ctx, *limit)
 	er, sent, err := b.comings.enqueue(cctx, id, costs)
 	done()
 	received := b.now()
@@ -863,8 +869,12 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report) (aga
 		return false, err // nothing was written: settle it
 	}
 	if err != nil {
-		if cctx.Err() != nil || errors.Is(err, queue.ErrNotReplicated) {
+		if ctx.Err() != nil || errors.Is(cctx.Err(), context.DeadlineExceeded) || errors.Is(err, queue.ErrNotReplicated) {
 			b.cancel(id) // it may have arrived before the caller gave up
+		}
+		if b.busy(ctx, cctx, within) {
+			*limit = min(2**limit, time.Minute)
+			return true, nil // arrive again
 		}
 		return false, b.callErr(ctx, err, within)
 	}
@@ -886,7 +896,7 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report) (aga
 	if b.queued.Add(1) == 1 || !er.SchedulerRunning {
 		b.sched.Ensure()
 	}
-	return b.awaitSlot(ctx, er, received, rep, costs)
+	return b.awaitSlot(ctx, er, received, rep, costs, limit)
 }
 
 // awaitSlot sleeps until shortly before the estimated slot, then polls for
@@ -896,7 +906,7 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report) (aga
 // and fails within Enter's bound rather than at its slot. When the scheduler publishes the caller's slot
 // (pushed callers always, others when the slot came earlier than their
 // estimate), the caller polls a lead before that slot instead.
-func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.Time, rep *Report, costs []int64) (bool, error) {
+func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.Time, rep *Report, costs []int64, limit *time.Duration) (bool, error) {
 	entry := er.Entry
 	hints, forget := b.notices.register(entry)
 	dequeued := sync.OnceFunc(func() {
@@ -929,7 +939,7 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 				return false, err
 			}
 		}
-		cctx, done, within := groundwork.CallCtx(ctx, b.answerWithin())
+		cctx, done, within := groundwork.CallCtx(ctx, *limit)
 		sentFn, pctx := sentAt(cctx, b.now)
 		pr, err := b.q.Poll(pctx, entry)
 		done()
@@ -951,6 +961,11 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 			continue
 		}
 		if err != nil {
+			if b.busy(ctx, cctx, within) {
+				*limit = min(2**limit, time.Minute)
+				wait = 0 // poll again
+				continue
+			}
 			b.cancel(entry)
 			return false, b.callErr(ctx, err, within)
 		}
@@ -1112,13 +1127,23 @@ func (b *Bucket) sleep(ctx context.Context, d time.Duration, hints <-chan int64)
 func (b *Bucket) cancel(entry string) { b.comings.leave(entry) }
 
 // answerWithin bounds each call to Redis made for a caller whose ctx has
-// no earlier deadline: groundwork.AnswerWithin, plus ReplicaTimeout when
-// the call waits for replicas (ReplicaAcks).
+// no earlier deadline: groundwork.AnswerWithin, plus 4 × ReplicaTimeout
+// when the call waits for replicas (ReplicaAcks: a poll may make several
+// round trips, each with its WAIT, and a script sent again after NOSCRIPT
+// waits again).
 func (b *Bucket) answerWithin() time.Duration {
 	if b.cfg.ReplicaAcks > 0 {
-		return groundwork.AnswerWithin + b.cfg.ReplicaTimeout
+		return groundwork.AnswerWithin + 4*b.cfg.ReplicaTimeout
 	}
 	return groundwork.AnswerWithin
+}
+
+// busy reports that a call made on cctx (groundwork.CallCtx(ctx), which
+// added the limit within; cancelled since) ran out of that limit, not of
+// ctx, while Redis still answers a PING: it is slow (a burst of thousands
+// of arrivals), not away, and the call may be made again.
+func (b *Bucket) busy(ctx, cctx context.Context, within time.Duration) bool {
+	return within > 0 && ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) && groundwork.Answers(ctx, b.rdb)
 }
 
 // redisErr reports ErrClosed after Close, and otherwise an error that

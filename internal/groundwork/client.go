@@ -57,10 +57,21 @@ const probeTimeout = 50 * time.Millisecond
 // accepts them and does not answer (frozen, or a network that drops
 // packets), fails the caller within it rather than for as long as Redis
 // is away. go-redis's own limits (ReadTimeout, its dial retries) are
-// longer and apply per attempt. It counts the wait in this process's
-// shared pipelining too, which thousands of handles under -race on two
-// cores pushed past 1 s while Redis was healthy: hence 2 s.
-const AnswerWithin = 2 * time.Second
+// longer and apply per attempt. The limit counts the call's wait behind
+// this process's other calls too (thousands of handles arriving at once
+// under -race pushed some past 1 s with Redis healthy): a limiter asks
+// Redis for a PING (Answers) before it calls a call that ran out "no
+// answer".
+const AnswerWithin = time.Second
+
+// Answers reports whether rdb answers a PING within AnswerWithin: a call
+// that ran out of its limit met a busy Redis, not an absent one, and may
+// be made again.
+func Answers(ctx context.Context, rdb redis.UniversalClient) bool {
+	ctx, cancel := context.WithTimeout(ctx, AnswerWithin)
+	defer cancel()
+	return rdb.Ping(ctx).Err() == nil
+}
 
 // CallCtx returns ctx for one call to Redis made for a caller: ctx bounded
 // by limit (AnswerWithin, plus what the call makes Redis wait for, as a
