@@ -92,7 +92,9 @@ type sentAtKey struct{}
 // pipelining records in *at when it (its last round trip) left for Redis:
 // a call may wait for a shared pipeline, and a caller that judges how late
 // it is from when it asked would count that wait. *at is set before the
-// call returns its reply, and never when it returns early on ctx.
+// call returns its reply. A call that returns early on ctx may still have
+// *at set later, by the shared pipeline it was handed to: read *at only
+// after a reply.
 func SentAt(ctx context.Context, at *time.Time) context.Context {
 	return context.WithValue(ctx, sentAtKey{}, at)
 }
