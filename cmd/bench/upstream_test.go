@@ -78,24 +78,9 @@ func TestUpstreamScenario(t *testing.T) {
 // per refusal, and steps of × 0.85, used about 0.6 of it); at its limit,
 // nearly nothing is refused and nearly all is used.
 func TestUpstreamAdapt(t *testing.T) {
-	srv := redistest.New(t)
-	srv.RequireReal(t)
-	var stdout, stderr bytes.Buffer
-	args := []string{"--redis", srv.URL(), "--scenario", "upstream", "--upstream-cases", "at-limit-openai,25pct-over-openai",
-		"--upstream-duration", "5s", "--upstream-procs", "2", "--upstream-callers", "16", "--json"}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // a bound on a hang, not a speed goal
-	defer cancel()
-	if err := run(ctx, args, &stdout, &stderr); err != nil {
-		t.Fatalf("run: %v\n%s", err, stderr.String())
-	}
-	var rep struct {
-		Upstream *Upstream `json:"upstream"`
-	}
-	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || rep.Upstream == nil {
-		t.Fatalf("no upstream figures (%v): %s", err, stdout.String())
-	}
+	rows := runUpstreamCases(t, "at-limit-openai,25pct-over-openai", "5s")
 	judged := 0
-	for _, r := range rep.Upstream.Rows {
+	for _, r := range rows {
 		share := per(int64(r.Refused), r.Arrivals)
 		t.Logf("%s, feedback %s: %d refused of %d (%.2f %%), utilization %.4f, rate left at %.1f/s",
 			r.Case, r.Feedback, r.Refused, r.Arrivals, 100*share, r.Utilization, r.Slowed)
@@ -122,8 +107,31 @@ func TestUpstreamAdapt(t *testing.T) {
 		}
 	}
 	if judged != 2 {
-		t.Fatalf("%d rows with Adapt, want 2: %+v", judged, rep.Upstream.Rows)
+		t.Fatalf("%d rows with Adapt, want 2: %+v", judged, rows)
 	}
+}
+
+// runUpstreamCases runs the upstream scenario's cases (comma-separated)
+// for d each in two worker processes of 8 callers each, and returns its rows.
+func runUpstreamCases(t *testing.T, cases, d string) []UpstreamRow {
+	t.Helper()
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	var stdout, stderr bytes.Buffer
+	args := []string{"--redis", srv.URL(), "--scenario", "upstream", "--upstream-cases", cases,
+		"--upstream-duration", d, "--upstream-procs", "2", "--upstream-callers", "16", "--json"}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // a bound on a hang, not a speed goal
+	defer cancel()
+	if err := run(ctx, args, &stdout, &stderr); err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	var rep struct {
+		Upstream *Upstream `json:"upstream"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || rep.Upstream == nil {
+		t.Fatalf("no upstream figures (%v): %s", err, stdout.String())
+	}
+	return rep.Upstream.Rows
 }
 
 // judgeOutage on made-up arrivals: the hold starts at the first 503,
@@ -164,24 +172,12 @@ func TestJudgeOutage(t *testing.T) {
 // refused. Loose bounds for a loaded machine; the scenario's own goals
 // are no 429 and 0.98.
 func TestUpstreamRolling(t *testing.T) {
-	srv := redistest.New(t)
-	srv.RequireReal(t)
-	var stdout, stderr bytes.Buffer
-	args := []string{"--redis", srv.URL(), "--scenario", "upstream", "--upstream-cases", "rolling-window,rolling-as-rate",
-		"--upstream-duration", "3s", "--upstream-procs", "2", "--upstream-callers", "16", "--json"}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a bound on a hang, not a speed goal
-	defer cancel()
-	if err := run(ctx, args, &stdout, &stderr); err != nil {
-		t.Fatalf("run: %v\n%s", err, stderr.String())
+	rows := runUpstreamCases(t, "rolling-window,rolling-as-rate", "3s")
+	if len(rows) != 2 {
+		t.Fatalf("%d rows, want 2: %+v", len(rows), rows)
 	}
-	var rep struct {
-		Upstream *Upstream `json:"upstream"`
-	}
-	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil || rep.Upstream == nil || len(rep.Upstream.Rows) != 2 {
-		t.Fatalf("no upstream figures (%v): %s", err, stdout.String())
-	}
-	rolling, rate := rep.Upstream.Rows[0], rep.Upstream.Rows[1]
-	for _, r := range rep.Upstream.Rows {
+	rolling, rate := rows[0], rows[1]
+	for _, r := range rows {
 		t.Logf("%s: %d of %d refused, utilization %.4f", r.Case, r.Refused, r.Arrivals, r.Utilization)
 		if r.Errors > 0 {
 			t.Errorf("%s: %d errors, first: %s", r.Case, r.Errors, r.Err)
