@@ -2,6 +2,8 @@ package protocol_test
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -49,6 +51,19 @@ elseif f == 'wake' then
   for i = 2, #ARGV, 2 do wake_add(list, ARGV[i], tonumber(ARGV[i + 1])) end
   wake_publish(KEYS[1], list)
   return 1
+elseif f == 'window' then
+  -- ARGV[2] level, ARGV[3] now, ARGV[4] k, ARGV[5] cap, ARGV[6] window
+  -- µs, ARGV[7..] the log's entries: window_refill then window_slot of
+  -- a rolling policy, and the entries left in its window
+  LOG_BASE = KEYS[1] .. ':window:'
+  redis.call('DEL', log_key(1))
+  for i = 7, #ARGV do redis.call('RPUSH', log_key(1), ARGV[i]) end
+  local p = {cap = tonumber(ARGV[5]), amount = tonumber(ARGV[5]), freq = tonumber(ARGV[6]), call = 1, kind = ROLLING}
+  local s = {level = tonumber(ARGV[2]), anchor = 0}
+  local now = tonumber(ARGV[3])
+  window_refill(s, p, 1, now)
+  local slot = window_slot(s, p, 1, now, tonumber(ARGV[4]))
+  return {int(s.level), int(slot), #s.log}
 elseif f == 'notice' then
   config_notice(KEYS[1], ARGV[2])
   return 1
@@ -257,4 +272,45 @@ func TestWakeRoundTrip(t *testing.T) {
 		}
 	})
 	var _ redis.Scripter = rdb
+}
+
+// TestWindowTwins: protocol.WindowRefill and WindowSlot, which Inspect
+// uses, give what tokens.lua's window_refill and window_slot give the
+// scripts, over random logs.
+func TestWindowTwins(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(11, 12))
+	for trial := 0; trial < 300; trial++ {
+		capacity := int64(1 + rng.IntN(50))
+		w := time.Duration(1+rng.IntN(2000)) * time.Millisecond
+		p := protocol.Policy{Capacity: capacity, RefillAmount: capacity, RefillFrequency: w, Kind: protocol.Rolling}
+		now := µs
+		var log []protocol.WindowEntry
+		var used int64
+		at := now - protocol.WindowSpan(p) - int64(rng.IntN(50_000))
+		for n := rng.IntN(40); n > 0 && used < capacity; n-- {
+			c := 1 + int64(rng.IntN(int(capacity)))
+			at += int64(rng.IntN(100_000))
+			log = append(log, protocol.WindowEntry{Slot: at, Cost: c})
+			used += c
+		}
+		level := capacity - used
+		k := int64(rng.IntN(int(2 * capacity)))
+		args := []any{"window", level, now, k, capacity, w.Microseconds()}
+		for _, e := range log {
+			args = append(args, fmt.Sprintf("%d %d", e.Slot, e.Cost))
+		}
+		v, err := wire.Run(ctx, rdb, []string{t.Name()}, args...).Int64Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		gl, left := protocol.WindowRefill(level, log, now, p)
+		gs := protocol.WindowSlot(gl, left, now, k, p)
+		if v[0] != gl || v[1] != gs || v[2] != int64(len(left)) {
+			t.Fatalf("trial %d (%+v, level %d, k %d, log %v): Lua level %d slot %d, %d left; Go level %d slot %d, %d left",
+				trial, p, level, k, log, v[0], v[1], v[2], gl, gs, len(left))
+		}
+	}
 }
