@@ -1047,20 +1047,31 @@ func (b *Bucket) retime(ctx context.Context, rep *Report, costs []int64, room st
 // missed slot's tokens go back to the bucket when that is exact. A late
 // caller thus throws nothing away and adds no arrival, so that a starved
 // host cannot feed its own overload (docs/design.md, "Overload").
+//
+// Its call to Redis is bounded as enterOnce's are: when it runs out of its
+// limit while Redis answers a PING (slow, not away), it is made again with
+// twice the limit; a slot the lost reply held is then spent, never
+// granted twice.
 func (b *Bucket) retimeOnce(ctx context.Context, rep *Report, costs []int64, room string) (sent, received time.Time, r queue.Retimed, err error) {
-	cctx, done, within := groundwork.CallCtx(ctx, b.answerWithin())
-	sentFn, rctx := sentAt(cctx, b.now)
-	r, err = b.q.Retime(rctx, room, costs)
-	done()
-	received = b.now()
-	rep.RoundTrips++
-	if err != nil {
-		if !errors.As(err, new(*queue.ConfigError)) && !errors.Is(err, queue.ErrNotReplicated) {
-			err = b.callErr(ctx, err, within) // retimeFailed reads the others
+	for limit := b.answerWithin(); ; limit = min(2*limit, time.Minute) {
+		cctx, done, within := groundwork.CallCtx(ctx, limit)
+		sentFn, rctx := sentAt(cctx, b.now)
+		r, err = b.q.Retime(rctx, room, costs)
+		done()
+		received = b.now()
+		rep.RoundTrips++
+		if err != nil && b.busy(ctx, cctx, within) {
+			continue
 		}
-		return sent, received, r, err
+		if err != nil {
+			if !errors.As(err, new(*queue.ConfigError)) && !errors.Is(err, queue.ErrNotReplicated) {
+				err = b.callErr(ctx, err, within) // retimeFailed reads the others
+			}
+			return sent, received, r, err
+		}
+		sent = sentFn() // only now: a failed call may still be stamping it
+		break
 	}
-	sent = sentFn() // only now: a failed call may still be stamping it
 	b.rtt.observe(received.Sub(sent))
 	rep.Retimes++
 	if r.Refunded {
