@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/local"
 	"github.com/sluicehq/sluice/semaphore"
 )
@@ -594,13 +595,7 @@ func (s subject) waitHeld(t *testing.T, l sluice.Limiter, n int64) {
 // waitFor polls cond until it holds, failing t after within.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not %s within %v", what, within)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testkit.WaitFor(t, within, what, cond)
 }
 
 // events records a limiter's Events, so that a case can check that each

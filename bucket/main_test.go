@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/internal/testmain"
 	"github.com/sluicehq/sluice/queue"
 )
@@ -106,17 +107,8 @@ func checkGrants(t *testing.T, grants []loadgen.Grant, cfg bucket.Config) guaran
 	return guarantee.Check(starts, l)
 }
 
-// waitFor polls cond every few ms until it holds or the deadline passes.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
+// waitFor polls cond until it holds, failing t after within.
+var waitFor = testkit.WaitFor
 
 // keysFor returns the keys of the bucket cfg describes.
 func keysFor(cfg bucket.Config) queue.Keys { return bucket.KeysFor(cfg) }

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 // env is one test's redis-server and client.
@@ -43,16 +44,7 @@ func (e *env) sem(t *testing.T, cfg Config) *Semaphore {
 }
 
 // waitFor polls cond until it holds, failing t after within.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
+var waitFor = testkit.WaitFor
 
 func acquire(t *testing.T, s *Semaphore, within time.Duration) *Permit {
 	t.Helper()

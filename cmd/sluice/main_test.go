@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -87,17 +88,8 @@ func decodeReport(t *testing.T, line string) report {
 	return r
 }
 
-// waitFor polls cond every few ms until it holds or the deadline passes.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// waitFor polls cond until it holds, failing t after within.
+var waitFor = testkit.WaitFor
 
 // syncBuffer is a bytes.Buffer safe to read while run writes it.
 type syncBuffer struct {

@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/metrics/sluiceprometheus"
 )
 
@@ -87,16 +88,7 @@ func point(t *testing.T, reg prometheus.Gatherer, name string, labels map[string
 	return nil
 }
 
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
+var waitFor = testkit.WaitFor
 
 func newBucket(t *testing.T, srv *redistest.Server, cfg bucket.Config) *bucket.Bucket {
 	t.Helper()
