@@ -48,14 +48,22 @@ if unit and st.costed == 0 then
   -- Every caller queued takes one token of each policy: how many have
   -- their slot within the lookahead follows from the state alone; pop
   -- them at once.
+  -- One token bucket sets every slot itself, none of its refills lost to
+  -- its capacity before the slot (its level there is at most its refill):
+  -- take_at would take nothing more than the token.
+  local one = #ps == 1 and ps.rolling == 0
   local n, qn = 0, math.min(batch, redis.call('LLEN', KEYS[1]))
   while n < qn do
     local slot = math.max(last, slot_all(st, ps, now, 1))
     if slot - now > lookahead then break end
     n = n + 1
     slots[n], last = slot, slot
-    take_at(st, ps, slot, nil, now)
-    window_record(st, ps, slot, nil)
+    if one then
+      st[1].level = st[1].level - 1
+    else
+      take_at(st, ps, slot, nil, now)
+      window_record(st, ps, slot, nil)
+    end
   end
   if n > 0 then ids = redis.call('LPOP', KEYS[1], n) or {} end
 else
