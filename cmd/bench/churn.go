@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/workers"
 )
 
 // Churn is a fleet of short-lived processes (cron jobs, serverless
@@ -354,17 +355,9 @@ type churnResult struct {
 
 // The scenario's processes are this binary run again; here rather than
 // in main so that the scenario stays in its file.
-func init() {
-	raw := os.Getenv(churnEnv)
-	if raw == "" {
-		return
-	}
-	if err := churnProcess(raw); err != nil {
-		fmt.Fprintln(os.Stderr, "churn process:", err)
-		os.Exit(1)
-	}
-	os.Exit(0) // with or without Close: whatever the bucket runs dies here
-}
+// A process exits after churnProcess, with or without Close: whatever the
+// bucket runs dies with it.
+func init() { workers.Serve(churnEnv, "churn process", churnProcess) }
 
 // churnProcess is one short-lived process: a client, a bucket, one
 // Enter, then Close unless the spec says to exit without it.

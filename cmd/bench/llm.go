@@ -100,17 +100,7 @@ const llmEnv = "SLUICE_BENCH_LLM_WORKER"
 
 // The scenario's worker processes are this binary run again; here rather
 // than in main so that the scenario stays in its file.
-func init() {
-	raw := os.Getenv(llmEnv)
-	if raw == "" {
-		return
-	}
-	if err := llmWorker(raw); err != nil {
-		fmt.Fprintln(os.Stderr, "llm worker:", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
-}
+func init() { workers.Serve(llmEnv, "llm worker", llmWorker) }
 
 func (*LLM) about() about {
 	return about{name: "llm", takes: "~35 s",

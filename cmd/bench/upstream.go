@@ -109,17 +109,7 @@ const upstreamEnv = "SLUICE_BENCH_UPSTREAM_WORKER"
 
 // The scenario's worker processes are this binary run again; here rather
 // than in main so that the scenario stays in its file.
-func init() {
-	raw := os.Getenv(upstreamEnv)
-	if raw == "" {
-		return
-	}
-	if err := upstreamWorker(raw); err != nil {
-		fmt.Fprintln(os.Stderr, "upstream worker:", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
-}
+func init() { workers.Serve(upstreamEnv, "upstream worker", upstreamWorker) }
 
 func (*Upstream) about() about {
 	return about{name: "upstream", takes: "~4 min",

@@ -48,3 +48,20 @@ func Run[S, R any](ctx context.Context, env string, specs []S) ([]R, error) {
 	wg.Wait()
 	return results, errors.Join(errs...)
 }
+
+// Serve makes this process a worker when env is set: it runs fn with the
+// variable's value (the spec's JSON) and exits, with status 0 when fn
+// returns nil, else 1 after writing "what: the error" on stderr. It
+// returns at once when env is unset; call it first in main or an init
+// hook.
+func Serve(env, what string, fn func(raw string) error) {
+	raw := os.Getenv(env)
+	if raw == "" {
+		return
+	}
+	if err := fn(raw); err != nil {
+		fmt.Fprintln(os.Stderr, what+":", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
