@@ -44,6 +44,7 @@ local ids, slots, blocked = {}, {}, nil
 -- step left (take_at spends their tokens at their slots), and never
 -- comes before theirs.
 local last = now
+local qlen -- the queue's length after this step's pops, when known
 if unit and st.costed == 0 then
   -- Every caller queued takes one token of each policy: how many have
   -- their slot within the lookahead follows from the state alone; pop
@@ -52,7 +53,8 @@ if unit and st.costed == 0 then
   -- its capacity before the slot (its level there is at most its refill):
   -- take_at would take nothing more than the token.
   local one = #ps == 1 and ps.rolling == 0
-  local n, qn = 0, math.min(batch, redis.call('LLEN', KEYS[1]))
+  local total = redis.call('LLEN', KEYS[1])
+  local n, qn = 0, math.min(batch, total)
   while n < qn do
     local slot = math.max(last, slot_all(st, ps, now, 1))
     if slot - now > lookahead then break end
@@ -66,6 +68,7 @@ if unit and st.costed == 0 then
     end
   end
   if n > 0 then ids = redis.call('LPOP', KEYS[1], n) or {} end
+  qlen = total - #ids
 else
   -- Costs differ: read the head of the queue a few entries at a time
   -- until a slot falls beyond the lookahead.
@@ -116,7 +119,7 @@ end
 local scheduled = #ids
 wake_publish(channel, early)
 
-local qlen = redis.call('LLEN', KEYS[1])
+qlen = qlen or redis.call('LLEN', KEYS[1])
 if qlen == 0 then
   st.costed = 0 -- nothing queued: no extras either
   for k = 1, #ps do st[k].extra = 0 end
