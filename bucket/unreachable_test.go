@@ -6,15 +6,12 @@ package bucket_test
 
 import (
 	"context"
-	"errors"
-	"regexp"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 // unreachableBound is the documented bound (bucket.Enter's doc), and
@@ -24,27 +21,6 @@ const (
 	unreachableBound = 3 * time.Second
 	hangMargin       = 2 * time.Second
 )
-
-// unrounded matches a duration printed to the nanosecond ("1.333333332s").
-var unrounded = regexp.MustCompile(`\d\.\d{4,}`)
-
-// checkUnreachableErr fails t unless err says Redis at addr was
-// unreachable in people's words, and matches refused when it should.
-func checkUnreachableErr(t *testing.T, err error, addr string, refused bool) {
-	t.Helper()
-	switch {
-	case err == nil:
-		t.Fatal("Enter with Redis away: nil error")
-	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
-		t.Errorf("Enter without a deadline: %v, which matches a ctx error", err)
-	case !strings.Contains(err.Error(), "Redis at "+addr+" unreachable"):
-		t.Errorf("Enter with Redis away: %q, want it to say Redis at %s unreachable", err, addr)
-	case unrounded.MatchString(err.Error()):
-		t.Errorf("Enter with Redis away: %q, a duration not rounded for people", err)
-	case refused && (!errors.Is(err, syscall.ECONNREFUSED) || !strings.Contains(err.Error(), "connection refused")):
-		t.Errorf("Enter with Redis down: %q, want it to match and say connection refused", err)
-	}
-}
 
 // TestEnterRedisDownFromStart: against a Redis that is down from the
 // start, Enter without a deadline fails within the bound and says why.
@@ -65,7 +41,7 @@ func TestEnterRedisDownFromStart(t *testing.T) {
 		if took > unreachableBound+hangMargin {
 			t.Errorf("%s returned after %v, want ≤ %v (the bound) + %v", what, took, unreachableBound, hangMargin)
 		}
-		checkUnreachableErr(t, err, srv.Addr(), true)
+		testkit.CheckUnreachable(t, "Enter", err, srv.Addr(), testkit.Refused)
 	}
 	// A shorter deadline still holds.
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
@@ -81,7 +57,7 @@ func TestEnterRedisDownFromStart(t *testing.T) {
 // slots an hour away, all return with an error within the bound once Redis
 // is killed, or frozen (SIGSTOP).
 func TestEnterRedisGoneWhileWaiting(t *testing.T) {
-	for _, fault := range []string{"killed", "frozen"} {
+	for _, fault := range []string{testkit.Killed, testkit.Frozen} {
 		t.Run(fault, func(t *testing.T) {
 			srv := redistest.New(t)
 			srv.RequireReal(t)
@@ -108,7 +84,7 @@ func TestEnterRedisGoneWhileWaiting(t *testing.T) {
 				return err == nil && in.Queued == callers
 			})
 			var faultAt time.Time
-			if fault == "killed" {
+			if fault == testkit.Killed {
 				faultAt = time.Now()
 				if err := srv.Kill(); err != nil {
 					t.Fatal(err)
@@ -133,7 +109,7 @@ func TestEnterRedisGoneWhileWaiting(t *testing.T) {
 					if i == 0 {
 						t.Logf("first caller back after %v: %v", took.Round(time.Millisecond), r.err)
 					}
-					checkUnreachableErr(t, r.err, srv.Addr(), fault == "killed")
+					testkit.CheckUnreachable(t, "Enter", r.err, srv.Addr(), fault)
 				case <-timeout:
 					t.Fatalf("%d of %d callers still blocked %v after Redis was %s", callers-i, callers, unreachableBound+hangMargin+time.Second, fault)
 				}

@@ -7,9 +7,7 @@ package semaphore
 import (
 	"context"
 	"errors"
-	"regexp"
-	"strings"
-	"syscall"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"testing"
 	"time"
 )
@@ -21,25 +19,6 @@ const (
 	defaultBound = 2 * time.Second
 	hangMargin   = 2 * time.Second
 )
-
-// unrounded matches a duration printed to the nanosecond ("1.333333332s").
-var unrounded = regexp.MustCompile(`\d\.\d{4,}`)
-
-func checkUnreachableErr(t *testing.T, err error, addr string, refused bool) {
-	t.Helper()
-	switch {
-	case err == nil:
-		t.Fatal("Acquire with Redis away: nil error")
-	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
-		t.Errorf("Acquire without a deadline: %v, which matches a ctx error", err)
-	case !strings.Contains(err.Error(), "Redis at "+addr+" unreachable"):
-		t.Errorf("Acquire with Redis away: %q, want it to say Redis at %s unreachable", err, addr)
-	case unrounded.MatchString(err.Error()):
-		t.Errorf("Acquire with Redis away: %q, a duration not rounded for people", err)
-	case refused && (!errors.Is(err, syscall.ECONNREFUSED) || !strings.Contains(err.Error(), "connection refused")):
-		t.Errorf("Acquire with Redis down: %q, want it to match and say connection refused", err)
-	}
-}
 
 // TestAcquireRedisDownFromStart: against a Redis that is down from the
 // start, Acquire without a deadline fails within the bound and says why.
@@ -58,7 +37,7 @@ func TestAcquireRedisDownFromStart(t *testing.T) {
 		if took > defaultBound+hangMargin {
 			t.Errorf("%s returned after %v, want ≤ %v (the bound) + %v", what, took, defaultBound, hangMargin)
 		}
-		checkUnreachableErr(t, err, e.srv.Addr(), true)
+		testkit.CheckUnreachable(t, "Acquire", err, e.srv.Addr(), testkit.Refused)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
@@ -73,7 +52,7 @@ func TestAcquireRedisDownFromStart(t *testing.T) {
 // return with an error within the bound once Redis is killed, or frozen
 // (SIGSTOP).
 func TestAcquireRedisGoneWhileWaiting(t *testing.T) {
-	for _, fault := range []string{"killed", "frozen"} {
+	for _, fault := range []string{testkit.Killed, testkit.Frozen} {
 		t.Run(fault, func(t *testing.T) {
 			e := newEnv(t)
 			e.srv.RequireReal(t)
@@ -96,7 +75,7 @@ func TestAcquireRedisGoneWhileWaiting(t *testing.T) {
 			}
 			waitFor(t, 10*time.Second, "the waiters to queue", func() bool { return queueLen(t, e.rdb, s) == callers })
 			faultAt := time.Now()
-			if fault == "killed" {
+			if fault == testkit.Killed {
 				if err := e.srv.Kill(); err != nil {
 					t.Fatal(err)
 				}
@@ -119,7 +98,7 @@ func TestAcquireRedisGoneWhileWaiting(t *testing.T) {
 					if i == 0 {
 						t.Logf("first waiter back after %v: %v", took.Round(time.Millisecond), r.err)
 					}
-					checkUnreachableErr(t, r.err, e.srv.Addr(), fault == "killed")
+					testkit.CheckUnreachable(t, "Acquire", r.err, e.srv.Addr(), fault)
 				case <-timeout:
 					t.Fatalf("%d of %d waiters still blocked %v after Redis was %s", callers-i, callers, defaultBound+hangMargin+time.Second, fault)
 				}

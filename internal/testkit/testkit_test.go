@@ -1,8 +1,13 @@
 package testkit
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
 	"runtime"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -41,4 +46,44 @@ func (f *fatalT) Helper() {}
 func (f *fatalT) Fatalf(string, ...any) {
 	f.failed = true
 	runtime.Goexit()
+}
+
+// errorT records Errorf, and Fatalf as fatalT does.
+type errorT struct {
+	fatalT
+	errs int
+}
+
+func (e *errorT) Errorf(string, ...any) { e.errs++ }
+
+// TestCheckUnreachable: the words each fault allows pass, and the rest
+// fail: a kill may cut a call in flight, a down Redis only refuses.
+func TestCheckUnreachable(t *testing.T) {
+	const addr = "127.0.0.1:6379"
+	wrap := func(why string, cause error) error {
+		return fmt.Errorf(`bucket "b": Redis at %s unreachable: %s: %w`, addr, why, cause)
+	}
+	refused := wrap("connection refused", syscall.ECONNREFUSED)
+	closed := wrap("connection closed", io.EOF)
+	for _, c := range []struct {
+		err   error
+		fault string
+		ok    bool
+	}{
+		{refused, Refused, true},
+		{closed, Refused, false},
+		{refused, Killed, true},
+		{closed, Killed, true},
+		{wrap("no answer", errors.New("timeout")), Killed, false},
+		{wrap("no answer", errors.New("timeout")), Frozen, true},
+		{wrap("no answer after 1.333333332s", errors.New("timeout")), Frozen, false},
+		{fmt.Errorf("Redis at 10.0.0.1:6379 unreachable: connection refused: %w", syscall.ECONNREFUSED), Refused, false},
+		{wrap("connection refused", errors.Join(syscall.ECONNREFUSED, context.DeadlineExceeded)), Refused, false},
+	} {
+		et := &errorT{fatalT: fatalT{TB: t}}
+		CheckUnreachable(et, "Enter", c.err, addr, c.fault)
+		if got := et.errs == 0 && !et.failed; got != c.ok {
+			t.Errorf("CheckUnreachable(%q, %s) passed = %v, want %v", c.err, c.fault, got, c.ok)
+		}
+	}
 }
