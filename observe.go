@@ -43,6 +43,10 @@ type Event struct {
 	// Reentries counts the times the caller entered again (a stale or
 	// lost slot) before this result.
 	Reentries int
+	// Local reports that the call was admitted by this process's local
+	// share while Redis could not be reached (Config.Fallback of a bucket
+	// or a semaphore), or failed while waiting there.
+	Local bool
 }
 
 // Result is how a call to enter a limiter ended.

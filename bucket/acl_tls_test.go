@@ -46,7 +46,7 @@ const sluiceACL = "on >s3cret resetkeys ~sluice:* resetchannels &sluice:* -@all 
 // scriptCommands are the commands run inside queue/lua/*.lua and
 // redislock's scripts; TestACLCoversScripts keeps the list complete.
 const scriptCommands = "+time +get +set +getrange +del +exists +pexpire +pttl +publish " +
-	"+llen +rpush +lpop +lpos +lrem +lrange +ltrim +lset"
+	"+llen +rpush +lpop +lpos +lrem +lrange +ltrim +lset +zadd +zremrangebyscore +zcard"
 
 // TestACLCoversScripts reads every redis.call in the scripts and the
 // code they share (queue/lua, scheduler/lua, internal/protocol) and fails
@@ -55,7 +55,7 @@ const scriptCommands = "+time +get +set +getrange +del +exists +pexpire +pttl +p
 // only, and missed the scheduler's LTRIM of callers with costs.)
 func TestACLCoversScripts(t *testing.T) {
 	var files []string
-	for _, dir := range []string{"../queue/lua", "../scheduler/lua", "../internal/protocol"} {
+	for _, dir := range []string{"../queue/lua", "../scheduler/lua", "../internal/protocol", "../internal/presence"} {
 		fs, err := filepath.Glob(dir + "/*.lua")
 		if err != nil || len(fs) == 0 {
 			t.Fatalf("no Lua scripts found in %s: %v", dir, err)

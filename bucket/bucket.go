@@ -214,7 +214,31 @@ type Config struct {
 	// for good and Settle and Cancel fail with ErrReservationSettled. 0
 	// means 1 hour.
 	ReservationTTL time.Duration
+	// Fallback says what Enter does while Redis cannot be reached. The
+	// zero value fails the call (within Enter's bound); LocalShare admits
+	// callers from a limiter in this process at its share of the limit
+	// until Redis answers again. See docs/guarantees.md, "When Redis is
+	// unreachable", for when to choose which.
+	Fallback Fallback
 }
+
+// Fallback is what a Bucket does while Redis cannot be reached
+// (Config.Fallback). The zero value fails the call.
+type Fallback int
+
+// LocalShare keeps admitting while Redis cannot be reached (refuses
+// connections, or leaves a PING unanswered for 100 ms): each process
+// admits from a limiter of its own at its share of every policy (the
+// capacity and the refill divided by the processes that used the bucket
+// within the last 5 s), first come first served, callers queued in Redis
+// at the switch first, in their order. At Redis's first answer the
+// process charges Redis with what its share granted and has not yet
+// refilled, and returns to it: a bucket that Redis lost (an empty
+// restart) starts from what the fleet granted locally, not full. A
+// process that has not reached Redis since it started knows no share and
+// fails as without a fallback. Token buckets only: New refuses it with a
+// window (Fixed, Rolling).
+const LocalShare Fallback = 1
 
 // Policy is one limit of a bucket in one unit: it holds at most Capacity
 // tokens and gains RefillAmount every RefillFrequency (a token bucket, the

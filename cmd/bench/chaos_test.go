@@ -69,7 +69,7 @@ func TestScriptCommandsCoverLua(t *testing.T) {
 	// The scripts and the code they share: the scheduler's LTRIM went
 	// uncounted while only queue/lua was read.
 	var files []string
-	for _, dir := range []string{"../../queue/lua", "../../scheduler/lua", "../../internal/protocol"} {
+	for _, dir := range []string{"../../queue/lua", "../../scheduler/lua", "../../internal/protocol", "../../internal/presence"} {
 		fs, err := filepath.Glob(dir + "/*.lua")
 		if err != nil || len(fs) == 0 {
 			t.Fatalf("no Lua scripts found in %s: %v", dir, err)

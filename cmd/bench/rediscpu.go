@@ -29,7 +29,7 @@ import (
 var scriptCommands = []string{
 	"time", "get", "set", "getrange", "del", "exists", "pexpire", "pttl", "publish",
 	"llen", "rpush", "lpop", "lpos", "lrem", "lrange", "ltrim", "lset",
-	"zadd", "zrangebyscore", "zremrangebyscore",
+	"zadd", "zrangebyscore", "zremrangebyscore", "zcard",
 }
 
 // directTime is the part of the TIME row's usec sent by clients, not by

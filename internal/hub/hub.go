@@ -38,6 +38,7 @@ type Hub struct {
 	subs    subscriptions
 	jobs    jobs
 	pipe    pipe
+	reach   reach
 }
 
 // registry holds the live Hub of each client.
@@ -73,6 +74,7 @@ func newHub(rdb redis.UniversalClient) *Hub {
 	h.subs.init(h)
 	h.jobs.init(h)
 	h.pipe.h = h
+	h.reach.init(h)
 	return h
 }
 

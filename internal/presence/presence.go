@@ -1,0 +1,78 @@
+// Package presence counts the processes that use one limiter: each of
+// their handles (a Bucket or Semaphore made by New; a process normally
+// makes one per limiter) leaves a trace in Redis (a member of a sorted set scored by the Redis
+// time) at most once per Every while it has callers, and reads back how
+// many left one within Window. A process that falls back to a local share
+// while Redis is away (Config.Fallback of a bucket or a semaphore) divides
+// the limit by the last count it read.
+package presence
+
+import (
+	"context"
+	_ "embed"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+)
+
+// Every is how often a process with callers traces itself; Window how
+// long a trace counts. A process that stopped using the limiter leaves
+// the count within Window; one that started counts from its first trace.
+const (
+	Every  = time.Second
+	Window = 5 * time.Second
+)
+
+//go:embed presence.lua
+var lua string
+
+var script = redis.NewScript(lua)
+
+// Trace is one limiter's presence: safe for concurrent use.
+type Trace struct {
+	rdb    redis.Scripter
+	key    string
+	member string // a UUID per Trace: each handle counts as one user
+
+	mu    sync.Mutex
+	next  time.Time // local clock: the next trace is due then
+	count atomic.Int64
+}
+
+// New returns the trace of the limiter whose set is key, sent through rdb.
+func New(rdb redis.Scripter, key string) *Trace {
+	return &Trace{rdb: rdb, key: key, member: uuid.NewString()}
+}
+
+// Due reports whether a trace is due (Every has passed since the last
+// one began), and claims it: the caller that gets true sends it (Send).
+func (t *Trace) Due(now time.Time) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if now.Before(t.next) {
+		return false
+	}
+	t.next = now.Add(Every)
+	return true
+}
+
+// Send leaves this process's trace and reads the count.
+func (t *Trace) Send(ctx context.Context) error {
+	n, err := script.Run(ctx, t.rdb, []string{t.key}, t.member, Window.Milliseconds()).Int64()
+	if err != nil {
+		// Try again at the next call rather than in a second.
+		t.mu.Lock()
+		t.next = time.Time{}
+		t.mu.Unlock()
+		return err
+	}
+	t.count.Store(n)
+	return nil
+}
+
+// Count is the processes traced within Window at the last successful
+// Send, this one included; 0 before the first.
+func (t *Trace) Count() int { return int(t.count.Load()) }
