@@ -386,6 +386,8 @@ type Bucket struct {
 	// burst of 1000 Enters).
 	idPrefix string
 	idSeq    atomic.Uint64
+	// fb is the local share (fallback.go); nil without Config.Fallback.
+	fb *fallback
 
 	closeOnce sync.Once
 }
@@ -466,6 +468,9 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 	b.notices.changed = b.changed
 	u := uuid.New()
 	b.idPrefix = base64.RawURLEncoding.EncodeToString(u[:]) + "."
+	if cfg.Fallback == LocalShare {
+		b.fb = newFallback(b)
+	}
 	return b, nil
 }
 
@@ -539,6 +544,16 @@ func (c Config) withDefaults() (Config, error) {
 		c.ReplicaTimeout = 100 * time.Millisecond
 	case c.ReplicaTimeout < time.Millisecond:
 		return bad("ReplicaTimeout %v, want 0 (default) or ≥ 1ms (WAIT counts whole milliseconds)", c.ReplicaTimeout)
+	}
+	switch {
+	case c.Fallback != 0 && c.Fallback != LocalShare:
+		return bad("Fallback %d, want 0 (fail while Redis is unreachable) or LocalShare", c.Fallback)
+	case c.Fallback == LocalShare:
+		for i, p := range c.Policies {
+			if p.Kind != TokenBucket {
+				return bad("Fallback LocalShare with Policies[%d] a %v: the local share serves token buckets only (a window's grants cannot be divided between processes and charged back)", i, p.Kind)
+			}
+		}
 	}
 	return c, nil
 }
@@ -779,6 +794,8 @@ type Report struct {
 	// Redis, the network or its own process being slow; otherwise a late
 	// return is the final wait's.
 	Margin time.Duration
+	// local: admitted by the local share (Config.Fallback).
+	local bool
 }
 
 // Estimate is what a caller would meet if it entered now.
@@ -835,8 +852,11 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep Report, err error) {
 	b.tally.Begin()
 	defer func() {
 		res, why := groundwork.Classify(ctx, err, reasons...)
-		b.tally.End(sluice.Event{Result: res, Reason: why, Wait: b.now().Sub(start), Queued: rep.Position > 0 && res != sluice.Refused, Late: rep.Late, Reentries: rep.Reentries})
+		b.tally.End(sluice.Event{Result: res, Reason: why, Wait: b.now().Sub(start), Queued: rep.Position > 0 && res != sluice.Refused, Late: rep.Late, Reentries: rep.Reentries, Local: rep.local})
 	}()
+	if b.fb != nil {
+		defer b.fb.begin()()
+	}
 	limit := b.answerWithin()
 	for settled := 0; ; {
 		select {
@@ -858,7 +878,21 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep Report, err error) {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
+		if b.fb != nil && b.fb.isLocal() {
+			if err := b.fb.admit(ctx, "", costs, &rep); err != errBack {
+				rep.Wait = b.now().Sub(start)
+				return rep, err
+			}
+		}
 		again, err := b.enterOnce(ctx, costs, &rep, &limit)
+		var gone goneLocal
+		if errors.As(err, &gone) {
+			if err = b.fb.admit(ctx, gone.entry, costs, &rep); err == errBack {
+				continue // back on Redis before this caller booked
+			}
+			rep.Wait = b.now().Sub(start)
+			return rep, err
+		}
 		if retry, serr := b.followInForce(ctx, err, settled); retry {
 			settled++
 			continue
@@ -900,6 +934,9 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report, limi
 			*limit = min(2**limit, time.Minute)
 			return true, nil // arrive again
 		}
+		if b.fb != nil && b.fb.away(ctx, err) {
+			return false, goneLocal{}
+		}
 		return false, b.callErr(ctx, err, within)
 	}
 	b.rtt.observe(received.Sub(sent)) // only replies: a failed call says nothing of the network
@@ -933,7 +970,21 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report, limi
 func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.Time, rep *Report, costs []int64, limit *time.Duration) (bool, error) {
 	entry := er.Entry
 	hints, forget := b.notices.register(entry)
+	var switched <-chan struct{}
+	unqueue := func() {}
+	if b.fb != nil {
+		switched, unqueue = b.fb.queue(entry, er.Ticket, costs)
+	}
+	keep := false // gone local: admit takes its booking, then forgets it
+	gone := func() (bool, error) {
+		b.cancel(entry)
+		keep = true
+		return false, goneLocal{entry}
+	}
 	dequeued := sync.OnceFunc(func() {
+		if !keep {
+			unqueue()
+		}
 		forget()
 		if b.queued.Add(-1) == 0 {
 			// The last caller of this process queued here learned its
@@ -951,14 +1002,27 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 	backoff := time.Millisecond
 	wait := er.Delay - b.leadNow()
 	for {
-		slot, err := b.sleep(ctx, min(wait, checkIn), hints)
+		var reach <-chan struct{}
+		if b.fb != nil {
+			_, reach = b.hub.Away()
+		}
+		slot, err := b.sleep(ctx, min(wait, checkIn), hints, switched, reach)
+		if errors.Is(err, errReach) {
+			if away, _ := b.hub.Away(); away && b.fb.goLocal() {
+				return gone()
+			}
+			switched, _ = b.fb.queue(entry, er.Ticket, costs) // back on Redis meanwhile: the next switch's
+			continue
+		}
 		if err != nil {
 			b.cancel(entry)
 			return false, err
 		}
 		if slot > 0 {
 			// The scheduler gave the slot: poll a lead before it.
-			if _, err := b.sleep(ctx, local(slot).Add(-b.leadNow()).Sub(b.now()), nil); err != nil {
+			if _, err := b.sleep(ctx, local(slot).Add(-b.leadNow()).Sub(b.now()), nil, switched, nil); errors.Is(err, errReach) {
+				return gone()
+			} else if err != nil {
 				b.cancel(entry)
 				return false, err
 			}
@@ -989,6 +1053,9 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 				*limit = min(2**limit, time.Minute)
 				wait = 0 // poll again
 				continue
+			}
+			if b.fb != nil && b.fb.away(ctx, err) {
+				return gone()
 			}
 			b.cancel(entry)
 			return false, b.callErr(ctx, err, within)
@@ -1137,8 +1204,9 @@ func (b *Bucket) sleepLate(ctx context.Context, sent, received time.Time, delay 
 
 // sleep waits d, or until a hint comes (then it returns the slot the hint
 // gives, µs on the Redis clock; 0 when none), ctx ends or the bucket
-// closes.
-func (b *Bucket) sleep(ctx context.Context, d time.Duration, hints <-chan int64) (int64, error) {
+// closes; or, with a local share, until it switched or Redis's
+// reachability changed (errReach).
+func (b *Bucket) sleep(ctx context.Context, d time.Duration, hints <-chan int64, switched, reach <-chan struct{}) (int64, error) {
 	if d <= 0 {
 		return 0, nil
 	}
@@ -1149,6 +1217,10 @@ func (b *Bucket) sleep(ctx context.Context, d time.Duration, hints <-chan int64)
 		return 0, nil
 	case slot := <-hints:
 		return slot, nil
+	case <-switched:
+		return 0, errReach
+	case <-reach:
+		return 0, errReach
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	case <-b.bg.Done():
@@ -1170,6 +1242,9 @@ func (b *Bucket) answerWithin() time.Duration {
 	if b.cfg.ReplicaAcks > 0 {
 		return groundwork.AnswerWithin + 4*b.cfg.ReplicaTimeout
 	}
+	if b.fb != nil {
+		return hub.AwayAfter // a frozen Redis sends the caller to its share this soon
+	}
 	return groundwork.AnswerWithin
 }
 
@@ -1178,7 +1253,13 @@ func (b *Bucket) answerWithin() time.Duration {
 // ctx, while Redis still answers a PING: it is slow (a burst of thousands
 // of arrivals), not away, and the call may be made again.
 func (b *Bucket) busy(ctx, cctx context.Context, within time.Duration) bool {
-	return within > 0 && ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) && groundwork.Answers(ctx, b.rdb)
+	if within <= 0 || ctx.Err() != nil || !errors.Is(cctx.Err(), context.DeadlineExceeded) {
+		return false
+	}
+	if b.fb != nil {
+		return b.fb.answers(ctx) // the probe's verdict, within its round
+	}
+	return groundwork.Answers(ctx, b.rdb)
 }
 
 // redisErr reports ErrClosed after Close, and otherwise an error that

@@ -33,6 +33,10 @@ type Keys struct {
 	// the list Window+"<i>" (1-based) holds policy i's grants, "slot
 	// cost" (internal/protocol/tokens.lua, "Windows").
 	Window string
+	// Procs is the sorted set of the handles that used the bucket
+	// recently, for the local share of bucket.Config.Fallback
+	// (internal/presence).
+	Procs string
 }
 
 func newKeys(prefix, name string) Keys {
@@ -46,6 +50,7 @@ func newKeys(prefix, name string) Keys {
 		Config:  base + "config",
 		Refunds: base + "refunds",
 		Window:  base + "window:",
+		Procs:   base + "procs",
 	}
 }
 

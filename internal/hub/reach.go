@@ -24,7 +24,7 @@ import (
 // and within ProbeEvery of a refused connection.
 const (
 	ProbeEvery = 25 * time.Millisecond
-	AwayAfter  = 75 * time.Millisecond
+	AwayAfter  = 100 * time.Millisecond
 )
 
 // reach is the Hub's reachability state.
