@@ -38,7 +38,7 @@ type about struct {
 
 // scenarios returns one of each scenario, in the order they run.
 func scenarios() []scenario {
-	return []scenario{&Overhead{}, &Scripts{}, &Saturate{}, &Semaphore{}, &Compare{}, &Scale{}, &Quota{}, &Limits{}, &Upstream{}, &LLM{}, &Tenants{}, &Overload{}, &Churn{}}
+	return []scenario{&Overhead{}, &Scripts{}, &Saturate{}, &Semaphore{}, &Compare{}, &Scale{}, &Quota{}, &Limits{}, &Upstream{}, &LLM{}, &Tenants{}, &Overload{}, &Churn{}, &Outage{}}
 }
 
 // env is what every scenario runs with.
