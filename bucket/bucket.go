@@ -794,8 +794,10 @@ type Report struct {
 	// Redis, the network or its own process being slow; otherwise a late
 	// return is the final wait's.
 	Margin time.Duration
-	// local: admitted by the local share (Config.Fallback).
-	local bool
+	// Local reports that the local share admitted the caller while Redis
+	// could not be reached (Config.Fallback); Slot, Ticket and the
+	// figures of its calls to Redis are then those it had before.
+	Local bool
 }
 
 // Estimate is what a caller would meet if it entered now.
@@ -852,7 +854,7 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep Report, err error) {
 	b.tally.Begin()
 	defer func() {
 		res, why := groundwork.Classify(ctx, err, reasons...)
-		b.tally.End(sluice.Event{Result: res, Reason: why, Wait: b.now().Sub(start), Queued: rep.Position > 0 && res != sluice.Refused, Late: rep.Late, Reentries: rep.Reentries, Local: rep.local})
+		b.tally.End(sluice.Event{Result: res, Reason: why, Wait: b.now().Sub(start), Queued: rep.Position > 0 && res != sluice.Refused, Late: rep.Late, Reentries: rep.Reentries, Local: rep.Local})
 	}()
 	if b.fb != nil {
 		defer b.fb.begin()()

@@ -316,7 +316,7 @@ func (f *fallback) admit(ctx context.Context, entry string, costs []int64, rep *
 			slot = f.bookLocked(costs, f.b.now())
 		}
 		f.mu.Unlock()
-		rep.local = true
+		rep.Local = true
 		err := f.b.hub.Sleep(ctx, slot.Sub(f.b.now()), f.b.bg.Done())
 		if errors.Is(err, hub.ErrStopped) {
 			return ErrClosed

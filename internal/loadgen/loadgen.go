@@ -45,6 +45,8 @@ type Grant struct {
 	Slot       int64  `json:"sl,omitempty"`  // unix µs of the slot on the Redis clock
 	Margin     int64  `json:"mg,omitempty"`  // ns: bucket.Report.Margin
 	Err        string `json:"err,omitempty"`
+	// Local: the local share admitted it (bucket.Report.Local).
+	Local bool `json:"lo,omitempty"`
 	// Seq numbers a caller's Enters from 1 when Spec.Announce is set
 	// (0 otherwise), so that an outcome can be matched with its
 	// announcement.
@@ -185,7 +187,7 @@ func Run(ctx context.Context, b *bucket.Bucket, spec Spec, out func(Grant)) {
 				end := time.Now()
 				cancel()
 				g := Grant{Proc: spec.Proc, Caller: c, Ticket: rep.Ticket, Start: start.UnixNano(), End: end.UnixNano(),
-					Position: rep.Position, Polls: rep.Polls, RoundTrips: rep.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries, Retimes: rep.Retimes, Refunds: rep.Refunds, Margin: int64(rep.Margin), Seq: seq, Cost: cost}
+					Position: rep.Position, Polls: rep.Polls, RoundTrips: rep.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries, Retimes: rep.Retimes, Refunds: rep.Refunds, Margin: int64(rep.Margin), Local: rep.Local, Seq: seq, Cost: cost}
 				if !rep.Slot.IsZero() {
 					g.Slot = rep.Slot.UnixMicro()
 				}
