@@ -3,6 +3,8 @@ package bucket_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/guarantee"
+	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
 )
@@ -67,7 +70,14 @@ func TestLocalShareOutage(t *testing.T) {
 			rdb := srv.Client()
 			defer rdb.Close()
 			g := &localGrants{}
-			cfg := bucket.Config{Name: t.Name(), Capacity: 20, RefillAmount: 1, RefillFrequency: 5 * time.Millisecond, Fallback: bucket.LocalShare, Observer: g}
+			var logMu sync.Mutex
+			var logged strings.Builder
+			logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+				logMu.Lock()
+				defer logMu.Unlock()
+				return logged.Write(p)
+			}), nil))
+			cfg := bucket.Config{Name: t.Name(), Capacity: 20, RefillAmount: 1, RefillFrequency: 5 * time.Millisecond, Fallback: bucket.LocalShare, Observer: g, Logger: logger}
 			b := newBucket(t, rdb, cfg)
 			ctx, stop := context.WithCancel(context.Background())
 			var wg sync.WaitGroup
@@ -103,6 +113,12 @@ func TestLocalShareOutage(t *testing.T) {
 			}
 			testkit.WaitFor(t, 5*time.Second, "a grant from the local share", func() bool { return g.nLocal.Load() > before })
 			t.Logf("first local grant %v after Redis was %s", time.Since(faultAt).Round(time.Millisecond), fault)
+			ictx, icancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			in, err := b.Inspect(ictx)
+			icancel()
+			if err == nil || !in.Local || in.LocalShare != 1 || in.LocalSince.Before(faultAt) {
+				t.Errorf("Inspect during the outage: %v, Local %v since %v of 1/%d; want an error, and Local since the fault of 1/1", err, in.Local, in.LocalSince, in.LocalShare)
+			}
 			time.Sleep(1500 * time.Millisecond)
 			backAt := time.Now()
 			if fault == testkit.Killed {
@@ -114,7 +130,15 @@ func TestLocalShareOutage(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			time.Sleep(1500 * time.Millisecond)
+			// go-redis dials a server that refused it again only once a
+			// second, so the first answer may come that late.
+			testkit.WaitFor(t, 5*time.Second, "the return to Redis", func() bool {
+				in, err := b.Inspect(context.Background())
+				return err == nil && !in.Local
+			})
+			t.Logf("back on Redis %v after it was up", time.Since(backAt).Round(time.Millisecond))
+			returned := time.Now()
+			time.Sleep(time.Second)
 			stop()
 			wg.Wait()
 			end := time.Now()
@@ -125,10 +149,20 @@ func TestLocalShareOutage(t *testing.T) {
 			if float64(local) < 0.6*want {
 				t.Errorf("outage: %d local grants, want ≥ 0.6 × %.0f", local, want)
 			}
-			after, afterLocal := g.between(backAt.Add(500*time.Millisecond), end)
-			t.Logf("after the return (from 500 ms in): %d grants, %d local", after, afterLocal)
+			after, afterLocal := g.between(returned.Add(100*time.Millisecond), end)
+			t.Logf("after the return (from 100 ms in): %d grants, %d local", after, afterLocal)
 			if afterLocal > 0 || after == 0 {
 				t.Errorf("after the return: %d grants, %d of them local, want all from Redis", after, afterLocal)
+			}
+			if in, err := b.Inspect(context.Background()); err != nil || in.Local {
+				t.Errorf("Inspect after the return: %v, Local %v", err, in.Local)
+			}
+			logMu.Lock()
+			text := logged.String()
+			logMu.Unlock()
+			t.Logf("logged:\n%s", text)
+			if n, m := strings.Count(text, "local share, 1/1 of the limit"), strings.Count(text, "back on Redis after"); n != 1 || m != 1 {
+				t.Errorf("logged %d switches to the local share and %d returns, want one each:\n%s", n, m, text)
 			}
 			if n := failures.Load(); n > 0 {
 				t.Errorf("%d calls failed; the first: %v", n, firstErr.Load())
@@ -181,5 +215,88 @@ func TestLocalShareConfig(t *testing.T) {
 		if !errors.Is(err, bucket.ErrConfig) || !contains(err.Error(), c.want) {
 			t.Errorf("New(%+v): %v, want ErrConfig saying %q", c.cfg, err, c.want)
 		}
+	}
+}
+
+// TestLocalShareFleet: four processes saturate a bucket with LocalShare;
+// Redis is killed and restarted empty 1.5 s later. During the outage each
+// process admits about a quarter of the limit (the fleet about all of
+// it), after the restart they are back on Redis, and over the whole run,
+// judged over every grant of every process, no window holds more than the
+// promise plus one Capacity: the restarted bucket starts from what the
+// shares granted, not full.
+func TestLocalShareFleet(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	cfg := bucket.Config{Name: t.Name(), Capacity: 20, RefillAmount: 1, RefillFrequency: 5 * time.Millisecond, Fallback: bucket.LocalShare}
+	const procs = 4
+	start := time.Now().Add(2 * time.Second)
+	var ps []*loadgen.Proc
+	for i := range procs {
+		ps = append(ps, startWorker(t, loadgen.Spec{Proc: i, Addr: srv.Addr(), Bucket: cfg, Callers: 10, Until: 4500 * time.Millisecond,
+			Timeout: 2 * time.Second, Backoff: 50 * time.Millisecond, QuietRedis: true, StartAt: start.UnixNano()}))
+	}
+	time.Sleep(time.Until(start.Add(1500 * time.Millisecond))) // every process has traced
+	killAt := time.Now()
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	backAt := time.Now()
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	var all []loadgen.Grant
+	for _, p := range ps {
+		all = append(all, wait(t, p)...)
+	}
+	var grants []time.Time
+	failed := 0
+	outage := map[int]int{}
+	var outageAll, after, afterLocal int
+	from, to := killAt.Add(300*time.Millisecond), backAt
+	for _, g := range all {
+		if !g.OK() {
+			failed++
+			continue
+		}
+		at := g.Time()
+		grants = append(grants, at)
+		switch {
+		case !at.Before(from) && at.Before(to):
+			outageAll++
+			if g.Local {
+				outage[g.Proc]++
+			}
+		case at.After(backAt.Add(500 * time.Millisecond)):
+			after++
+			if g.Local {
+				afterLocal++
+			}
+		}
+	}
+	want := 200 * to.Sub(from).Seconds()
+	t.Logf("outage (from 300 ms in): %d grants, local by process %v, %.0f allowed; after the return (from 500 ms in): %d grants, %d local; %d failed",
+		outageAll, outage, want, after, afterLocal, failed)
+	local := 0
+	for i := range procs {
+		local += outage[i]
+		if float64(outage[i]) < 0.6*want/procs {
+			t.Errorf("process %d: %d local grants in the outage, want ≥ 0.6 × its share %.0f", i, outage[i], want/procs)
+		}
+	}
+	if float64(local) > 1.1*want+float64(cfg.Capacity) {
+		t.Errorf("the fleet's shares granted %d in the outage, above the %.0f allowed plus a Capacity", local, want)
+	}
+	if after == 0 || afterLocal > 0 {
+		t.Errorf("after the return: %d grants, %d local, want all from Redis", after, afterLocal)
+	}
+	if failed > 0 {
+		t.Errorf("%d calls failed", failed)
+	}
+	l := limitOf(cfg)
+	l.Capacity *= 2
+	if r := guarantee.CheckSlack(grants, l, 30*time.Millisecond); !r.OK() {
+		t.Errorf("promise + one Capacity broken over all grants: %v", r)
 	}
 }

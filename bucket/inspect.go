@@ -39,6 +39,14 @@ type Inspection struct {
 	// HeldUntil is the end of a hold (Hold, Feedback) still in force; the
 	// zero time when none.
 	HeldUntil time.Time
+	// Local reports that this process admits from its local share
+	// (Config.Fallback) because Redis could not be reached, since
+	// LocalSince (local clock), at 1/LocalShare of the limit. Inspect
+	// fills these three even when it fails to read Redis, as it does
+	// during an outage.
+	Local      bool
+	LocalSince time.Time
+	LocalShare int
 }
 
 // Level is one policy's tokens at an Inspection.
@@ -54,11 +62,14 @@ type Level struct {
 // force and each one's tokens, the callers queued, the wait a new caller
 // would have, and which process runs the scheduler. One round trip of
 // plain reads; it changes nothing and never fails for a configuration
-// this process does not follow.
+// this process does not follow. It also says whether this process runs
+// on its local share (Config.Fallback), even when Redis cannot be read.
 func (b *Bucket) Inspect(ctx context.Context) (Inspection, error) {
+	var local Inspection
+	local.Local, local.LocalSince, local.LocalShare = b.fb.state()
 	s, err := b.q.Inspect(ctx)
 	if err != nil {
-		return Inspection{}, b.redisErr(ctx, err)
+		return local, b.redisErr(ctx, err)
 	}
 	qps := s.Config.Policies
 	if !s.Stored {
@@ -71,6 +82,7 @@ func (b *Bucket) Inspect(ctx context.Context) (Inspection, error) {
 		Queued:    int(s.Queued),
 		Scheduler: scheduler.Holder(s.Lock),
 		Format:    int(s.State.Format),
+		Local:     local.Local, LocalSince: local.LocalSince, LocalShare: local.LocalShare,
 	}
 	if len(s.Config.Base) > 0 && s.Config.Factor > 0 && s.Config.Factor < 1 {
 		in.Adapting = s.Config.Factor
