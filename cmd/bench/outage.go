@@ -60,7 +60,7 @@ type OutageRow struct {
 	Down time.Duration `json:"down_ns"`
 	Back time.Duration `json:"back_ns"`
 	// Calls counts every Enter; Grants those granted, Local those of
-	// them the local share admitted (as the bucket's Observer heard).
+	// them the local share admitted (Report.Local).
 	Calls  int `json:"calls"`
 	Grants int `json:"grants"`
 	Local  int `json:"local_grants"`
@@ -436,28 +436,6 @@ type outageResult struct {
 	Example    map[string]string `json:"example"`
 }
 
-// localGrants counts the grants the local share admitted, and when the
-// first and the last returned.
-type localGrants struct {
-	mu          sync.Mutex
-	n           int
-	first, last time.Time
-}
-
-// Observe runs on the caller's goroutine as Enter returns.
-func (c *localGrants) Observe(e sluice.Event) {
-	if !e.Local || e.Result != sluice.Granted {
-		return
-	}
-	now := time.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.n++; c.n == 1 {
-		c.first = now
-	}
-	c.last = now
-}
-
 // quiet drops go-redis's log lines: its dial failures while Redis is away
 // would fill the worker's stderr.
 type quiet struct{}
@@ -480,10 +458,7 @@ func outageWorker(raw string) error {
 	if err := rdb.Ping(ctx).Err(); err != nil { // connect before the start
 		return err
 	}
-	var local localGrants
-	cfg := spec.Bucket
-	cfg.Observer = &local
-	b, err := bucket.New(rdb, cfg)
+	b, err := bucket.New(rdb, spec.Bucket)
 	if err != nil {
 		return err
 	}
@@ -504,7 +479,7 @@ func outageWorker(raw string) error {
 			for runCtx.Err() == nil {
 				callCtx, cancel := context.WithTimeout(runCtx, spec.Deadline)
 				start := time.Now()
-				err := b.Enter(callCtx)
+				rep, err := b.EnterReport(callCtx)
 				end := time.Now()
 				cancel()
 				cut := err != nil && runCtx.Err() != nil // by the end of the run, not a failure
@@ -519,6 +494,12 @@ func outageWorker(raw string) error {
 				switch {
 				case err == nil:
 					res.Grants = append(res.Grants, end.UnixNano())
+					if rep.Local {
+						if res.Local++; res.Local == 1 {
+							res.LocalFrom = end.UnixNano()
+						}
+						res.LocalTo = max(res.LocalTo, end.UnixNano())
+					}
 				case cut:
 					res.Calls--
 				default:
@@ -535,10 +516,6 @@ func outageWorker(raw string) error {
 		})
 	}
 	wg.Wait()
-	res.Local = local.n
-	if local.n > 0 {
-		res.LocalFrom, res.LocalTo = local.first.UnixNano(), local.last.UnixNano()
-	}
 	return json.NewEncoder(os.Stdout).Encode(res)
 }
 
