@@ -123,3 +123,32 @@ func ExampleBucket_EnterCost() {
 	// a 60 PU request would wait: 0s behind 0
 	// true false
 }
+
+// A bucket that keeps admitting while Redis is unreachable: each process
+// at its share of the limit, first come first served, back on Redis at
+// its first answer. Report.Local (and sluice.Event.Local, for an
+// Observer) marks the calls the share admitted.
+func ExampleConfig_fallback() {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	b, err := bucket.New(rdb, bucket.Config{
+		Name:            "example-fallback",
+		Capacity:        100,
+		RefillAmount:    100,
+		RefillFrequency: time.Second,
+		Fallback:        bucket.LocalShare,
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer b.Close()
+
+	rep, err := b.EnterReport(context.Background())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("admitted by the local share:", rep.Local)
+	// Output: admitted by the local share: false
+}
