@@ -300,3 +300,31 @@ func TestLocalShareFleet(t *testing.T) {
 		t.Errorf("promise + one Capacity broken over all grants: %v", r)
 	}
 }
+
+// TestLocalShareNotForErrors: a Redis that answers with an error (out of
+// memory) fails the call with its words; it is no reason to switch.
+func TestLocalShareNotForErrors(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	b := newBucket(t, rdb, bucket.Config{Name: t.Name(), Capacity: 5, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond, Fallback: bucket.LocalShare})
+	ctx := withTimeout(t, 10*time.Second)
+	if err := b.Enter(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.ConfigSet(context.Background(), "maxmemory", "0")
+	rep, err := b.EnterReport(ctx)
+	if err == nil || !contains(err.Error(), "OOM") || rep.Local {
+		t.Errorf("Enter against a Redis out of memory: %v (local %v), want its OOM error, not the local share", err, rep.Local)
+	}
+	if in, _ := b.Inspect(ctx); in.Local {
+		t.Error("the bucket switched to its local share on an error reply")
+	}
+}
