@@ -34,15 +34,13 @@ type reach struct {
 	watchers int
 	running  bool
 	away     bool
-	changed  chan struct{} // closed and replaced at each change
-	cancels  map[*int]func()
+	changed  chan struct{}                   // closed and replaced at each change
 	ping     func(ctx context.Context) error // tests replace it
 }
 
 func (r *reach) init(h *Hub) {
 	r.h = h
 	r.changed = make(chan struct{})
-	r.cancels = make(map[*int]func())
 	r.ping = func(ctx context.Context) error { return h.rdb.Ping(ctx).Err() }
 }
 
@@ -77,37 +75,10 @@ func (h *Hub) Away() (bool, <-chan struct{}) {
 	return r.away, r.changed
 }
 
-// MarkAway marks Redis away now (a handle's call found it so) and cancels
-// every call made under AwayCtx. The probe marks it back at the first
-// answer; without watchers there is none, so only a watcher marks it.
+// MarkAway marks Redis away now (a handle's call found it so). The probe
+// marks it back at the first answer; without watchers there is none, so
+// only a watcher marks it.
 func (h *Hub) MarkAway() { h.reach.set(true) }
-
-// AwayCtx returns ctx, also cancelled when Redis is marked away: a call
-// in flight to a frozen Redis returns then, rather than at its own bound.
-// stop must be called when the call is done.
-func (h *Hub) AwayCtx(ctx context.Context) (_ context.Context, stop func()) {
-	r := &h.reach
-	cctx, cancel := context.WithCancelCause(ctx)
-	key := new(int)
-	r.mu.Lock()
-	if r.away {
-		r.mu.Unlock()
-		cancel(ErrAway)
-		return cctx, func() {}
-	}
-	r.cancels[key] = func() { cancel(ErrAway) }
-	r.mu.Unlock()
-	return cctx, func() {
-		r.mu.Lock()
-		delete(r.cancels, key)
-		r.mu.Unlock()
-		cancel(nil)
-	}
-}
-
-// ErrAway is the cause of an AwayCtx cancelled because Redis was marked
-// away.
-var ErrAway = errors.New("Redis marked away")
 
 func (r *reach) set(away bool) {
 	r.mu.Lock()
@@ -118,17 +89,7 @@ func (r *reach) set(away bool) {
 	r.away = away
 	close(r.changed)
 	r.changed = make(chan struct{})
-	var cancels []func()
-	if away {
-		for k, c := range r.cancels {
-			cancels = append(cancels, c)
-			delete(r.cancels, k)
-		}
-	}
 	r.mu.Unlock()
-	for _, c := range cancels {
-		c()
-	}
 }
 
 // probe runs while some handle watches.
