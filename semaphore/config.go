@@ -83,10 +83,49 @@ type Config struct {
 	// lease lost while held, this process's Capacity refused because
 	// another is in force, state in a format this code cannot read, this
 	// process following a capacity changed in Redis (or changing it with
-	// SetCapacity), and Redis becoming unreachable and reachable again.
+	// SetCapacity), and Redis becoming unreachable and reachable again
+	// (with Fallback: this process switching to its local share, with the
+	// share, and back).
 	// nil logs nothing.
 	Logger *slog.Logger
+
+	// Fallback says what Acquire does while Redis cannot be reached. The
+	// zero value fails the call, within Acquire's bound; LocalShare
+	// admits callers from this process's share of Capacity until Redis
+	// answers again. Choose LocalShare when running with somewhat more or
+	// less than Capacity for a while is better than running nothing (a
+	// pool of connections to a database that survives a few more); keep
+	// the zero value when Capacity protects something that must never see
+	// more (a licence count, a single writer). Any other value is refused
+	// by New. See docs/semaphore.md, "When Redis is unreachable".
+	Fallback Fallback
 }
+
+// Fallback is what a Semaphore does while Redis cannot be reached
+// (Config.Fallback). The zero value fails the call.
+type Fallback int
+
+// LocalShare keeps admitting while Redis cannot be reached (it refuses
+// connections, or leaves a PING unanswered for 100 ms): within about
+// 100 ms each process switches to a limiter of its own that admits up to
+// its share of the capacity, max(1, ⌊Capacity / n⌋) of weight held, where
+// n is the number of processes that used the semaphore within the 5 s
+// before (each traces itself in Redis once a second while it has callers).
+// Callers queued in Redis at the switch are served first, in their
+// order, then new ones, first come first served; the permits this
+// process held at the switch stay held and count against its share.
+//
+// When Redis answers again the process registers in Redis every permit
+// it holds (an empty restart starts from them, not from zero), then
+// keeps its waiters back for 200 ms, while every other process notices
+// Redis is back and registers its own, before sending them to Redis: the
+// capacity is not exceeded at the return. A process that has not reached
+// Redis since it started knows no share and fails as without a fallback.
+//
+// Across the fleet the shares sum to at most Capacity, except that with
+// more processes than Capacity each still gets 1, and that a process
+// holding more than its share at the switch keeps it until released.
+const LocalShare Fallback = 1
 
 // withDefaults validates c and fills in the defaults.
 func (c Config) withDefaults() (Config, error) {
@@ -112,6 +151,9 @@ func (c Config) withDefaults() (Config, error) {
 		if d.v < minTTL || d.v > maxTTL {
 			return c, groundwork.Invalid(ErrConfig, "%s %v, want 0 (default) or between %v and %v", d.name, d.v, minTTL, maxTTL)
 		}
+	}
+	if c.Fallback != 0 && c.Fallback != LocalShare {
+		return c, groundwork.Invalid(ErrConfig, "Fallback %d, want 0 (fail while Redis is unreachable) or LocalShare", c.Fallback)
 	}
 	if c.KeyPrefix == "" {
 		c.KeyPrefix = groundwork.DefaultKeyPrefix

@@ -22,13 +22,15 @@ var syncScript = redis.NewScript(syncSource)
 
 // batch is everything one exchange with Redis carries.
 type batch struct {
-	releases []releaseOp
-	leaves   []leaveOp
-	renews   []*Permit
-	refresh  []*waiter
-	acquires []*waiter
-	set      *setOp // SetCapacity, sent alone
-	wantWait bool   // ask when the first lease ends, for the poke timer
+	releases  []releaseOp
+	leaves    []leaveOp
+	renews    []*Permit
+	registers []*Permit // held while Redis was away: written into Redis (fallback.go)
+	refresh   []*waiter
+	acquires  []*waiter
+	set       *setOp // SetCapacity, sent alone
+	wantWait  bool   // ask when the first lease ends, for the poke timer
+	returning bool   // the first exchange since Redis answered again (registering)
 }
 
 // setOp is a SetCapacity call.
@@ -38,18 +40,28 @@ type setOp struct {
 }
 
 func (b *batch) empty() bool {
-	return len(b.releases)+len(b.leaves)+len(b.renews)+len(b.refresh)+len(b.acquires) == 0 && b.set == nil
+	return len(b.releases)+len(b.leaves)+len(b.renews)+len(b.registers)+len(b.refresh)+len(b.acquires) == 0 && b.set == nil
 }
 
 // dispatch runs the exchanges with Redis one at a time: whatever callers
 // ask for while one is in flight goes out together in the next.
 //
 // It runs while there is work (kick starts it) and returns once there is
-// none: an idle Semaphore runs no goroutine.
+// none: an idle Semaphore runs no goroutine. With Config.Fallback it also
+// follows Redis's reachability while it runs (fallback.go), and traces
+// this process at its beats.
 func (s *Semaphore) dispatch() {
 	beat := time.NewTicker(s.cfg.beat())
 	defer beat.Stop()
+	if s.trace != nil {
+		defer s.hub.Watch()()
+	}
 	for first := true; ; first = false {
+		var changed <-chan struct{}
+		var settled <-chan time.Time
+		if s.trace != nil {
+			changed, settled = s.followReach()
+		}
 		if !first {
 			if s.idle() {
 				return
@@ -58,6 +70,12 @@ func (s *Semaphore) dispatch() {
 			case <-s.kickCh:
 			case <-beat.C:
 				s.requestBeat()
+				s.sendTraceIfOnRedis()
+			case <-changed:
+			case <-settled:
+			}
+			if s.trace != nil {
+				s.followReach()
 			}
 		}
 		for {
@@ -111,6 +129,12 @@ func (s *Semaphore) take() (b batch, closed, busy bool) {
 	if s.sending {
 		return b, s.closed, true
 	}
+	if s.mode == onLocal {
+		// Redis is away: releases and leaves wait for its return.
+		s.beatDue = false
+		return b, s.closed, false
+	}
+	b.returning = s.mode == registering
 	now := time.Now()
 	b.releases, s.pendRelease = s.pendRelease, nil
 	b.leaves, s.pendLeave = s.pendLeave, nil
@@ -120,11 +144,14 @@ func (s *Semaphore) take() (b batch, closed, busy bool) {
 		b.leaves = append(b.leaves, s.retryLeave...)
 		s.retryRelease, s.retryLeave = nil, nil
 		for _, p := range s.holders {
-			if !now.Before(p.deadline) {
+			switch {
+			case p.unregistered:
+				b.registers = append(b.registers, p)
+			case !now.Before(p.deadline):
 				s.loseLocked(p, "not renewed in time")
-				continue
+			default:
+				b.renews = append(b.renews, p)
 			}
-			b.renews = append(b.renews, p)
 		}
 		// loseLocked queued releases.
 		b.releases = append(b.releases, s.pendRelease...)
@@ -143,6 +170,9 @@ func (s *Semaphore) take() (b batch, closed, busy bool) {
 		w.deadline = now.Add(s.cfg.QueueTTL)
 	}
 	s.sending = !b.empty()
+	if b.returning && !s.sending {
+		s.settleLocked(0) // nothing to register or send
+	}
 	return b, s.closed, false
 }
 
@@ -164,12 +194,13 @@ func (s *Semaphore) exchange(ctx context.Context, b batch) {
 		mode = "claim"
 	}
 	s.mu.Unlock()
-	args := make([]interface{}, 0, 15+len(b.releases)+len(b.leaves)+len(b.renews)+2*len(b.refresh)+len(b.acquires))
+	args := make([]interface{}, 0, 16+len(b.releases)+len(b.leaves)+len(b.renews)+len(b.registers)+2*len(b.refresh)+len(b.acquires))
 	args = append(args, capacity)
 	args = append(args, s.fixedArgs[:5]...)
 	args = append(args, wantWait,
 		len(b.releases), len(b.leaves), len(b.renews), len(b.refresh), len(b.acquires), mode)
 	args = append(args, s.fixedArgs[5:]...)
+	args = append(args, len(b.registers))
 	for _, r := range b.releases {
 		args = append(args, r.id)
 	}
@@ -177,6 +208,9 @@ func (s *Semaphore) exchange(ctx context.Context, b batch) {
 		args = append(args, l.id)
 	}
 	for _, p := range b.renews {
+		args = append(args, p.id)
+	}
+	for _, p := range b.registers {
 		args = append(args, p.id)
 	}
 	s.mu.Lock()
@@ -191,8 +225,15 @@ func (s *Semaphore) exchange(ctx context.Context, b batch) {
 	tctx, cancel := context.WithTimeout(ctx, s.callTimeout)
 	defer cancel()
 	sent := time.Now()
-	v, err := syncScript.Run(tctx, s.scripts, s.keys, args...).Result()
+	var v interface{}
+	var runErr error
+	if s.trace != nil && s.trace.Count() > 0 {
+		v, runErr = s.runAway(tctx, args)
+	} else {
+		v, runErr = syncScript.Run(tctx, s.scripts, s.keys, args...).Result()
+	}
 	var r reply
+	err := runErr
 	if err == nil {
 		r, err = parseReply(v, &b)
 	}
@@ -206,7 +247,15 @@ func (s *Semaphore) exchange(ctx context.Context, b batch) {
 			s.failed(b, err, true)
 			return
 		}
-		s.failed(b, s.cause(err, tctx.Err() != nil && ctx.Err() == nil), false)
+		byAway := errors.Is(runErr, errAway)
+		timedOut := !byAway && tctx.Err() != nil && ctx.Err() == nil
+		if s.trace != nil && runErr != nil {
+			if cause, away := s.awayCause(runErr, byAway, timedOut); away {
+				s.goLocal(b, cause)
+				return
+			}
+		}
+		s.failed(b, s.cause(err, timedOut), false)
 		return
 	}
 	switch r.refusal {
@@ -223,6 +272,50 @@ func (s *Semaphore) exchange(ctx context.Context, b batch) {
 		// When the first lease ends while this process waits, so a dead
 		// holder's place is handed on at once rather than at the next beat.
 		s.poke.Reset(d)
+	}
+}
+
+// errAway is runAway's error when Redis was marked away during the call.
+var errAway = errors.New("semaphore: Redis marked away")
+
+// runAway runs sync.lua with args, returning early, with errAway, when
+// the Hub marks Redis away: a call to a frozen Redis switches to local at
+// the probe's bound (hub.AwayAfter), not at its own. go-redis honours a
+// ctx's deadline but not its cancellation once the call is on the wire,
+// so the call runs in a goroutine of the Semaphore, which ends at ctx's
+// deadline at the latest; its reply, if one comes, is dropped, and what
+// Redis may have done with it is undone at the return (the leaves and
+// releases kept while away; registrations are idempotent). A process that
+// knows no share has nothing to switch to: its calls run as without a
+// fallback.
+func (s *Semaphore) runAway(ctx context.Context, args []interface{}) (interface{}, error) {
+	away, changed := s.hub.Away()
+	if away {
+		return nil, errAway
+	}
+	type result struct {
+		v   interface{}
+		err error
+	}
+	done := make(chan result, 1)
+	run := func(context.Context) {
+		v, err := syncScript.Run(ctx, s.scripts, s.keys, args...).Result()
+		done <- result{v, err}
+	}
+	if !s.bg.Go(run) {
+		run(ctx) // Close has begun: its last exchanges run inline
+	}
+	for {
+		select {
+		case r := <-done:
+			return r.v, r.err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-changed:
+			if away, changed = s.hub.Away(); away {
+				return nil, errAway
+			}
+		}
 	}
 }
 
@@ -311,6 +404,11 @@ func (s *Semaphore) callError(err error) *groundwork.CallError {
 func (s *Semaphore) failed(b batch, cause error, callerEnded bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.failedLocked(b, cause, callerEnded)
+}
+
+// failedLocked is failed with s.mu held.
+func (s *Semaphore) failedLocked(b batch, cause error, callerEnded bool) {
 	if !callerEnded {
 		if l := s.cfg.Logger; l != nil && s.lastErr == nil {
 			l.Warn("sluice: semaphore's calls to Redis fail: arrivals fail, waiters and holders keep trying until their ctx or lease ends",
@@ -318,7 +416,10 @@ func (s *Semaphore) failed(b batch, cause error, callerEnded bool) {
 		}
 		s.lastErr = cause
 	}
-	err := s.callError(cause)
+	var err error = s.callError(cause)
+	if errors.As(cause, new(*noShareError)) {
+		err = cause // it says more than the call's error
+	}
 	now := time.Now()
 	if b.set != nil {
 		b.set.done <- err
@@ -358,6 +459,18 @@ func (s *Semaphore) failed(b batch, cause error, callerEnded bool) {
 		w.err = err
 		s.finishLocked(w)
 	}
+	if b.returning {
+		// Redis answers but refused the registration (READONLY, OOM):
+		// the waiters kept back fail as queued ones do; the permits held
+		// stay held and their registration is tried again at each beat.
+		for _, w := range s.localQ {
+			if !w.done {
+				w.err = err
+				s.finishLocked(w)
+			}
+		}
+		s.localQ = nil
+	}
 }
 
 // apply applies a reply to the local state. sent is when the batch left:
@@ -368,7 +481,9 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 	if l := s.cfg.Logger; l != nil {
 		s.logChanges(l, b, r)
 	}
-	s.lastErr = nil
+	if s.mode != onLocal {
+		s.lastErr = nil // else a reply from before the switch: Redis is away
+	}
 	s.capacity, s.accepted = int(r.capacity), true
 	if b.set != nil {
 		b.set.done <- nil
@@ -385,8 +500,8 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 		}
 	}
 	for i, p := range b.renews {
-		if p.state != held {
-			continue // released or lost meanwhile; a release follows
+		if p.state != held || p.unregistered {
+			continue // released or lost meanwhile (a release follows), or Redis went away
 		}
 		if us := r.renewed[i]; us > 0 {
 			p.deadline = sent.Add(time.Duration(us) * time.Microsecond)
@@ -395,8 +510,28 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 			s.loseLocked(p, "gone from Redis (expired there, or Redis lost it)")
 		}
 	}
+	for _, p := range b.registers {
+		if p.state != held {
+			continue // released meanwhile: the release follows
+		}
+		p.registered = true
+		if s.mode == onLocal {
+			continue // away again: registered again at the next return
+		}
+		// A lease of the LeaseTTL sent, in whole µs as sent.
+		p.unregistered = false
+		p.deadline = sent.Add(time.Duration(groundwork.Micros(s.cfg.LeaseTTL)) * time.Microsecond)
+		if p.timer == nil {
+			p.timer = time.AfterFunc(time.Until(p.deadline), func() { s.checkLease(p) })
+		} else {
+			p.timer.Reset(time.Until(p.deadline))
+		}
+	}
+	if b.returning && s.mode == registering {
+		s.settleLocked(len(b.registers))
+	}
 	for i, w := range b.refresh {
-		if w.done {
+		if w.done || w.local {
 			continue
 		}
 		if us := r.refreshed[i]; us > 0 {
@@ -410,8 +545,8 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 	}
 	for i, w := range b.acquires {
 		status := r.acquired[i]
-		if w.done {
-			continue // abandoned or granted by a notification
+		if w.done || w.local {
+			continue // abandoned, granted by a notification, or switched to local (its old id is left at the return)
 		}
 		switch {
 		case status == 0:
@@ -451,7 +586,8 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 // after failures and of a capacity in force other than the one this
 // process knew. s.mu is held: these are rare.
 func (s *Semaphore) logChanges(l *slog.Logger, b batch, r reply) {
-	if s.lastErr != nil {
+	if s.lastErr != nil && s.mode == onRedis {
+		// With a fallback, the return is settleLocked's to say.
 		l.Info("sluice: semaphore's calls to Redis succeed again", "semaphore", s.cfg.Name)
 	}
 	if int(r.capacity) == s.capacity {

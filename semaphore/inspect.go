@@ -53,6 +53,12 @@ type Inspection struct {
 	// They count in none of the figures above; the next call of any
 	// process frees them.
 	Expired int
+	// Local is this process's fallback state when it was read (Local;
+	// Config.Fallback). An Inspection is read from Redis, so it is never
+	// taken while Redis is away: call Local then. Its Active is true in
+	// an Inspection only in the moments after Redis answers again, while
+	// this process's waiters are kept back.
+	Local LocalState
 }
 
 //go:embed inspect.lua
@@ -107,6 +113,7 @@ func (s *Semaphore) Inspect(ctx context.Context) (Inspection, error) {
 		s.mu.Unlock()
 	}
 	return Inspection{
+		Local:      s.Local(),
 		Now:        time.UnixMicro(now),
 		Capacity:   capacity,
 		Stored:     stored,

@@ -12,6 +12,7 @@ const (
 	suffixWeights = "weights" // HASH holder id -> weight, for weights above 1 only
 	suffixConfig  = "config"  // HASH format, capacity in force (stored.go)
 	suffixWake    = "wake"    // pub/sub channel prefix; one channel per process
+	suffixProcs   = "procs"   // ZSET handle -> its last trace (ms, Redis TIME), with Config.Fallback (internal/presence)
 )
 
 // keyBase is "<prefix>:{<escaped name>}:", the common start of every key and

@@ -21,11 +21,26 @@ type Permit struct {
 	id     string
 	weight int
 	lost   chan struct{}
+	local  bool // granted from the local share (Config.Fallback)
 
 	// Guarded by s.mu.
 	state    permitState
 	deadline time.Time   // the lease in Redis lasts at least until then
-	timer    *time.Timer // fires at deadline unless a renewal moved it
+	timer    *time.Timer // fires at deadline unless a renewal moved it; nil for a local grant until registered
+	// unregistered: held while Redis was away, so Redis may not have it;
+	// it is written there at the return (fallback.go). registered: Redis
+	// was given a lease for it since its local grant.
+	unregistered, registered bool
+}
+
+// inRedis reports that Redis may hold a lease for p. Called with s.mu held.
+func (p *Permit) inRedis() bool { return !p.local || p.registered }
+
+// stopTimer stops the lease timer, if any. Called with s.mu held.
+func (p *Permit) stopTimer() {
+	if p.timer != nil {
+		p.timer.Stop()
+	}
 }
 
 // Release gives the place back, its whole weight at once, and returns
@@ -55,7 +70,10 @@ func (p *Permit) Release(ctx context.Context) error {
 		s.mu.Unlock()
 		return ErrLeaseLost
 	}
-	s.pendRelease = append(s.pendRelease, s.releaseLocked(p))
+	if op, send := s.releaseLocked(p); send {
+		s.pendRelease = append(s.pendRelease, op)
+	}
+	s.serveLocalLocked()
 	// An exchange in flight kicks the dispatcher when it returns.
 	idle := !s.sending
 	s.mu.Unlock()

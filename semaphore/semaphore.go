@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/internal/background"
 	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/internal/hub"
+	"github.com/sluicehq/sluice/internal/presence"
 )
 
 var (
@@ -97,6 +98,16 @@ type Semaphore struct {
 	leasesLost atomic.Int64
 
 	mismatchSaid int64 // the capacity in force last logged as refusing ours; guarded by mu
+
+	// Config.Fallback (fallback.go): trace is nil without one; the rest
+	// is guarded by mu.
+	trace    *presence.Trace
+	mode     fallbackMode
+	share    int       // weight this process may hold while local
+	procs    int       // the count the share divided by
+	since    time.Time // the last switch to local
+	settleAt time.Time // settling: when the waiters go back to Redis
+	localQ   []*waiter // waiting for the local share, in order
 }
 
 // waiter is one Acquire in progress. Its fields are guarded by
@@ -104,6 +115,8 @@ type Semaphore struct {
 type waiter struct {
 	id       string
 	weight   int
+	seq      uint64    // arrival order in this process
+	local    bool      // in the local queue (Config.Fallback), or granted from it
 	sent     bool      // its arrival has been sent to Redis
 	done     bool      // granted, failed or abandoned
 	ticket   int64     // its place in the queue, once known
@@ -171,6 +184,9 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 	// at Close it still sends what is pending (leaves, releases), each
 	// exchange bounded by callTimeout, and returns once nothing is left.
 	s.bg = background.NewGroup()
+	if cfg.Fallback == LocalShare {
+		s.trace = presence.New(s.scripts, base+suffixProcs)
+	}
 	return s, nil
 }
 
@@ -228,16 +244,16 @@ func (s *Semaphore) AcquireN(ctx context.Context, n int) (p *Permit, err error) 
 		start = time.Now()
 	}
 	s.tally.Begin()
-	var queued bool
+	var queued, local bool
 	defer func() {
 		res, why := groundwork.Classify(ctx, err, reasons...)
-		e := sluice.Event{Result: res, Reason: why, Queued: queued}
+		e := sluice.Event{Result: res, Reason: why, Queued: queued, Local: local}
 		if !start.IsZero() {
 			e.Wait = time.Since(start)
 		}
 		s.tally.End(e)
 	}()
-	p, queued, err = s.acquire(ctx, n)
+	p, queued, local, err = s.acquire(ctx, n)
 	return p, err
 }
 
@@ -253,31 +269,38 @@ var reasons = []groundwork.Reason{
 }
 
 // acquire is AcquireN for a valid weight n; queued reports that the
-// caller waited in the queue in Redis (it was not granted on arrival).
-func (s *Semaphore) acquire(ctx context.Context, n int) (_ *Permit, queued bool, _ error) {
+// caller waited in the queue in Redis (it was not granted on arrival),
+// local that it was served, or failed, by the local share
+// (Config.Fallback).
+func (s *Semaphore) acquire(ctx context.Context, n int) (_ *Permit, queued, local bool, _ error) {
 	s.mu.Lock()
 	capacity := s.capacity
 	s.mu.Unlock()
 	if n > capacity {
-		return nil, false, s.tooHeavy(n, capacity)
+		return nil, false, false, s.tooHeavy(n, capacity)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, false, err
+		return nil, false, false, err
 	}
-	// The weight travels in the id (see sync.lua), so any process can
-	// grant it; weight 1 keeps the plain id.
-	id := s.proc + ":" + strconv.FormatUint(s.nextID.Add(1), 10)
-	if n > 1 {
-		id += ":" + strconv.Itoa(n)
-	}
-	w := &waiter{id: id, weight: n, ch: make(chan struct{})}
+	seq := s.nextID.Add(1)
+	w := &waiter{id: s.idOf(seq, n), weight: n, seq: seq, ch: make(chan struct{})}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return nil, false, ErrClosed
+		return nil, false, false, ErrClosed
 	}
 	s.waiters[w.id] = w
 	s.listenLocked()
+	if s.mode != onRedis {
+		// Redis is away, or this process has just registered its permits
+		// there and waits for the others to (fallback.go).
+		w.local = true
+		s.localQ = append(s.localQ, w)
+		s.serveLocalLocked()
+		s.mu.Unlock()
+		s.kick()
+		return s.await(ctx, w)
+	}
 	// A process has one exchange in flight at a time, so everything asked
 	// for meanwhile goes out together in the next (and a leave can never
 	// overtake its arrival). A lone arrival (no exchange in flight, and
@@ -300,7 +323,14 @@ func (s *Semaphore) acquire(ctx context.Context, n int) (_ *Permit, queued bool,
 		s.pendAcquire = append(s.pendAcquire, w)
 	}
 	s.mu.Unlock()
+	s.sendTrace()
 	if direct {
+		if s.trace != nil {
+			// The dispatcher follows Redis's reachability: a frozen
+			// Redis switches this exchange to local within the probe's
+			// bound rather than its own.
+			s.kick()
+		}
 		s.exchange(ctx, batch{acquires: []*waiter{w}, releases: releases, wantWait: true})
 		s.mu.Lock()
 		s.doneSendingLocked()
@@ -312,19 +342,25 @@ func (s *Semaphore) acquire(ctx context.Context, n int) (_ *Permit, queued bool,
 	} else {
 		s.kick()
 	}
+	return s.await(ctx, w)
+}
 
+// await waits for w to be decided, or gives its place up when ctx ends
+// first.
+func (s *Semaphore) await(ctx context.Context, w *waiter) (_ *Permit, queued, local bool, _ error) {
 	select {
 	case <-w.ch:
 		// A ticket is written only before the waiter is decided.
-		return w.permit, w.ticket > 0, w.err
+		return w.permit, w.ticket > 0, w.local, w.err
 	case <-ctx.Done():
 	}
 	s.mu.Lock()
 	if w.done {
 		// Decided while ctx ended: the outcome stands.
 		s.mu.Unlock()
-		return w.permit, w.ticket > 0, w.err
+		return w.permit, w.ticket > 0, w.local, w.err
 	}
+	local = w.local
 	s.abandonLocked(w)
 	queued = w.ticket > 0
 	last := s.lastErr
@@ -332,10 +368,23 @@ func (s *Semaphore) acquire(ctx context.Context, n int) (_ *Permit, queued bool,
 	s.kick()
 	if last != nil {
 		// Redis is unreachable: say why, as well as that ctx ended.
-		return nil, queued, s.callError(last).WithCtx(ctx.Err())
+		return nil, queued, local, s.callError(last).WithCtx(ctx.Err())
 	}
-	return nil, queued, ctx.Err()
+	return nil, queued, local, ctx.Err()
 }
+
+// idOf is the id of arrival seq of weight n. The weight travels in the id
+// (see sync.lua), so any process can grant it; weight 1 keeps the plain id.
+func (s *Semaphore) idOf(seq uint64, n int) string {
+	id := s.proc + ":" + strconv.FormatUint(seq, 10)
+	if n > 1 {
+		id += ":" + strconv.Itoa(n)
+	}
+	return id
+}
+
+// newID is a fresh id of weight n.
+func (s *Semaphore) newID(n int) string { return s.idOf(s.nextID.Add(1), n) }
 
 // errCostExceedsCapacity is wrapped by the refusal of a weight above the
 // capacity in force (sluice.ErrCostExceedsCapacity: AcquireN's doc).
@@ -472,7 +521,7 @@ func (s *Semaphore) Close() error {
 		w.err = ErrClosed
 		s.finishLocked(w)
 	}
-	s.pendAcquire = nil
+	s.pendAcquire, s.localQ = nil, nil
 	for _, p := range s.holders {
 		s.loseLocked(p, "")
 	}
@@ -505,8 +554,9 @@ func (s *Semaphore) doneSendingLocked() {
 func (s *Semaphore) flush(ctx context.Context) error {
 	for {
 		s.mu.Lock()
-		if (len(s.pendRelease) == 0 && !s.sending) || s.closed {
-			// Close sends what is pending itself.
+		if (len(s.pendRelease) == 0 && !s.sending) || s.closed || s.mode == onLocal {
+			// Close sends what is pending itself; while Redis is away
+			// nothing is sent before it answers.
 			s.mu.Unlock()
 			return nil
 		}
@@ -550,6 +600,9 @@ func (s *Semaphore) kick() {
 func (s *Semaphore) idle() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.mode == onLocal {
+		s.pruneLocked()
+	}
 	if len(s.waiters)+len(s.holders)+len(s.retryRelease)+len(s.retryLeave) > 0 || s.sending || s.pendingLocked() {
 		return false
 	}
@@ -590,6 +643,10 @@ func (s *Semaphore) abandonLocked(w *waiter) {
 	w.done = true
 	delete(s.waiters, w.id)
 	s.unlistenLocked()
+	if w.local {
+		s.dropLocalLocked(w)
+		return
+	}
 	if !w.sent {
 		for i, x := range s.pendAcquire {
 			if x == w {
@@ -635,8 +692,8 @@ func (s *Semaphore) grantLocked(w *waiter, deadline time.Time) {
 func (s *Semaphore) checkLease(p *Permit) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if p.state != held {
-		return
+	if p.state != held || p.unregistered {
+		return // no lease to lose while Redis is away (fallback.go)
 	}
 	if d := time.Until(p.deadline); d > 0 {
 		p.timer.Reset(d)
@@ -652,7 +709,7 @@ func (s *Semaphore) checkLease(p *Permit) {
 // loss to report.
 func (s *Semaphore) loseLocked(p *Permit, why string) {
 	p.state = lost
-	p.timer.Stop()
+	p.stopTimer()
 	delete(s.holders, p.id)
 	s.held.Add(-int64(p.weight))
 	if why != "" {
@@ -665,16 +722,21 @@ func (s *Semaphore) loseLocked(p *Permit, why string) {
 		}
 	}
 	close(p.lost)
-	s.pendRelease = append(s.pendRelease, releaseOp{id: p.id, until: time.Now().Add(s.cfg.LeaseTTL)})
+	if p.inRedis() {
+		s.pendRelease = append(s.pendRelease, releaseOp{id: p.id, until: time.Now().Add(s.cfg.LeaseTTL)})
+	}
 }
 
-// releaseLocked ends a held permit at its holder's request.
-func (s *Semaphore) releaseLocked(p *Permit) releaseOp {
+// releaseLocked ends a held permit at its holder's request; send reports
+// that Redis may hold its lease, which op frees.
+func (s *Semaphore) releaseLocked(p *Permit) (op releaseOp, send bool) {
 	p.state = released
-	p.timer.Stop()
+	p.stopTimer()
 	delete(s.holders, p.id)
 	s.held.Add(-int64(p.weight))
-	return releaseOp{id: p.id, until: p.deadline, asked: true}
+	// A permit held through an outage may have lost its lease in Redis
+	// unnoticed: no loss to report if Redis no longer has it.
+	return releaseOp{id: p.id, until: p.deadline, asked: !p.unregistered}, p.inRedis()
 }
 
 // wake grants the waiters named in a notification. Their grant keeps

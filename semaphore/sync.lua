@@ -32,8 +32,19 @@
 --          stored, 'set' stores ARGV[1] first (SetCapacity)
 -- ARGV[14] the format this code writes (stored.go's storeFormat)
 -- ARGV[15] how long the config outlives the last call that used it (ms)
--- ARGV[16...] the ids, in that order; a refreshed waiter takes two slots:
---          id, ticket
+-- ARGV[16] number of permits to register
+-- ARGV[17...] the ids: releases, leaves, renewals, registrations,
+--          refreshes, arrivals; a refreshed waiter takes two slots: id,
+--          ticket
+--
+-- Registering a permit holds it from now, for a lease of ARGV[2], whatever
+-- the room: a renewal that writes the lease anew if it is gone. A process
+-- with Config.Fallback registers, when Redis answers again, every permit
+-- it holds: those it granted from its local share while Redis was away,
+-- and those it held through the outage (an empty restart lost them). The
+-- weight held may then be above the capacity for a while, as after
+-- SetCapacity lowered it: nobody is admitted until it is below. The reply
+-- has no entry for them (each gets its lease).
 --
 -- Ids are "<process id>:<n>" for weight 1 and "<process id>:<n>:<weight>"
 -- above, with no ':' in the process id: a waiter's weight travels in its id,
@@ -88,6 +99,7 @@ local maxQueue = tonumber(ARGV[4])
 local chanPrefix, self, wantWait = ARGV[5], ARGV[6], ARGV[7] == '1'
 local nRelease, nLeave, nRenew = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local nRefresh, nAcquire = tonumber(ARGV[11]), tonumber(ARGV[12])
+local nRegister = tonumber(ARGV[16])
 
 local leases, queue, seq, weights, config = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local leaseEndN, waitEndN = now + leaseTTL, now + queueTTL
@@ -161,7 +173,7 @@ if #dead > 0 then
   zrem(weights, heavyDead, 'HDEL')
 end
 
-local i = 16
+local i = 17
 local released, left, renewed, refreshed = {}, {}, {}, {}
 
 if nRelease == 1 then
@@ -212,6 +224,20 @@ for n = 1, nRenew do
     renewed[n] = 0
   end
   i = i + 1
+end
+
+-- Registrations (see the header): their weight counts in the room below.
+local registeredHeavy = false
+for n = 1, nRegister do
+  local id = ARGV[i]
+  i = i + 1
+  redis.call('ZADD', leases, leaseEnd, id)
+  local w = weight(id)
+  if w > 1 then
+    redis.call('HSET', weights, id, w)
+    registeredHeavy = true
+  end
+  if latest < leaseEndN then latest = leaseEndN end
 end
 
 local requeued = false
@@ -420,13 +446,13 @@ if latest > 0 or #newHeavy > 0 then
       redis.call('PEXPIRE', queue, ttl)
       redis.call('PEXPIRE', seq, ttl)
     end
-    if #heavy == 0 and #newHeavy > 0 then
+    if (#heavy == 0 and #newHeavy > 0) or registeredHeavy then
       redis.call('PEXPIRE', weights, ttl)
     end
   end
   -- The config's week is counted from the last beat (a renewal or a
   -- refresh) rather than from every arrival: one call less per grant.
-  if not storeConfig and nRenew + nRefresh > 0 then
+  if not storeConfig and nRenew + nRefresh + nRegister > 0 then
     redis.call('PEXPIRE', config, math.max(ttl, tonumber(keepConfig)))
   end
 end

@@ -36,6 +36,7 @@ type workerConfig struct {
 	Hold       time.Duration // longest hold (saturate mode), uniform in [0, Hold]
 	Duration   time.Duration // how long to run (saturate mode)
 	Weight     int           // the permit's weight (hold mode); 0 means 1
+	Fallback   bool          // Config.Fallback LocalShare; saturate then runs until stdin closes or Duration
 }
 
 // event is one line of a worker's output. Times are Unix nanoseconds of
@@ -48,6 +49,12 @@ type event struct {
 	T          int64  `json:",omitempty"`
 	ValidUntil int64  `json:",omitempty"`
 	Err        string `json:",omitempty"`
+	// Fallback: an interval's permit came from the local share; "count"
+	// events carry the presence count (N), "local" ones the share and the
+	// weight held at the switch, "back" the return.
+	Local       bool `json:",omitempty"`
+	N           int  `json:",omitempty"`
+	Share, Held int  `json:",omitempty"`
 }
 
 func runWorker(mode string) int {
@@ -58,12 +65,6 @@ func runWorker(mode string) int {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: cfg.Addr, ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: 4 * max(1, cfg.Goroutines)})
 	defer rdb.Close()
-	s, err := New(rdb, Config{Name: cfg.Name, Capacity: cfg.Capacity, LeaseTTL: cfg.LeaseTTL, QueueTTL: cfg.QueueTTL})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	defer s.Close()
 	var mu sync.Mutex
 	enc := json.NewEncoder(os.Stdout)
 	emit := func(e event) {
@@ -71,8 +72,23 @@ func runWorker(mode string) int {
 		defer mu.Unlock()
 		_ = enc.Encode(e)
 	}
+	scfg := Config{Name: cfg.Name, Capacity: cfg.Capacity, LeaseTTL: cfg.LeaseTTL, QueueTTL: cfg.QueueTTL}
+	if cfg.Fallback {
+		scfg.Fallback = LocalShare
+		scfg.Logger = switchLogger(emit)
+	}
+	s, err := New(rdb, scfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	defer s.Close()
 	switch mode {
 	case "saturate":
+		if cfg.Fallback {
+			stop := watchCount(s, emit)
+			defer stop()
+		}
 		saturate(s, cfg, emit)
 	case "hold":
 		hold(s, max(1, cfg.Weight), emit)
@@ -101,6 +117,12 @@ func runWorker(mode string) int {
 func saturate(s *Semaphore, cfg workerConfig, emit func(event)) {
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration)
 	defer cancel()
+	if cfg.Fallback {
+		go func() {
+			_, _ = io.Copy(io.Discard, os.Stdin)
+			cancel()
+		}()
+	}
 	var wg sync.WaitGroup
 	for g := range cfg.Goroutines {
 		wg.Go(func() {
@@ -126,7 +148,7 @@ func saturate(s *Semaphore, cfg workerConfig, emit func(event)) {
 					lost = true
 					end = earliest(end, p.validUntil())
 				}
-				emit(event{Ev: "interval", G: g, Start: start.UnixNano(), End: end.UnixNano(), Lost: lost})
+				emit(event{Ev: "interval", G: g, Start: start.UnixNano(), End: end.UnixNano(), Lost: lost, Local: p.local})
 			}
 		})
 	}

@@ -1,0 +1,431 @@
+package semaphore
+
+// Config.Fallback on a real redis-server: the switch to the local share
+// and back (SIGKILL then an empty restart, SIGSTOP then SIGCONT), the
+// fleet's holders across an outage in worker processes, and the cases
+// that must not switch.
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/testkit"
+)
+
+// switchBound is how late a switch may be and still pass: the goal is
+// ~100 ms (the probe's), but this catches hangs on a loaded 2-core
+// machine under -race rather than timing the goal.
+const switchBound = time.Second
+
+// TestFallbackSwitch: holders and waiters of one process across an
+// outage. At the switch the waiters queued in Redis are served locally in
+// their order as permits free up within the share; a new caller waits
+// locally; at the return the permits held (from Redis before the outage,
+// or granted locally) are registered in Redis, the waiter kept back
+// arrives there and is granted by Redis, and the Logger said each switch
+// once.
+func TestFallbackSwitch(t *testing.T) {
+	for _, fault := range []string{testkit.Killed, testkit.Frozen} {
+		t.Run(fault, func(t *testing.T) {
+			e := newEnv(t)
+			e.srv.RequireReal(t)
+			var logs logBuffer
+			rec := &recorder{}
+			const capacity = 4
+			s := e.sem(t, Config{Name: t.Name(), Capacity: capacity, Fallback: LocalShare, Logger: logs.logger(), Observer: rec})
+			var held []*Permit
+			for range capacity {
+				held = append(held, acquire(t, s, time.Second))
+			}
+			waitFor(t, 2*time.Second, "this process's trace", func() bool { return s.trace.Count() == 1 })
+
+			type result struct {
+				p   *Permit
+				err error
+				at  time.Time
+			}
+			const waiters = 3
+			results := make([]chan result, waiters)
+			for i := range waiters {
+				results[i] = make(chan result, 1)
+				go func() {
+					p, err := s.Acquire(context.Background())
+					results[i] <- result{p, err, time.Now()}
+				}()
+				// One at a time, so their order in Redis is known.
+				waitFor(t, 2*time.Second, "the waiter to queue", func() bool { return queueLen(t, e.rdb, s) == int64(i+1) })
+			}
+
+			faultAt := time.Now()
+			switch fault {
+			case testkit.Killed:
+				if err := e.srv.Kill(); err != nil {
+					t.Fatal(err)
+				}
+			case testkit.Frozen:
+				if err := e.srv.Pause(); err != nil {
+					t.Fatal(err)
+				}
+				defer e.srv.Resume()
+			}
+			// A place frees up just after the fault: the switch gives it
+			// to the first waiter, whatever its (absent) deadline.
+			if err := held[0].Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			granted := func(i int, within time.Duration) result {
+				t.Helper()
+				select {
+				case r := <-results[i]:
+					if r.err != nil {
+						t.Fatalf("waiter %d: %v", i+1, r.err)
+					}
+					return r
+				case <-time.After(within):
+					t.Fatalf("waiter %d not granted within %v", i+1, within)
+				}
+				return result{}
+			}
+			first := granted(0, switchBound+time.Second)
+			took := first.at.Sub(faultAt)
+			t.Logf("Redis %s: first waiter granted locally %v after the fault", fault, took.Round(time.Millisecond))
+			if took > switchBound {
+				t.Errorf("switched after %v, want ≤ %v", took, switchBound)
+			}
+			if !first.p.local {
+				t.Fatal("the first waiter's permit did not come from the local share")
+			}
+			if st := s.Local(); !st.Active || st.Share != capacity || st.Processes != 1 {
+				t.Errorf("Local() = %+v, want active with share %d of 1 process", st, capacity)
+			}
+			for i := 1; i < waiters; i++ {
+				select {
+				case r := <-results[i]:
+					t.Fatalf("waiter %d returned before a place was free: %v", i+1, r.err)
+				default:
+				}
+			}
+			// FIFO: the second place goes to the second waiter.
+			if err := held[1].Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			second := granted(1, time.Second)
+			if !second.p.local {
+				t.Fatal("the second waiter's permit did not come from the local share")
+			}
+			// A new caller waits behind the third, locally, and says so.
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			_, err := s.Acquire(ctx)
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "unreachable") {
+				t.Errorf("a caller timing out while local: %v, want a deadline that names Redis unreachable", err)
+			}
+
+			backAt := time.Now()
+			switch fault {
+			case testkit.Killed:
+				if err := e.srv.Restart(); err != nil {
+					t.Fatal(err)
+				}
+			case testkit.Frozen:
+				if err := e.srv.Resume(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			waitFor(t, 5*time.Second, "the waiter kept back to arrive in Redis", func() bool {
+				return !s.Local().Active && queueLen(t, e.rdb, s) == 1
+			})
+			t.Logf("Redis back: waiters back on Redis %v after the restart/SIGCONT (settle %v)", time.Since(backAt).Round(time.Millisecond), settleTime)
+			in, err := s.Inspect(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if in.Held != capacity || in.Holders != capacity || in.Queued != 1 {
+				t.Errorf("after the return Redis has held %d by %d holders, %d queued; want the %d permits held here registered and 1 queued",
+					in.Held, in.Holders, in.Queued, capacity)
+			}
+			// The third waiter is Redis's now.
+			if err := held[2].Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			third := granted(2, 2*time.Second)
+			if third.p.local {
+				t.Error("the third waiter, granted after the return, came from the local share")
+			}
+			for _, p := range []*Permit{held[3], first.p, second.p, third.p} {
+				select {
+				case <-p.Lost():
+					t.Errorf("permit %s lost across the outage", p.id)
+				default:
+				}
+				if err := p.Release(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			waitFor(t, 2*time.Second, "every permit released in Redis", func() bool { return holdersLen(t, e.rdb, s) == 0 })
+
+			var local, fromRedis int
+			for _, ev := range rec.all() {
+				if ev.Result == sluice.Granted && ev.Local {
+					local++
+				} else if ev.Result == sluice.Granted {
+					fromRedis++
+				}
+			}
+			if local != 2 || fromRedis != capacity+1 {
+				t.Errorf("Observer: %d local grants and %d from Redis, want 2 and %d", local, fromRedis, capacity+1)
+			}
+			out := logs.String()
+			if n := strings.Count(out, "level=WARN msg=\"sluice: Redis unreachable: semaphore admits from this process's local share"); n != 1 {
+				t.Errorf("Logger said the switch to local %d times, want once:\n%s", n, out)
+			}
+			if n := strings.Count(out, "level=INFO msg=\"sluice: Redis answers again"); n != 1 {
+				t.Errorf("Logger said the return %d times, want once:\n%s", n, out)
+			}
+			if !strings.Contains(out, "share=4") {
+				t.Errorf("Logger did not give the share:\n%s", out)
+			}
+		})
+	}
+}
+
+// TestFallbackFleet: 1 and 4 worker processes saturate a semaphore of
+// capacity 4 through an outage (SIGKILL, then an empty restart). Every
+// grant and release of every process is checked: while Redis is away each
+// process holds at most its share, the fleet never more than Capacity
+// plus the documented slack (weight held beyond a share at the switch),
+// and after the return grants come from Redis again.
+func TestFallbackFleet(t *testing.T) {
+	for _, procs := range []int{1, 4} {
+		t.Run(strings.Repeat("p", procs), func(t *testing.T) {
+			e := newEnv(t)
+			e.srv.RequireReal(t)
+			const capacity = 4
+			cfg := workerConfig{
+				Addr: e.srv.Addr(), Name: t.Name(), Capacity: capacity,
+				LeaseTTL: 2 * time.Second, QueueTTL: time.Second,
+				Goroutines: 6, Hold: 3 * time.Millisecond, Duration: 20 * time.Second, Fallback: true,
+			}
+			var workers []*worker
+			for range procs {
+				workers = append(workers, startWorker(t, "saturate", cfg))
+			}
+			evs := make([][]event, procs)
+			// until reads each worker's events until cond holds for all.
+			until := func(what string, within time.Duration, cond func(event) bool) {
+				t.Helper()
+				for i, w := range workers {
+					for {
+						ev := w.next(t, within)
+						evs[i] = append(evs[i], ev)
+						if ev.Ev == "error" {
+							t.Fatalf("worker %d: %s", i, ev.Err)
+						}
+						if cond(ev) {
+							break
+						}
+					}
+				}
+			}
+			until("every worker counting them all", 5*time.Second, func(ev event) bool { return ev.Ev == "count" && ev.N == procs })
+			killed := time.Now()
+			if err := e.srv.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			until("every worker on its local share", 5*time.Second, func(ev event) bool { return ev.Ev == "local" })
+			t.Logf("every worker local %v after the kill", time.Since(killed).Round(time.Millisecond))
+			// Local grants: every worker makes a good many before Redis
+			// returns.
+			for i, w := range workers {
+				for n := 0; n < 30; {
+					ev := w.next(t, 5*time.Second)
+					evs[i] = append(evs[i], ev)
+					if ev.Ev == "interval" && ev.Local {
+						n++
+					}
+				}
+			}
+			restart := time.Now()
+			if err := e.srv.Restart(); err != nil {
+				t.Fatal(err)
+			}
+			restarted := time.Now()
+			until("every worker back", 5*time.Second, func(ev event) bool { return ev.Ev == "back" })
+			until("grants from Redis again", 5*time.Second, func(ev event) bool {
+				return ev.Ev == "interval" && !ev.Local && ev.Start > restarted.UnixNano()
+			})
+			for _, w := range workers {
+				w.stdin.Close()
+			}
+			for i, w := range workers {
+				evs[i] = append(evs[i], w.all(t, 10*time.Second)...)
+			}
+
+			var all []interval
+			slack, shares := 0, 0
+			for i := range workers {
+				var local []interval
+				share := 0
+				for _, ev := range evs[i] {
+					switch ev.Ev {
+					case "interval":
+						all = append(all, interval{ev.Start, ev.End})
+						if ev.Local {
+							local = append(local, interval{ev.Start, ev.End})
+						}
+						if ev.Lost {
+							t.Errorf("worker %d lost a lease", i)
+						}
+					case "local":
+						share = ev.Share
+						slack += max(0, ev.Held-ev.Share)
+					case "error":
+						t.Errorf("worker %d: %s", i, ev.Err)
+					}
+				}
+				shares += share
+				if want := max(1, capacity/procs); share != want {
+					t.Errorf("worker %d's share %d, want %d", i, share, want)
+				}
+				// Permits held at the switch are not in local: local
+				// grants alone never pass the share.
+				if peak, over := maxOverlap(local, share); over > 0 {
+					t.Errorf("worker %d: %d local grants above its share %d (peak %d)", i, over, share, peak)
+				}
+				t.Logf("worker %d: %d local grants", i, len(local))
+			}
+			slack += max(0, shares-capacity)
+			peak, over := maxOverlap(all, capacity+slack)
+			t.Logf("%d processes: %d grants, fleet peak %d of capacity %d + slack %d (held beyond shares at the switch); outage %v",
+				procs, len(all), peak, capacity, slack, restart.Sub(killed).Round(time.Millisecond))
+			if over > 0 {
+				t.Errorf("%d grants above capacity %d + slack %d (peak %d)", over, capacity, slack, peak)
+			}
+		})
+	}
+}
+
+// switchLogger is a worker's Logger: it turns the switches into events.
+func switchLogger(emit func(event)) *slog.Logger {
+	return slog.New(&switchHandler{emit: emit})
+}
+
+type switchHandler struct{ emit func(event) }
+
+func (h *switchHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *switchHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *switchHandler) WithGroup(string) slog.Handler            { return h }
+func (h *switchHandler) Handle(_ context.Context, r slog.Record) error {
+	e := event{T: r.Time.UnixNano()}
+	switch {
+	case strings.Contains(r.Message, "local share until"):
+		e.Ev = "local"
+	case strings.Contains(r.Message, "answers again"):
+		e.Ev = "back"
+	default:
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		switch a.Key {
+		case "share":
+			e.Share = int(a.Value.Int64())
+		case "held":
+			e.Held = int(a.Value.Int64())
+		}
+		return true
+	})
+	h.emit(e)
+	return nil
+}
+
+// watchCount emits the presence count each time it changes.
+func watchCount(s *Semaphore, emit func(event)) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		last := 0
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			if n := s.trace.Count(); n != last {
+				last = n
+				emit(event{Ev: "count", N: n})
+			}
+		}
+	})
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
+
+// TestFallbackWithoutShare: a process that never reached Redis knows no
+// share: it fails as without a fallback, within the same bound, and says
+// why.
+func TestFallbackWithoutShare(t *testing.T) {
+	e := newEnv(t)
+	e.srv.RequireReal(t)
+	s := e.sem(t, Config{Name: t.Name(), Capacity: 2, Fallback: LocalShare})
+	if err := e.srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err := s.Acquire(context.Background())
+	took := time.Since(start)
+	t.Logf("returned after %v: %v", took.Round(time.Millisecond), err)
+	if took > defaultBound+hangMargin {
+		t.Errorf("returned after %v, want ≤ %v + %v", took, defaultBound, hangMargin)
+	}
+	testkit.CheckUnreachable(t, "Acquire", err, e.srv.Addr(), testkit.Refused)
+	if err != nil && !strings.Contains(err.Error(), "no local share") {
+		t.Errorf("Acquire: %q, want it to say there is no local share", err)
+	}
+	if s.Local().Active {
+		t.Error("Local() active without a share")
+	}
+}
+
+// TestFallbackErrorReply: a Redis that answers with an error (OOM here)
+// is not away: Acquire fails naming the error, and nothing switches.
+func TestFallbackErrorReply(t *testing.T) {
+	e := newEnv(t)
+	e.srv.RequireReal(t)
+	var logs logBuffer
+	s := e.sem(t, Config{Name: t.Name(), Capacity: 2, Fallback: LocalShare, Logger: logs.logger()})
+	p := acquire(t, s, time.Second)
+	waitFor(t, 2*time.Second, "this process's trace", func() bool { return s.trace.Count() == 1 })
+	releaseGone(t, e.rdb, p)
+	ctx := context.Background()
+	if err := e.rdb.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer e.rdb.ConfigSet(ctx, "maxmemory", "0")
+	_, err := s.Acquire(ctx)
+	if err == nil || !strings.Contains(err.Error(), "OOM") {
+		t.Fatalf("Acquire with Redis out of memory: %v, want Redis's OOM error", err)
+	}
+	if s.Local().Active || strings.Contains(logs.String(), "local share") {
+		t.Fatalf("switched to local on an error reply; Local() = %+v, log:\n%s", s.Local(), logs.String())
+	}
+}
+
+// TestFallbackConfig: New refuses a Fallback it does not know, naming the
+// field.
+func TestFallbackConfig(t *testing.T) {
+	e := newEnv(t)
+	_, err := New(e.rdb, Config{Name: "x", Capacity: 1, Fallback: 2})
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "Fallback 2") {
+		t.Fatalf("New with Fallback 2: %v, want ErrConfig naming Fallback", err)
+	}
+}
