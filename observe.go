@@ -101,6 +101,12 @@ type Stats struct {
 	// LeasesLost counts the semaphore's permits whose lease ran out
 	// while held.
 	LeasesLost int64
+	// Local reports that the limiter admits from this process's local
+	// share now, Redis being unreachable (Config.Fallback of a bucket or
+	// a semaphore); LocalGranted counts the calls its share granted
+	// (included in Granted).
+	Local        bool
+	LocalGranted int64
 }
 
 // StatsReader is a limiter whose Stats can be read.

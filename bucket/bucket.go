@@ -685,6 +685,7 @@ func (b *Bucket) Stats() Stats {
 	s := b.tally.Stats()
 	ss := b.sched.Stats()
 	s.Steps, s.Fenced, s.Errors = ss.Steps, ss.Fenced, ss.Errors
+	s.Local, _, _ = b.fb.state()
 	return s
 }
 

@@ -59,6 +59,7 @@ type Tally struct {
 	waiting                            atomic.Int64
 	granted, refused, canceled, failed atomic.Int64
 	reentries                          atomic.Int64
+	local                              atomic.Int64
 }
 
 // Begin counts a call that starts.
@@ -70,6 +71,9 @@ func (t *Tally) End(e sluice.Event) {
 	switch e.Result {
 	case sluice.Granted:
 		t.granted.Add(1)
+		if e.Local {
+			t.local.Add(1)
+		}
 	case sluice.Refused:
 		t.refused.Add(1)
 	case sluice.Canceled:
@@ -89,11 +93,12 @@ func (t *Tally) End(e sluice.Event) {
 // Stats returns the counts (the fields of sluice.Stats a Tally keeps).
 func (t *Tally) Stats() sluice.Stats {
 	return sluice.Stats{
-		Waiting:   t.waiting.Load(),
-		Granted:   t.granted.Load(),
-		Refused:   t.refused.Load(),
-		Canceled:  t.canceled.Load(),
-		Failed:    t.failed.Load(),
-		Reentries: t.reentries.Load(),
+		Waiting:      t.waiting.Load(),
+		Granted:      t.granted.Load(),
+		LocalGranted: t.local.Load(),
+		Refused:      t.refused.Load(),
+		Canceled:     t.canceled.Load(),
+		Failed:       t.failed.Load(),
+		Reentries:    t.reentries.Load(),
 	}
 }

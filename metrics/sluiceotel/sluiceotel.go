@@ -77,6 +77,8 @@ type Observer struct {
 	leases    metric.Int64ObservableCounter
 	bQueued   metric.Int64ObservableGauge
 	bWait     metric.Float64ObservableGauge
+	local     metric.Int64ObservableGauge
+	localReqs metric.Int64ObservableCounter
 
 	// sets holds each kind of event's count and attribute options, so that
 	// recording one builds no attribute set: an eventKey holds
@@ -113,7 +115,7 @@ func New(mp metric.MeterProvider) (*Observer, error) {
 	}
 	m := mp.Meter(ScopeName)
 	o := &Observer{meter: m}
-	var errs [12]error
+	var errs [14]error
 	o.requests, errs[0] = m.Int64ObservableCounter("sluice.requests",
 		metric.WithUnit("{request}"),
 		metric.WithDescription("Calls that tried to enter a limiter, by result (and reason, when refused or failed)."))
@@ -152,12 +154,18 @@ func New(mp metric.MeterProvider) (*Observer, error) {
 	o.bWait, errs[11] = m.Float64ObservableGauge("sluice.bucket.wait",
 		metric.WithUnit("s"),
 		metric.WithDescription("How long a new caller of the bucket would wait for its slot, read from Redis (TrackQueue)."))
+	o.local, errs[12] = m.Int64ObservableGauge("sluice.local_share",
+		metric.WithUnit("1"),
+		metric.WithDescription("1 while the limiter admits from this process's local share, Redis being unreachable (Config.Fallback); 0 otherwise, reported from the first time it did."))
+	o.localReqs, errs[13] = m.Int64ObservableCounter("sluice.local_requests",
+		metric.WithUnit("{request}"),
+		metric.WithDescription("Calls this process's local share granted while Redis was unreachable (Config.Fallback)."))
 	for _, err := range errs {
 		if err != nil {
 			return nil, fmt.Errorf("sluiceotel: %w", err)
 		}
 	}
-	o.observed = []metric.Observable{o.queued, o.held, o.steps, o.fenced, o.errs, o.reentries, o.leases}
+	o.observed = []metric.Observable{o.queued, o.held, o.steps, o.fenced, o.errs, o.reentries, o.leases, o.local, o.localReqs}
 	// The MeterProvider's Shutdown ends this callback with the provider.
 	if _, err := m.RegisterCallback(func(_ context.Context, ob metric.Observer) error {
 		o.sets.Range(func(_, v any) bool {
@@ -219,7 +227,7 @@ func (o *Observer) attrs(e sluice.Event) *eventAttrs {
 // returned stop when the limiter is closed.
 func (o *Observer) Track(kind, name string, r sluice.StatsReader) (stop func() error, err error) {
 	opt := metric.WithAttributeSet(attribute.NewSet(KindKey.String(kind), NameKey.String(name)))
-	var held atomic.Bool // Held was above 0 once: report it from then on, 0 included
+	var held, local atomic.Bool // above 0 once: report it from then on, 0 included
 	reg, err := o.meter.RegisterCallback(func(_ context.Context, ob metric.Observer) error {
 		s := r.Stats()
 		ob.ObserveInt64(o.queued, s.Waiting, opt)
@@ -229,11 +237,21 @@ func (o *Observer) Track(kind, name string, r sluice.StatsReader) (stop func() e
 		if held.Load() {
 			ob.ObserveInt64(o.held, s.Held, opt)
 		}
+		if s.Local {
+			local.Store(true)
+		}
+		if local.Load() {
+			v := int64(0)
+			if s.Local {
+				v = 1
+			}
+			ob.ObserveInt64(o.local, v, opt)
+		}
 		// Counters only grow: above 0 once is above 0 from then on.
 		for _, c := range []struct {
 			inst metric.Int64Observable
 			v    int64
-		}{{o.steps, s.Steps}, {o.fenced, s.Fenced}, {o.errs, s.Errors}, {o.reentries, s.Reentries}, {o.leases, s.LeasesLost}} {
+		}{{o.steps, s.Steps}, {o.fenced, s.Fenced}, {o.errs, s.Errors}, {o.reentries, s.Reentries}, {o.leases, s.LeasesLost}, {o.localReqs, s.LocalGranted}} {
 			if c.v > 0 {
 				ob.ObserveInt64(c.inst, c.v, opt)
 			}

@@ -326,22 +326,24 @@ func TestTrackFigures(t *testing.T) {
 	kv := []attribute.KeyValue{sluiceotel.KindKey.String("semaphore"), sluiceotel.NameKey.String("db")}
 	rm := collect(t, reader)
 	expect(t, rm, 3, "sluice.queued_requests", kv...)
-	for _, n := range []string{"sluice.held_permits", "sluice.scheduler.steps", "sluice.scheduler.fenced_steps", "sluice.scheduler.errors", "sluice.reentries", "sluice.leases_lost"} {
+	for _, n := range []string{"sluice.held_permits", "sluice.scheduler.steps", "sluice.scheduler.fenced_steps", "sluice.scheduler.errors", "sluice.reentries", "sluice.leases_lost", "sluice.local_share", "sluice.local_requests"} {
 		if _, ok := value(rm, n, kv...); ok {
 			t.Errorf("%s reported while 0", n)
 		}
 	}
 	mu.Lock()
-	s = sluice.Stats{Held: 4, Steps: 5, Fenced: 6, Errors: 7, Reentries: 8, LeasesLost: 9}
+	s = sluice.Stats{Held: 4, Steps: 5, Fenced: 6, Errors: 7, Reentries: 8, LeasesLost: 9, Local: true, LocalGranted: 10}
 	mu.Unlock()
 	rm = collect(t, reader)
-	for n, want := range map[string]float64{"sluice.queued_requests": 0, "sluice.held_permits": 4, "sluice.scheduler.steps": 5, "sluice.scheduler.fenced_steps": 6, "sluice.scheduler.errors": 7, "sluice.reentries": 8, "sluice.leases_lost": 9} {
+	for n, want := range map[string]float64{"sluice.queued_requests": 0, "sluice.held_permits": 4, "sluice.scheduler.steps": 5, "sluice.scheduler.fenced_steps": 6, "sluice.scheduler.errors": 7, "sluice.reentries": 8, "sluice.leases_lost": 9, "sluice.local_share": 1, "sluice.local_requests": 10} {
 		expect(t, rm, want, n, kv...)
 	}
 	mu.Lock()
-	s.Held = 0
+	s.Held, s.Local = 0, false
 	mu.Unlock()
-	expect(t, collect(t, reader), 0, "sluice.held_permits", kv...)
+	rm = collect(t, reader)
+	expect(t, rm, 0, "sluice.held_permits", kv...)
+	expect(t, rm, 0, "sluice.local_share", kv...)
 }
 
 // TestObserveAttributes: a failure carries its reason; a grant that did

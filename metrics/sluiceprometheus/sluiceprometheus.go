@@ -52,8 +52,8 @@ type Collector struct {
 	// looks no labels up: an eventKey holds *children.
 	children sync.Map
 
-	queued, held, steps, fenced, errs, reentries, leases *prometheus.Desc
-	bQueued, bWait, bErrs                                *prometheus.Desc
+	queued, held, steps, fenced, errs, reentries, leases, local, localReqs *prometheus.Desc
+	bQueued, bWait, bErrs                                                  *prometheus.Desc
 
 	mu     sync.Mutex
 	stats  map[*tracked]struct{}
@@ -76,6 +76,7 @@ type tracked struct {
 	kind, name string
 	r          sluice.StatsReader
 	held       atomic.Bool // Held was above 0 once: report it from then on, 0 included
+	local      atomic.Bool // Local was true once: report it from then on
 }
 
 // queueTrack is one bucket given to TrackQueue.
@@ -116,6 +117,8 @@ func New() *Collector {
 		leases:    desc("sluice_leases_lost_total", "Semaphore permits whose lease ran out while held."),
 		bQueued:   desc("sluice_bucket_queued_requests", "Callers queued in the bucket in every process, read from Redis (TrackQueue)."),
 		bWait:     desc("sluice_bucket_wait_seconds", "How long a new caller of the bucket would wait for its slot, read from Redis (TrackQueue)."),
+		local:     desc("sluice_local_share", "1 while the limiter admits from this process's local share, Redis being unreachable (Config.Fallback); 0 otherwise, reported from the first time it did."),
+		localReqs: desc("sluice_local_requests_total", "Calls this process's local share granted while Redis was unreachable (Config.Fallback)."),
 		bErrs:     desc("sluice_bucket_inspect_errors_total", "Scrapes where reading the bucket from Redis failed (TrackQueue); its figures were left out."),
 		stats:     map[*tracked]struct{}{},
 		queues:    map[*queueTrack]struct{}{},
@@ -205,7 +208,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.requests.Describe(ch)
 	c.inQueue.Describe(ch)
 	c.lateness.Describe(ch)
-	for _, d := range []*prometheus.Desc{c.queued, c.held, c.steps, c.fenced, c.errs, c.reentries, c.leases, c.bQueued, c.bWait, c.bErrs} {
+	for _, d := range []*prometheus.Desc{c.queued, c.held, c.steps, c.fenced, c.errs, c.reentries, c.leases, c.local, c.localReqs, c.bQueued, c.bWait, c.bErrs} {
 		ch <- d
 	}
 }
@@ -236,11 +239,21 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		if t.held.Load() {
 			ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, float64(s.Held), t.kind, t.name)
 		}
+		if s.Local {
+			t.local.Store(true)
+		}
+		if t.local.Load() {
+			v := 0.0
+			if s.Local {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.local, prometheus.GaugeValue, v, t.kind, t.name)
+		}
 		// Counters only grow: above 0 once is above 0 from then on.
 		for _, f := range []struct {
 			d *prometheus.Desc
 			v int64
-		}{{c.steps, s.Steps}, {c.fenced, s.Fenced}, {c.errs, s.Errors}, {c.reentries, s.Reentries}, {c.leases, s.LeasesLost}} {
+		}{{c.steps, s.Steps}, {c.fenced, s.Fenced}, {c.errs, s.Errors}, {c.reentries, s.Reentries}, {c.leases, s.LeasesLost}, {c.localReqs, s.LocalGranted}} {
 			if f.v > 0 {
 				ch <- prometheus.MustNewConstMetric(f.d, prometheus.CounterValue, float64(f.v), t.kind, t.name)
 			}

@@ -280,7 +280,7 @@ func TestTrackFigures(t *testing.T) {
 	var mu sync.Mutex
 	s := sluice.Stats{Waiting: 3}
 	c.Track("semaphore", "db", statsFunc(func() sluice.Stats { mu.Lock(); defer mu.Unlock(); return s }))
-	names := []string{"sluice_queued_requests", "sluice_held_permits", "sluice_scheduler_steps_total", "sluice_scheduler_fenced_steps_total", "sluice_scheduler_errors_total", "sluice_reentries_total", "sluice_leases_lost_total"}
+	names := []string{"sluice_queued_requests", "sluice_held_permits", "sluice_scheduler_steps_total", "sluice_scheduler_fenced_steps_total", "sluice_scheduler_errors_total", "sluice_reentries_total", "sluice_leases_lost_total", "sluice_local_share", "sluice_local_requests_total"}
 	if err := testutil.CollectAndCompare(c, strings.NewReader(`
 # HELP sluice_queued_requests Calls waiting to enter the limiter in this process now.
 # TYPE sluice_queued_requests gauge
@@ -289,12 +289,12 @@ sluice_queued_requests{sluice_limiter_kind="semaphore",sluice_limiter_name="db"}
 		t.Error(err)
 	}
 	mu.Lock()
-	s = sluice.Stats{Held: 4, Steps: 5, Fenced: 6, Errors: 7, Reentries: 8, LeasesLost: 9}
+	s = sluice.Stats{Held: 4, Steps: 5, Fenced: 6, Errors: 7, Reentries: 8, LeasesLost: 9, Local: true, LocalGranted: 10}
 	mu.Unlock()
 	if n := testutil.CollectAndCount(c, names...); n != len(names) {
 		t.Errorf("%d figures, want %d", n, len(names))
 	}
-	for name, want := range map[string]float64{"sluice_held_permits": 4, "sluice_scheduler_steps_total": 5, "sluice_scheduler_fenced_steps_total": 6, "sluice_scheduler_errors_total": 7, "sluice_reentries_total": 8, "sluice_leases_lost_total": 9} {
+	for name, want := range map[string]float64{"sluice_held_permits": 4, "sluice_scheduler_steps_total": 5, "sluice_scheduler_fenced_steps_total": 6, "sluice_scheduler_errors_total": 7, "sluice_reentries_total": 8, "sluice_leases_lost_total": 9, "sluice_local_share": 1, "sluice_local_requests_total": 10} {
 		reg := prometheus.NewPedanticRegistry()
 		reg.MustRegister(c)
 		m := point(t, reg, name, map[string]string{"sluice_limiter_kind": "semaphore", "sluice_limiter_name": "db"})
