@@ -583,7 +583,9 @@ func checkPolicy(p Policy, where string) error {
 	case p.RefillFrequency%time.Microsecond != 0:
 		return bad("RefillFrequency %v is not a whole number of microseconds (with Rate(n, period, burst): the period)", p.RefillFrequency)
 	case p.RefillAmount > p.Capacity:
-		return bad("RefillAmount %d above Capacity %d: tokens beyond Capacity are never usable", p.RefillAmount, p.Capacity)
+		r := Rate(p.RefillAmount, p.RefillFrequency, p.Capacity)
+		return bad("RefillAmount %d above Capacity %d: tokens beyond Capacity are never usable; for %d per %v with a burst of %d, refill %d every %v (bucket.Rate(%d, %v, %d) says so)",
+			p.RefillAmount, p.Capacity, p.RefillAmount, p.RefillFrequency, p.Capacity, r.RefillAmount, r.RefillFrequency, p.RefillAmount, p.RefillFrequency, p.Capacity)
 	case p.Capacity > maxCount:
 		return bad("Capacity %d above %d", p.Capacity, maxCount)
 	case p.RefillFrequency > 100*365*24*time.Hour:

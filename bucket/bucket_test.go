@@ -40,7 +40,7 @@ func TestNewRejectsBadInput(t *testing.T) {
 		{"zero capacity", rdb, with(func(c *bucket.Config) { c.Capacity = 0 }), "Capacity 0"},
 		{"negative capacity", rdb, with(func(c *bucket.Config) { c.Capacity = -3 }), "Capacity -3"},
 		{"zero refill", rdb, with(func(c *bucket.Config) { c.RefillAmount = 0 }), "RefillAmount 0"},
-		{"refill above capacity", rdb, with(func(c *bucket.Config) { c.RefillAmount = 11 }), "above Capacity"},
+		{"refill above capacity", rdb, with(func(c *bucket.Config) { c.RefillAmount = 11 }), "above Capacity 10: tokens beyond Capacity are never usable; for 11 per"},
 		{"zero frequency", rdb, with(func(c *bucket.Config) { c.RefillFrequency = 0 }), "RefillFrequency 0s"},
 		{"negative frequency", rdb, with(func(c *bucket.Config) { c.RefillFrequency = -time.Second }), "RefillFrequency -1s"},
 		{"sub-µs frequency", rdb, with(func(c *bucket.Config) { c.RefillFrequency = 1500 * time.Nanosecond }), "whole number of microseconds"},
