@@ -8,6 +8,7 @@ package semaphore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -196,17 +197,22 @@ func TestFallbackSwitch(t *testing.T) {
 }
 
 // TestFallbackFleet: 1 and 4 worker processes saturate a semaphore of
-// capacity 4 through an outage (SIGKILL, then an empty restart). Every
+// capacity 4 through an outage (SIGKILL, then an empty restart; and for 4,
+// SIGSTOP then SIGCONT, where Redis keeps the leases and queue). Every
 // grant and release of every process is checked: while Redis is away each
 // process holds at most its share, the fleet never more than Capacity
 // plus the documented slack (weight held beyond a share at the switch),
 // and after the return grants come from Redis again.
 func TestFallbackFleet(t *testing.T) {
-	for _, procs := range []int{1, 4} {
-		t.Run(strings.Repeat("p", procs), func(t *testing.T) {
+	for _, tc := range []struct {
+		procs int
+		fault string
+	}{{1, testkit.Killed}, {4, testkit.Killed}, {4, testkit.Frozen}} {
+		procs := tc.procs
+		t.Run(fmt.Sprintf("%d_%s", procs, tc.fault), func(t *testing.T) {
 			e := newEnv(t)
 			e.srv.RequireReal(t)
-			const capacity = 4
+			const capacity, outage = 4, time.Second
 			cfg := workerConfig{
 				Addr: e.srv.Addr(), Name: t.Name(), Capacity: capacity,
 				LeaseTTL: 2 * time.Second, QueueTTL: time.Second,
@@ -235,11 +241,18 @@ func TestFallbackFleet(t *testing.T) {
 			}
 			until("every worker counting them all", 5*time.Second, func(ev event) bool { return ev.Ev == "count" && ev.N == procs })
 			killed := time.Now()
-			if err := e.srv.Kill(); err != nil {
-				t.Fatal(err)
+			if tc.fault == testkit.Killed {
+				if err := e.srv.Kill(); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				if err := e.srv.Pause(); err != nil {
+					t.Fatal(err)
+				}
+				defer e.srv.Resume()
 			}
 			until("every worker on its local share", 5*time.Second, func(ev event) bool { return ev.Ev == "local" })
-			t.Logf("every worker local %v after the kill", time.Since(killed).Round(time.Millisecond))
+			t.Logf("every worker local %v after Redis was %s", time.Since(killed).Round(time.Millisecond), tc.fault)
 			// Local grants: every worker makes a good many before Redis
 			// returns.
 			for i, w := range workers {
@@ -251,8 +264,15 @@ func TestFallbackFleet(t *testing.T) {
 					}
 				}
 			}
+			// The outage lasts a second in all: longer than the queue
+			// TTL, so a frozen Redis finds the queue's entries expired.
+			time.Sleep(time.Until(killed.Add(outage)))
 			restart := time.Now()
-			if err := e.srv.Restart(); err != nil {
+			if tc.fault == testkit.Killed {
+				if err := e.srv.Restart(); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := e.srv.Resume(); err != nil {
 				t.Fatal(err)
 			}
 			restarted := time.Now()
