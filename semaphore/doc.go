@@ -31,6 +31,11 @@
 // in one round trip; Config.Observer is told of every Acquire, and
 // Config.Logger of what an operator must know.
 //
+// While Redis is unreachable Acquire fails within a bound, or, with
+// Config.Fallback set to LocalShare, each process admits from its share of
+// Capacity until Redis answers again, and then registers there what it
+// holds (Inspect says which it does now, even while Redis is away).
+//
 // A Semaphore implements sluice.Limiter. See docs/semaphore.md for the keys,
 // the script and the life of a lease.
 package semaphore

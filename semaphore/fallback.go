@@ -49,28 +49,13 @@ const (
 // its next exchange; eight periods leave room for a loaded machine.
 const settleTime = 8 * hub.ProbeEvery
 
-// LocalState is this process's fallback state (Config.Fallback), as
-// Local reports it.
-type LocalState struct {
-	// Active reports that this process does not admit from Redis: from
-	// the switch, while Redis is unreachable, until its waiters go back
-	// to Redis (200 ms after Redis answers again, see LocalShare).
-	Active bool
-	// Share is the weight this process may hold while Active:
-	// max(1, ⌊Capacity / Processes⌋). Processes is the count it read
-	// before the switch, itself included, and Since when it switched.
-	// They describe the last switch, and are zero before the first.
-	Share, Processes int
-	Since            time.Time
-}
-
-// Local reports whether this process admits from its local share now,
-// and what that share is. It does no I/O (it answers while Redis is away,
-// when Inspect cannot) and is safe for concurrent use.
-func (s *Semaphore) Local() LocalState {
+// localState is this process's switch for Inspect: whether it admits
+// from its local share (from the switch until its waiters go back to
+// Redis), since when, and the processes the capacity was divided by.
+func (s *Semaphore) localState() (local bool, since time.Time, procs int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return LocalState{Active: s.mode != onRedis, Share: s.share, Processes: s.procs, Since: s.since}
+	return s.mode != onRedis, s.since, s.procs
 }
 
 // sendTrace leaves this process's trace in Redis, in the background, when

@@ -102,8 +102,9 @@ func TestFallbackSwitch(t *testing.T) {
 			if !first.p.local {
 				t.Fatal("the first waiter's permit did not come from the local share")
 			}
-			if st := s.Local(); !st.Active || st.Share != capacity || st.Processes != 1 {
-				t.Errorf("Local() = %+v, want active with share %d of 1 process", st, capacity)
+			if in, err := s.Inspect(context.Background()); err == nil || !in.Local || in.LocalShare != 1 || in.LocalSince.Before(faultAt) {
+				t.Errorf("Inspect while Redis is away: %v, Local %v since %v at 1/%d, want an error, and local since the fault at 1/1",
+					err, in.Local, in.LocalSince.Sub(faultAt), in.LocalShare)
 			}
 			for i := 1; i < waiters; i++ {
 				select {
@@ -140,7 +141,7 @@ func TestFallbackSwitch(t *testing.T) {
 				}
 			}
 			waitFor(t, 5*time.Second, "the waiter kept back to arrive in Redis", func() bool {
-				return !s.Local().Active && queueLen(t, e.rdb, s) == 1
+				return !isLocal(s) && queueLen(t, e.rdb, s) == 1
 			})
 			t.Logf("Redis back: waiters back on Redis %v after the restart/SIGCONT (settle %v)", time.Since(backAt).Round(time.Millisecond), settleTime)
 			in, err := s.Inspect(context.Background())
@@ -331,6 +332,12 @@ func TestFallbackFleet(t *testing.T) {
 	}
 }
 
+// isLocal reports that s admits from its local share.
+func isLocal(s *Semaphore) bool {
+	local, _, _ := s.localState()
+	return local
+}
+
 // switchLogger is a worker's Logger: it turns the switches into events.
 func switchLogger(emit func(event)) *slog.Logger {
 	return slog.New(&switchHandler{emit: emit})
@@ -411,8 +418,8 @@ func TestFallbackWithoutShare(t *testing.T) {
 	if err != nil && !strings.Contains(err.Error(), "no local share") {
 		t.Errorf("Acquire: %q, want it to say there is no local share", err)
 	}
-	if s.Local().Active {
-		t.Error("Local() active without a share")
+	if isLocal(s) {
+		t.Error("local without a share")
 	}
 }
 
@@ -435,8 +442,8 @@ func TestFallbackErrorReply(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "OOM") {
 		t.Fatalf("Acquire with Redis out of memory: %v, want Redis's OOM error", err)
 	}
-	if s.Local().Active || strings.Contains(logs.String(), "local share") {
-		t.Fatalf("switched to local on an error reply; Local() = %+v, log:\n%s", s.Local(), logs.String())
+	if isLocal(s) || strings.Contains(logs.String(), "local share") {
+		t.Fatalf("switched to local on an error reply; log:\n%s", logs.String())
 	}
 }
 
@@ -447,5 +454,69 @@ func TestFallbackConfig(t *testing.T) {
 	_, err := New(e.rdb, Config{Name: "x", Capacity: 1, Fallback: 2})
 	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "Fallback 2") {
 		t.Fatalf("New with Fallback 2: %v, want ErrConfig naming Fallback", err)
+	}
+}
+
+// TestFallbackHeavyAndClose: two processes share capacity 3, so each has
+// 1 while Redis is away. A weight above the share fails at once, saying
+// so; a local holder and a local waiter end at Close like any other.
+func TestFallbackHeavyAndClose(t *testing.T) {
+	e := newEnv(t)
+	e.srv.RequireReal(t)
+	rec := &recorder{}
+	cfg := Config{Name: t.Name(), Capacity: 3, Fallback: LocalShare, Observer: rec}
+	s, other := e.sem(t, cfg), e.sem(t, cfg)
+	ctx := context.Background()
+	for _, x := range []*Semaphore{s, other} {
+		releaseGone(t, e.rdb, acquire(t, x, time.Second))
+	}
+	for _, x := range []*Semaphore{s, other} {
+		// Read the count now rather than at the next trace, a second on.
+		if err := x.trace.Send(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.trace.Count(); n != 2 {
+		t.Fatalf("count %d, want 2", n)
+	}
+	if err := e.srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.AcquireN(ctx, 2)
+	if err == nil || !strings.Contains(err.Error(), "weight 2 above this process's local share 1") {
+		t.Fatalf("AcquireN(2) with a share of 1: %v, want it refused saying so", err)
+	}
+	testkit.CheckUnreachable(t, "AcquireN", err, e.srv.Addr(), testkit.Killed)
+	p := acquire(t, s, time.Second)
+	if !p.local {
+		t.Fatal("the permit did not come from the local share")
+	}
+	waiting := make(chan error, 1)
+	go func() {
+		_, err := s.Acquire(ctx)
+		waiting <- err
+	}()
+	waitFor(t, time.Second, "the second caller to wait locally", func() bool { return s.Stats().Waiting == 1 })
+	start := time.Now()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waiting; !errors.Is(err, ErrClosed) {
+		t.Errorf("a local waiter at Close: %v, want ErrClosed", err)
+	}
+	select {
+	case <-p.Lost():
+	default:
+		t.Error("a local permit's Lost is open after Close")
+	}
+	t.Logf("Close took %v", time.Since(start).Round(time.Millisecond))
+	var local int
+	for _, ev := range rec.all() {
+		if ev.Local {
+			local++
+		}
+	}
+	if local != 3 { // the refused heavy one, the grant, the waiter closed
+		t.Errorf("%d events marked Local, want 3", local)
 	}
 }

@@ -53,12 +53,18 @@ type Inspection struct {
 	// They count in none of the figures above; the next call of any
 	// process frees them.
 	Expired int
-	// Local is this process's fallback state when it was read (Local;
-	// Config.Fallback). An Inspection is read from Redis, so it is never
-	// taken while Redis is away: call Local then. Its Active is true in
-	// an Inspection only in the moments after Redis answers again, while
-	// this process's waiters are kept back.
-	Local LocalState
+	// Local reports that this process admits from its local share
+	// (Config.Fallback) rather than from Redis, since LocalSince (local
+	// clock), at 1/LocalShare of the capacity: a weight of
+	// max(1, ⌊Capacity / LocalShare⌋), LocalShare being the processes
+	// counted before the switch. Local lasts from the switch until this
+	// process's waiters go back to Redis, 200 ms after it answers again.
+	// Inspect fills these three even when it fails to read Redis, as it
+	// does during an outage; LocalSince and LocalShare describe the last
+	// switch, and are zero before the first.
+	Local      bool
+	LocalSince time.Time
+	LocalShare int
 }
 
 //go:embed inspect.lua
@@ -72,12 +78,22 @@ var inspectScript = redis.NewScript(inspectSource)
 // One round trip of a script that only reads; it changes nothing, and
 // never fails for a capacity this process does not follow. It returns an
 // error naming the format for state written by a newer version, and an
-// error wrapping Redis's when Redis did not answer. It is safe for
-// concurrent use, also after Close. Release returns before Redis has the
+// error wrapping Redis's when Redis did not answer. It also says whether
+// this process runs on its local share (Config.Fallback), even when Redis
+// cannot be read. It is safe for concurrent use, also after Close. Release returns before Redis has the
 // release, so Inspect first waits until this process's own releases have
 // been sent: it reads them back (another process's may lag by a round
 // trip).
 func (s *Semaphore) Inspect(ctx context.Context) (Inspection, error) {
+	var local Inspection
+	local.Local, local.LocalSince, local.LocalShare = s.localState()
+	in, err := s.inspect(ctx)
+	in.Local, in.LocalSince, in.LocalShare = local.Local, local.LocalSince, local.LocalShare
+	return in, err
+}
+
+// inspect is Inspect's read of Redis.
+func (s *Semaphore) inspect(ctx context.Context) (Inspection, error) {
 	// Release returns before Redis has the release: read this process's
 	// own releases back.
 	if err := s.flush(ctx); err != nil {
@@ -113,7 +129,6 @@ func (s *Semaphore) Inspect(ctx context.Context) (Inspection, error) {
 		s.mu.Unlock()
 	}
 	return Inspection{
-		Local:      s.Local(),
 		Now:        time.UnixMicro(now),
 		Capacity:   capacity,
 		Stored:     stored,

@@ -58,6 +58,11 @@ func (p *Permit) stopTimer() {
 // Stats.LeasesLost and is logged. A release that cannot reach Redis is
 // retried until the lease would have ended anyway. ctx is not used: the
 // release no longer waits for anything.
+//
+// With Config.Fallback, a permit granted from the local share while Redis
+// is away is released locally, at once (the next local waiter gets its
+// place); one held from Redis before the outage is released in Redis
+// when it answers again.
 func (p *Permit) Release(ctx context.Context) error {
 	s := p.s
 	s.mu.Lock()
@@ -87,6 +92,12 @@ func (p *Permit) Release(ctx context.Context) error {
 // could not be renewed in time, Redis no longer has it, or the Semaphore
 // was closed. Work protected by the permit should stop then; another
 // caller may already hold the place.
+//
+// With Config.Fallback, no lease is lost while Redis is away: a permit
+// held then (granted from the local share, or held from Redis since
+// before the outage) has no lease to renew, and its Lost closes only at
+// Close. When Redis answers again the permit is registered there with a
+// fresh lease, and from then on is renewed and can be lost as any other.
 func (p *Permit) Lost() <-chan struct{} { return p.lost }
 
 // validUntil is the conservative local end of the lease (for tests).

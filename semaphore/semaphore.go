@@ -214,6 +214,15 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 // unreachable: connection refused (no answer within 1.3s)") and matches
 // the network's error (syscall.ECONNREFUSED); it matches ctx.Err() only
 // when ctx ended first.
+//
+// With Config.Fallback set to LocalShare, Acquire does not fail because
+// Redis is unreachable: within about 100 ms it waits for, and is granted
+// from, this process's local share instead (see LocalShare). It still
+// fails so in a process that has not reached Redis since it started (the
+// error says there is no local share), when its weight is above the local
+// share (it could not be granted before Redis answers again), and when
+// Redis answers with an error (READONLY, OOM), which is never a reason to
+// switch.
 func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
 	return s.AcquireN(ctx, 1)
 }
