@@ -41,6 +41,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -53,6 +54,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/background"
+	"github.com/sluicehq/sluice/internal/enterdetail"
 	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/internal/hub"
 	"github.com/sluicehq/sluice/queue"
@@ -203,7 +205,7 @@ type Config struct {
 	// at the upstream: it keeps its place and takes the bucket's next
 	// slot, ahead of the callers queued, and its missed token goes back to
 	// the bucket when that provably keeps the limit (else it is spent;
-	// Report.Retimes and Refunds count both). Lateness is judged
+	// Report.Retimes counts both). Lateness is judged
 	// conservatively, from when the request left less the shortest round
 	// trip seen, so round trips to Redis that vary by more than MaxLateness
 	// make callers late: set it above that spread. 0 means 25 ms; negative
@@ -773,34 +775,27 @@ func (b *Bucket) EnterCost(ctx context.Context, c Cost) error {
 
 // Report tells what one Enter did.
 type Report struct {
-	Ticket     int64         // arrival order at Redis among this bucket's callers
-	Position   int           // place in the queue at arrival (0: not queued)
-	Wait       time.Duration // from the call to the return of Enter
-	Polls      int           // polls for a slot (1 in the normal queued case)
-	RoundTrips int           // Redis round trips made by this caller
-	Late       time.Duration // how late after its slot Enter returned, at most (local clock, less the usual round trip)
-	Reentries  int           // times the caller entered again (its slot lost, or a live change)
+	Ticket    int64         // arrival order at Redis among this bucket's callers (0: none)
+	Position  int           // place in the queue at arrival (0: not queued)
+	Wait      time.Duration // from the call to the return of Enter
+	Late      time.Duration // how late after its slot Enter returned, at most (local clock, less the usual round trip)
+	Reentries int           // times the caller entered again (its slot lost, or a live change)
 	// Retimes counts the times the caller came later than MaxLateness
 	// for its slot and took the next one instead, ahead of the callers
-	// queued; Refunds how many of those slots' tokens went back to the
-	// bucket (the others were spent: see docs/design.md, "Overload").
+	// queued (see docs/design.md, "Overload").
 	Retimes int
-	Refunds int
-	// Slot is the instant the caller's token was due, on the Redis clock.
-	// It is for analysis only (comparing with the local clock assumes
-	// both are synchronised); Enter never uses it.
-	Slot time.Time
-	// Margin is how long before its slot the caller held the reply that
-	// gave it the slot, at least (as if Redis read its clock the moment
-	// the request left). Zero or less: the reply came at or after the
-	// slot, so the caller was late before its final wait began, through
-	// Redis, the network or its own process being slow; otherwise a late
-	// return is the final wait's.
-	Margin time.Duration
 	// Local reports that the local share admitted the caller while Redis
-	// could not be reached (Config.Fallback); Slot, Ticket and the
-	// figures of its calls to Redis are then those it had before.
+	// could not be reached (Config.Fallback); Ticket and Position are
+	// then those it had before, if any.
 	Local bool
+}
+
+// entered is what enter keeps of one caller: the Report it returns, and
+// the figures only the bench and the tests read, which it copies to the
+// enterdetail.Detail the ctx carries, if any.
+type entered struct {
+	Report
+	enterdetail.Detail
 }
 
 // Estimate is what a caller would meet if it entered now.
@@ -839,12 +834,14 @@ func (b *Bucket) Estimate(ctx context.Context, c Cost) (Estimate, error) {
 func (b *Bucket) EnterReport(ctx context.Context, cost ...Cost) (Report, error) {
 	switch len(cost) {
 	case 0:
-		return b.enter(ctx, nil)
+		e, err := b.enter(ctx, nil)
+		return e.Report, err
 	case 1:
 		if cost[0] == nil {
 			cost[0] = Cost{}
 		}
-		return b.enter(ctx, cost[0])
+		e, err := b.enter(ctx, cost[0])
+		return e.Report, err
 	}
 	return Report{}, fmt.Errorf("bucket: EnterReport with %d costs, want at most one", len(cost))
 }
@@ -852,12 +849,15 @@ func (b *Bucket) EnterReport(ctx context.Context, cost ...Cost) (Report, error) 
 // enter enters a caller of cost c (nil: Enter's). Its costs per policy are
 // taken anew for each arrival: a live change may have changed the
 // policies in force meanwhile.
-func (b *Bucket) enter(ctx context.Context, c Cost) (rep Report, err error) {
+func (b *Bucket) enter(ctx context.Context, c Cost) (rep entered, err error) {
 	start := b.now()
 	b.tally.Begin()
 	defer func() {
 		res, why := groundwork.Classify(ctx, err, reasons...)
 		b.tally.End(sluice.Event{Result: res, Reason: why, Wait: b.now().Sub(start), Queued: rep.Position > 0 && res != sluice.Refused, Late: rep.Late, Reentries: rep.Reentries, Local: rep.Local})
+		if d := enterdetail.From(ctx); d != nil {
+			*d = rep.Detail
+		}
 	}()
 	if b.fb != nil {
 		defer b.fb.begin()()
@@ -883,8 +883,8 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep Report, err error) {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		if b.fb != nil && b.fb.isLocal() {
-			if err := b.fb.admit(ctx, "", costs, &rep); err != errBack {
+		if b.fb != nil && b.fb.serving() {
+			if err := b.fb.admit(ctx, "", costs, &rep.Report); err != errBack {
 				rep.Wait = b.now().Sub(start)
 				return rep, err
 			}
@@ -892,7 +892,7 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep Report, err error) {
 		again, err := b.enterOnce(ctx, costs, &rep, &limit)
 		var gone goneLocal
 		if errors.As(err, &gone) {
-			if err = b.fb.admit(ctx, gone.entry, costs, &rep); err == errBack {
+			if err = b.fb.admit(ctx, gone.entry, costs, &rep.Report); err == errBack {
 				continue // back on Redis before this caller booked
 			}
 			rep.Wait = b.now().Sub(start)
@@ -921,7 +921,7 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep Report, err error) {
 // limit bounds each of its calls to Redis (groundwork.CallCtx): it doubles
 // each time a call runs out of it while Redis answers a PING (busy), so
 // that a slow Redis is waited for and a frozen one is not.
-func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report, limit *time.Duration) (again bool, err error) {
+func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, limit *time.Duration) (again bool, err error) {
 	id := b.newID()
 	cctx, done, within := groundwork.CallCtx(ctx, *limit)
 	er, sent, err := b.comings.enqueue(cctx, id, costs)
@@ -935,7 +935,7 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report, limi
 		if ctx.Err() != nil || errors.Is(cctx.Err(), context.DeadlineExceeded) || errors.Is(err, queue.ErrNotReplicated) {
 			b.cancel(id) // it may have arrived before the caller gave up
 		}
-		if b.busy(ctx, cctx, within) {
+		if b.busy(ctx, cctx, within, err) {
 			*limit = min(2**limit, time.Minute)
 			return true, nil // arrive again
 		}
@@ -972,7 +972,7 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *Report, limi
 // and fails within Enter's bound rather than at its slot. When the scheduler publishes the caller's slot
 // (pushed callers always, others when the slot came earlier than their
 // estimate), the caller polls a lead before that slot instead.
-func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.Time, rep *Report, costs []int64, limit *time.Duration) (bool, error) {
+func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.Time, rep *entered, costs []int64, limit *time.Duration) (bool, error) {
 	entry := er.Entry
 	hints, forget := b.notices.register(entry)
 	var switched <-chan struct{}
@@ -1054,7 +1054,7 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 			continue
 		}
 		if err != nil {
-			if b.busy(ctx, cctx, within) {
+			if b.busy(ctx, cctx, within, err) {
 				*limit = min(2**limit, time.Minute)
 				wait = 0 // poll again
 				continue
@@ -1114,7 +1114,7 @@ func (b *Bucket) leadNow() time.Duration {
 // so that a reply that sat unread (a starved or frozen process) counts too.
 // A caller later than MaxLateness keeps its place (retime): costs and room
 // are what that needs.
-func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, delay time.Duration, rep *Report, costs []int64, room string) (bool, error) {
+func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, delay time.Duration, rep *entered, costs []int64, room string) (bool, error) {
 	for {
 		late, err := b.sleepLate(ctx, sent, received, delay, rep)
 		if err != nil || !late {
@@ -1130,7 +1130,7 @@ func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, dela
 
 // retime gives a caller too late for its slot the next one (retimeOnce),
 // then sleeps to it as sleepToSlot does.
-func (b *Bucket) retime(ctx context.Context, rep *Report, costs []int64, room string) (bool, error) {
+func (b *Bucket) retime(ctx context.Context, rep *entered, costs []int64, room string) (bool, error) {
 	sent, received, r, err := b.retimeOnce(ctx, rep, costs, room)
 	if err != nil {
 		return b.retimeFailed(ctx, err)
@@ -1148,7 +1148,7 @@ func (b *Bucket) retime(ctx context.Context, rep *Report, costs []int64, room st
 // limit while Redis answers a PING (slow, not away), it is made again with
 // twice the limit; a slot the lost reply held is then spent, never
 // granted twice.
-func (b *Bucket) retimeOnce(ctx context.Context, rep *Report, costs []int64, room string) (sent, received time.Time, r queue.Retimed, err error) {
+func (b *Bucket) retimeOnce(ctx context.Context, rep *entered, costs []int64, room string) (sent, received time.Time, r queue.Retimed, err error) {
 	for limit := b.answerWithin(); ; limit = min(2*limit, time.Minute) {
 		cctx, done, within := groundwork.CallCtx(ctx, limit)
 		sentFn, rctx := sentAt(cctx, b.now)
@@ -1156,7 +1156,7 @@ func (b *Bucket) retimeOnce(ctx context.Context, rep *Report, costs []int64, roo
 		done()
 		received = b.now()
 		rep.RoundTrips++
-		if err != nil && b.busy(ctx, cctx, within) {
+		if err != nil && b.busy(ctx, cctx, within, err) {
 			continue
 		}
 		if err != nil {
@@ -1192,7 +1192,7 @@ func (b *Bucket) retimeFailed(ctx context.Context, err error) (bool, error) {
 
 // sleepLate sleeps until the slot and reports whether the caller is later
 // than MaxLateness.
-func (b *Bucket) sleepLate(ctx context.Context, sent, received time.Time, delay time.Duration, rep *Report) (bool, error) {
+func (b *Bucket) sleepLate(ctx context.Context, sent, received time.Time, delay time.Duration, rep *entered) (bool, error) {
 	rep.Margin = sent.Add(delay).Sub(received)
 	if err := b.hub.Sleep(ctx, received.Add(delay).Sub(b.now()), b.bg.Done()); err != nil {
 		if errors.Is(err, hub.ErrStopped) {
@@ -1248,21 +1248,27 @@ func (b *Bucket) answerWithin() time.Duration {
 		return groundwork.AnswerWithin + 4*b.cfg.ReplicaTimeout
 	}
 	if b.fb != nil {
-		return hub.AwayAfter // a frozen Redis sends the caller to its share this soon
+		// A frozen Redis sends a caller in flight to its share this soon:
+		// the probe's verdict (AwayAfter) and a round of it to spare.
+		return hub.AwayAfter + 2*hub.ProbeEvery
 	}
 	return groundwork.AnswerWithin
 }
 
 // busy reports that a call made on cctx (groundwork.CallCtx(ctx), which
-// added the limit within; cancelled since) ran out of that limit, not of
-// ctx, while Redis still answers a PING: it is slow (a burst of thousands
+// added the limit within; cancelled since) ran out of that limit (err, its
+// error, a timeout), not of ctx, while Redis still answers a PING: it is slow (a burst of thousands
 // of arrivals), not away, and the call may be made again.
-func (b *Bucket) busy(ctx, cctx context.Context, within time.Duration) bool {
-	if within <= 0 || ctx.Err() != nil || !errors.Is(cctx.Err(), context.DeadlineExceeded) {
+func (b *Bucket) busy(ctx, cctx context.Context, within time.Duration, err error) bool {
+	// go-redis sets the socket's deadline from cctx's: its read may time
+	// out a moment before cctx reports it.
+	var ne net.Error
+	timedOut := errors.Is(cctx.Err(), context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+	if within <= 0 || ctx.Err() != nil || !timedOut {
 		return false
 	}
 	if b.fb != nil {
-		return b.fb.answers(ctx) // the probe's verdict, within its round
+		return b.fb.answers(ctx, b.now().Add(-within)) // the probe's verdict since the call began
 	}
 	return groundwork.Answers(ctx, b.rdb)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"slices"
 	"sync"
@@ -100,7 +101,7 @@ func (f *fallback) begin() (end func()) {
 			ctx, cancel := context.WithTimeout(ctx, groundwork.AnswerWithin)
 			defer cancel()
 			if err := f.trace.Send(ctx); err != nil && hub.Unreachable(err) && ctx.Err() == nil {
-				f.b.hub.MarkAway()
+				f.b.hub.MarkAwayBecause(fmt.Errorf("presence trace: %w", err))
 			}
 		})
 	}
@@ -121,6 +122,18 @@ func (f *fallback) isLocal() bool {
 	return f.local
 }
 
+// serving reports whether a caller goes to the share now: the bucket is
+// local, or the probe has marked Redis away and the bucket can switch.
+func (f *fallback) serving() bool {
+	if f.isLocal() {
+		return true
+	}
+	if away, _ := f.b.hub.Away(); away {
+		return f.goLocal()
+	}
+	return false
+}
+
 // away reports whether err, a failed call's, means Redis is unreachable
 // and the bucket has switched to its share (marking Redis away for every
 // handle on the client): the caller is then served locally. A call cut
@@ -133,31 +146,46 @@ func (f *fallback) away(ctx context.Context, err error) bool {
 	if errors.As(err, &cerr) || errors.Is(err, queue.ErrNotReplicated) {
 		return false
 	}
-	f.b.hub.MarkAway()
+	f.b.hub.MarkAwayBecause(err)
 	return f.goLocal()
 }
 
-// answers waits for the probe's verdict after a call ran out of its bound:
-// true when Redis still answers (slow, not away), false once it is marked
-// away (the bucket then switches) or ctx ends.
-func (f *fallback) answers(ctx context.Context) bool {
-	away, changed := f.b.hub.Away()
-	if !away {
-		t := time.NewTimer(hub.ProbeEvery + hub.AwayAfter + 10*time.Millisecond)
-		defer t.Stop()
+// answers waits for the probe's verdict after a call made at since ran
+// out of its bound: true once the probe had an answer after since (Redis
+// is slow, not away), false once Redis is marked away (the bucket then
+// switches) or ctx ends.
+func (f *fallback) answers(ctx context.Context, since time.Time) bool {
+	t := time.NewTicker(hub.ProbeEvery)
+	defer t.Stop()
+	for {
+		answered, away, changed := f.b.hub.Answered()
+		switch {
+		case away:
+			f.goLocal()
+			return false
+		case answered.After(since):
+			return true
+		}
 		select {
 		case <-changed:
-			away, _ = f.b.hub.Away()
 		case <-t.C:
 		case <-ctx.Done():
 			return false
 		}
 	}
-	if away {
-		f.goLocal()
-		return false
+}
+
+// say logs msg through the Logger: at level for the first bucket on the
+// client to say this switch, at Debug for the others.
+func (f *fallback) say(level slog.Level, msg string, args ...any) {
+	l := f.b.cfg.Logger
+	if l == nil {
+		return
 	}
-	return true
+	if !f.b.hub.FirstToSay(l) {
+		level = slog.LevelDebug
+	}
+	l.Log(context.Background(), level, msg, append(args, "bucket", f.b.cfg.Name)...)
 }
 
 // goLocal switches to the local share, unless the bucket is local already
@@ -174,13 +202,11 @@ func (f *fallback) goLocal() bool {
 	windowed := slices.ContainsFunc(ps, func(p Policy) bool { return p.Kind != TokenBucket })
 	if n <= 0 || windowed {
 		f.mu.Unlock()
-		if l := f.b.cfg.Logger; l != nil {
-			why := "this process has not reached Redis since it started, so it knows no share"
-			if windowed {
-				why = "a window is in force, which the local share cannot serve"
-			}
-			l.Warn("sluice: Redis unreachable; no local share: "+why, "bucket", f.b.cfg.Name)
+		why := "this process has not reached Redis since it started, so it knows no share"
+		if windowed {
+			why = "a window is in force, which the local share cannot serve"
 		}
+		f.say(slog.LevelWarn, "sluice: Redis unreachable; no local share: "+why)
 		return false
 	}
 	now := f.b.now()
@@ -203,10 +229,8 @@ func (f *fallback) goLocal() bool {
 	}
 	close(f.switched)
 	f.mu.Unlock()
-	if l := f.b.cfg.Logger; l != nil {
-		l.Warn(fmt.Sprintf("sluice: Redis unreachable; admitting from this process's local share, 1/%d of the limit, until it answers", n),
-			"bucket", f.b.cfg.Name, "queued", len(qs))
-	}
+	f.say(slog.LevelWarn, fmt.Sprintf("sluice: Redis unreachable; admitting from this process's local share, 1/%d of the limit, until it answers (said once per client; the other buckets' switches at Debug)", n),
+		"queued", len(qs), "cause", f.b.hub.Cause())
 	return true
 }
 
@@ -372,7 +396,7 @@ func (f *fallback) charge(ctx context.Context) bool {
 	dropped := errors.As(err, &cerr) // the policies changed meanwhile: nothing to charge them with
 	back := err == nil || dropped
 	if !back && hub.Unreachable(err) {
-		f.b.hub.MarkAway()
+		f.b.hub.MarkAwayBecause(fmt.Errorf("charge: %w", err))
 	}
 
 	f.mu.Lock()
@@ -386,16 +410,14 @@ func (f *fallback) charge(ctx context.Context) bool {
 	}
 	f.mu.Unlock()
 	close(ch)
-	if l := f.b.cfg.Logger; l != nil {
-		switch {
-		case dropped:
-			l.Warn("sluice: Redis answers again; back on Redis, without charging the local share's grants (the policies in force changed)",
-				"bucket", f.b.cfg.Name, "local_for", f.b.now().Sub(since).Round(time.Millisecond), "granted_locally", granted)
-		case back:
-			l.Info(fmt.Sprintf("sluice: Redis answers again; back on Redis after %v on 1/%d of the limit, charged with the %d tokens the share had not refilled",
-				f.b.now().Sub(since).Round(time.Millisecond), n, total),
-				"bucket", f.b.cfg.Name, "granted_locally", granted)
-		}
+	switch {
+	case dropped:
+		f.say(slog.LevelWarn, "sluice: Redis answers again; back on Redis, without charging the local share's grants (the policies in force changed)",
+			"local_for", f.b.now().Sub(since).Round(time.Millisecond), "granted_locally", granted)
+	case back:
+		f.say(slog.LevelInfo, fmt.Sprintf("sluice: Redis answers again; back on Redis after %v on 1/%d of the limit, charged with the %d tokens the share had not refilled",
+			f.b.now().Sub(since).Round(time.Millisecond), n, total),
+			"granted_locally", granted)
 	}
 	return back
 }
