@@ -113,7 +113,7 @@ func TestAdaptSaidRateUnderLoad(t *testing.T) {
 		wg.Go(func() {
 			for run.Err() == nil {
 				start := time.Now()
-				rep, err := b.EnterReport(run)
+				rep, err := enterReport(run, b)
 				if err != nil {
 					if run.Err() == nil {
 						mu.Lock()

@@ -145,7 +145,7 @@ func TestFastPathOneRoundTrip(t *testing.T) {
 	defer rdb.Close()
 	b := newBucket(t, rdb, bucket.Config{Capacity: 5, RefillAmount: 1, RefillFrequency: time.Hour})
 	for i := 0; i < 5; i++ {
-		rep, err := b.EnterReport(context.Background())
+		rep, err := enterReport(context.Background(), b)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -548,7 +548,7 @@ func TestLongWaitPollsOnce(t *testing.T) {
 	if err := b.Enter(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := b.EnterReport(withTimeout(t, 10*time.Second))
+	rep, err := enterReport(withTimeout(t, 10*time.Second), b)
 	if err != nil {
 		t.Fatal(err)
 	}

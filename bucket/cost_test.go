@@ -100,7 +100,7 @@ func TestCostsAcrossBuckets(t *testing.T) {
 			wg.Go(func() {
 				for range 4 {
 					cost := bucket.Cost{"": 1, "pu": 1 + rng.IntN(60)}
-					rep, err := b.EnterReport(ctx, cost)
+					rep, err := enterReport(ctx, b, cost)
 					if err != nil {
 						t.Errorf("EnterCost(%v): %v", cost, err)
 						return
@@ -271,9 +271,9 @@ func TestHeadCostHoldsBackThoseBehind(t *testing.T) {
 	if err := b.EnterN(ctx, 10); err != nil {
 		t.Fatal(err)
 	}
-	big := make(chan bucket.Report, 1)
+	big := make(chan report, 1)
 	go func() {
-		rep, err := b.EnterReport(ctx, bucket.Cost{"": 10})
+		rep, err := enterReport(ctx, b, bucket.Cost{"": 10})
 		if err != nil {
 			t.Error(err)
 		}
@@ -283,7 +283,7 @@ func TestHeadCostHoldsBackThoseBehind(t *testing.T) {
 		l, _ := rdb.LLen(ctx, bucket.Keys(b).Queue).Result()
 		return l == 1
 	})
-	small, err := b.EnterReport(ctx)
+	small, err := enterReport(ctx, b)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,8 +43,7 @@ func Example() {
 func ExampleBucket_EnterReport() {
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
 	defer rdb.Close()
-	b, err := bucket.New(rdb, bucket.Config{Name: "report", Capacity: 1, RefillAmount: 1, RefillFrequency: 300 * time.Millisecond,
-		Lookahead: 100 * time.Millisecond}) // the second caller queues, and its slot is assigned well before it polls
+	b, err := bucket.New(rdb, bucket.Config{Name: "report", Capacity: 1, RefillAmount: 1, RefillFrequency: 300 * time.Millisecond}) // the second caller queues for the next token
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -57,11 +56,11 @@ func ExampleBucket_EnterReport() {
 			fmt.Println(err)
 			return
 		}
-		fmt.Printf("round trips %d, polls %d\n", rep.RoundTrips, rep.Polls)
+		fmt.Printf("queue position %d, waited ≥ 250ms: %v\n", rep.Position, rep.Wait >= 250*time.Millisecond)
 	}
 	// Output:
-	// round trips 1, polls 0
-	// round trips 2, polls 1
+	// queue position 0, waited ≥ 250ms: false
+	// queue position 1, waited ≥ 250ms: true
 }
 
 func ExampleConfig_maxWait() {

@@ -58,7 +58,7 @@ func startFailoverLoad(t *testing.T, bs []*bucket.Bucket, callers int, timeout t
 				for ctx.Err() == nil {
 					ectx, cancel := context.WithTimeout(ctx, timeout)
 					start := time.Now()
-					rep, err := b.EnterReport(ectx)
+					rep, err := enterReport(ectx, b)
 					end := time.Now()
 					cancel()
 					if err != nil && ctx.Err() != nil {

@@ -58,7 +58,7 @@ func startLoad(t *testing.T, b *bucket.Bucket, proc, callers int, timeout time.D
 			for ctx.Err() == nil {
 				ectx, cancel := context.WithTimeout(ctx, timeout)
 				start := time.Now()
-				rep, err := b.EnterReport(ectx)
+				rep, err := enterReport(ectx, b)
 				end := time.Now()
 				cancel()
 				if err != nil && ctx.Err() != nil {
@@ -637,7 +637,7 @@ func cancelStorm(t *testing.T) (cfg bucket.Config, stayers []loadgen.Grant, canc
 	enter := func(c context.Context, isStay bool, i int) {
 		defer wg.Done()
 		start := time.Now()
-		rep, err := b.EnterReport(c)
+		rep, err := enterReport(c, b)
 		g := loadgen.Grant{Caller: i, Start: start.UnixNano(), End: time.Now().UnixNano(), Position: rep.Position,
 			Polls: rep.Polls, Reentries: rep.Reentries, Retimes: rep.Retimes}
 		if !rep.Slot.IsZero() {

@@ -87,7 +87,7 @@ func TestSync(t *testing.T) {
 		t.Fatalf("Sync of a unit no policy counts: %v, %v; want nothing", lowered, err)
 	}
 	for i := range 3 {
-		rep, err := b.EnterReport(ctx)
+		rep, err := enterReport(ctx, b)
 		if err != nil || rep.Position != 0 || rep.Slot.After(time.Now().Add(time.Millisecond)) {
 			t.Fatalf("Enter %d of the 3 remaining: %+v, %v; want at once", i, rep, err)
 		}

@@ -105,7 +105,7 @@ func TestThousandsOfHandlesOneClient(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				rep, err := b.EnterReport(ctx)
+				rep, err := enterReport(ctx, b)
 				if err != nil {
 					errs <- err
 					return
@@ -388,7 +388,7 @@ func TestSchedulerDiesWithManyBuckets(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for time.Now().Before(until) {
-					rep, err := b.EnterReport(ctx)
+					rep, err := enterReport(ctx, b)
 					if err != nil {
 						t.Errorf("bucket %d: %v", i, err)
 						return

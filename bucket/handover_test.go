@@ -49,12 +49,12 @@ func TestSchedulerClosedWhileOthersWait(t *testing.T) {
 	})
 
 	var mu sync.Mutex
-	var reps []bucket.Report
+	var reps []report
 	var errs []error
 	var wg sync.WaitGroup
 	enter := func() {
 		wg.Go(func() {
-			rep, err := b.EnterReport(ctx)
+			rep, err := enterReport(ctx, b)
 			mu.Lock()
 			defer mu.Unlock()
 			reps = append(reps, rep)

@@ -33,7 +33,7 @@ func saturate(ctx context.Context, b *bucket.Bucket, callers int) (grants []load
 			for ctx.Err() == nil {
 				c, cancel := context.WithTimeout(ctx, 2*time.Second)
 				start := time.Now()
-				rep, err := b.EnterReport(c)
+				rep, err := enterReport(c, b)
 				cancel()
 				mu.Lock()
 				switch {

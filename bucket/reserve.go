@@ -30,6 +30,7 @@ type Reservation struct {
 	estimate Cost      // nil: Enter's cost
 	expires  time.Time // local clock
 	report   Report
+	slot     time.Time // on the Redis clock; zero: unknown
 
 	mu    sync.Mutex
 	state string // "" open; else why it no longer is
@@ -47,11 +48,11 @@ type Reservation struct {
 // out, after the upstream may already have seen the excess (see
 // docs/guarantees.md, "Settling").
 func (b *Bucket) Reserve(ctx context.Context, c Cost) (*Reservation, error) {
-	rep, err := b.enter(ctx, c)
+	e, err := b.enter(ctx, c)
 	if err != nil {
 		return nil, err
 	}
-	return &Reservation{b: b, estimate: maps.Clone(c), expires: b.now().Add(b.cfg.ReservationTTL), report: rep}, nil
+	return &Reservation{b: b, estimate: maps.Clone(c), expires: b.now().Add(b.cfg.ReservationTTL), report: e.Report, slot: e.Slot}, nil
 }
 
 // Estimate is the cost the reservation was granted with (nil: Enter's).
@@ -102,8 +103,8 @@ func (r *Reservation) close(ctx context.Context, why string, actual Cost) error 
 		return err
 	}
 	var slot int64
-	if !r.report.Slot.IsZero() {
-		slot = r.report.Slot.UnixMicro()
+	if !r.slot.IsZero() {
+		slot = r.slot.UnixMicro()
 	}
 	err := r.b.settle(ctx, slot, r.estimate, actual)
 	r.mu.Lock()

@@ -209,9 +209,10 @@ type Saturation struct {
 	PollsPerQueued float64 `json:"polls_per_queued"`
 	MaxPolls       int     `json:"max_polls"`
 
-	// CallerRoundTrips sums Report.RoundTrips; RoundTrips is what the
-	// go-redis hooks of every process counted (callers, scheduler steps,
-	// lock calls, script loads). Both are per grant below.
+	// CallerRoundTrips sums the callers' round trips
+	// (enterdetail.Detail.RoundTrips); RoundTrips is what the go-redis
+	// hooks of every process counted (callers, scheduler steps, lock
+	// calls, script loads). Both are per grant below.
 	CallerRoundTrips int64 `json:"caller_round_trips"`
 	RoundTrips       int64 `json:"round_trips"`
 
@@ -221,9 +222,9 @@ type Saturation struct {
 	Late       Dist `json:"late"`
 	LateSteady Dist `json:"late_steady"`
 	// LateAnswer counts the steady-state grants whose reply came at or
-	// after the slot (Report.Margin ≤ 0): late before the final wait, by
-	// Redis, the network or the process. LateInTime is LateSteady over the
-	// others: what the final wait itself adds.
+	// after the slot (enterdetail.Detail.Margin ≤ 0): late before the
+	// final wait, by Redis, the network or the process. LateInTime is
+	// LateSteady over the others: what the final wait itself adds.
 	LateAnswer int  `json:"late_answer"`
 	LateInTime Dist `json:"late_in_time"`
 	// Early counts grants that returned more than 100 µs before their slot.

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/enterdetail"
 	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/workers"
@@ -381,13 +382,14 @@ func churnProcess(raw string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), spec.Timeout)
 	start := time.Now()
-	rep, err := b.EnterReport(ctx)
+	var d enterdetail.Detail
+	rep, err := b.EnterReport(enterdetail.With(ctx, &d))
 	end := time.Now()
 	cancel()
-	g := loadgen.Grant{Ticket: rep.Ticket, Start: start.UnixNano(), End: end.UnixNano(), Position: rep.Position, Polls: rep.Polls,
-		RoundTrips: rep.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries, Retimes: rep.Retimes, Refunds: rep.Refunds, Margin: int64(rep.Margin)}
-	if !rep.Slot.IsZero() {
-		g.Slot = rep.Slot.UnixMicro()
+	g := loadgen.Grant{Ticket: rep.Ticket, Start: start.UnixNano(), End: end.UnixNano(), Position: rep.Position, Polls: d.Polls,
+		RoundTrips: d.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries, Retimes: rep.Retimes, Refunds: d.Refunds, Margin: int64(d.Margin)}
+	if !d.Slot.IsZero() {
+		g.Slot = d.Slot.UnixMicro()
 	}
 	if err != nil {
 		g.Err = err.Error()

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/enterdetail"
 	"github.com/sluicehq/sluice/internal/loadgen"
 )
 
@@ -24,7 +25,7 @@ type Overhead struct {
 	Enter   Dist `json:"enter"`   // uncontended Enter
 	// EnterOverScript is Enter.P50 / Script.P50.
 	EnterOverScript float64 `json:"enter_over_script"`
-	// RoundTripsPerEnter is the mean of bucket.Report.RoundTrips.
+	// RoundTripsPerEnter is the mean of enterdetail.Detail.RoundTrips.
 	RoundTripsPerEnter float64 `json:"round_trips_per_enter"`
 
 	Admit  []Admit `json:"admit"`
@@ -96,9 +97,11 @@ func (o *Overhead) run(ctx context.Context, e *env) error {
 	}
 	defer b.Close()
 	var rts, n int
+	var d enterdetail.Detail
+	dctx := enterdetail.With(ctx, &d)
 	if o.Enter, err = timeCalls(overheadSamples, func() error {
-		rep, err := b.EnterReport(ctx)
-		rts += rep.RoundTrips
+		err := b.Enter(dctx)
+		rts += d.RoundTrips
 		n++
 		return err
 	}); err != nil {

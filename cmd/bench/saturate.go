@@ -180,7 +180,7 @@ func (s *Saturate) table(t *table, l Limit) {
 	val("grants overtaken, by start time", pct(s.OvertakenStart, s.Grants), fmt.Sprintf("%d callers that one reaching Redis after them started > %s before", s.OvertakenStart, dur(s.StartTol)))
 	val("polls per queued caller", fmt.Sprintf("%.3f", s.PollsPerQueued), fmt.Sprintf("times a queued caller asked Redis for its grant time; %s queued grants; max %d polls", commas(s.Queued), s.MaxPolls))
 	val("round trips per grant, all", fmt.Sprintf("%.3f", s.RoundTripsPerGrant()), fmt.Sprintf("%s commands and pipelines sent by all processes; connection handshakes (%s) left out", commas(int(s.RoundTrips)), commas(int(s.SetupRoundTrips))))
-	val("round trips per grant, callers", fmt.Sprintf("%.3f", s.CallerRoundTripsPerGrant()), "the calls each caller waited for (EnterReport's RoundTrips); a batched call counts for every caller in it")
+	val("round trips per grant, callers", fmt.Sprintf("%.3f", s.CallerRoundTripsPerGrant()), "the calls to Redis each caller waited for; a batched call counts for every caller in it")
 	val("returned > 100 µs before grant time", commas(s.Early), "")
 	val("returned > MaxLateness after grant time", commas(s.Tardy), fmt.Sprintf("MaxLateness %s, by this machine's clock (the bucket judges lateness conservatively, from its own round trips)", dur(s.MaxLateness)))
 	s.Saturation.lateRows(val)

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/enterdetail"
 	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/semaphore"
@@ -268,10 +269,11 @@ func (t *Tenants) runOne(ctx context.Context, e *env, callers int) (TenantsRow, 
 				cctx, cancel := context.WithTimeout(ctx, t.Deadline)
 				defer cancel()
 				start := time.Now()
-				rep, err := b.EnterReport(cctx)
-				g := loadgen.Grant{Proc: i, Caller: k, Ticket: rep.Ticket, Start: start.UnixNano(), End: time.Now().UnixNano(), Reentries: rep.Reentries, Retimes: rep.Retimes, Refunds: rep.Refunds}
-				if !rep.Slot.IsZero() {
-					g.Slot = rep.Slot.UnixMicro()
+				var d enterdetail.Detail
+				rep, err := b.EnterReport(enterdetail.With(cctx, &d))
+				g := loadgen.Grant{Proc: i, Caller: k, Ticket: rep.Ticket, Start: start.UnixNano(), End: time.Now().UnixNano(), Reentries: rep.Reentries, Retimes: rep.Retimes, Refunds: d.Refunds}
+				if !d.Slot.IsZero() {
+					g.Slot = d.Slot.UnixMicro()
 				}
 				if err != nil {
 					g.Err = err.Error()

@@ -26,6 +26,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/enterdetail"
 )
 
 // Grant is the record of one Enter.
@@ -41,9 +42,9 @@ type Grant struct {
 	Late       int64  `json:"l,omitempty"` // ns
 	Reentries  int    `json:"re,omitempty"`
 	Retimes    int    `json:"rtm,omitempty"` // bucket.Report.Retimes
-	Refunds    int    `json:"rf,omitempty"`  // bucket.Report.Refunds
+	Refunds    int    `json:"rf,omitempty"`  // enterdetail.Detail.Refunds
 	Slot       int64  `json:"sl,omitempty"`  // unix µs of the slot on the Redis clock
-	Margin     int64  `json:"mg,omitempty"`  // ns: bucket.Report.Margin
+	Margin     int64  `json:"mg,omitempty"`  // ns: enterdetail.Detail.Margin
 	Err        string `json:"err,omitempty"`
 	// Local: the local share admitted it (bucket.Report.Local).
 	Local bool `json:"lo,omitempty"`
@@ -177,6 +178,8 @@ func Run(ctx context.Context, b *bucket.Bucket, spec Spec, out func(Grant)) {
 				var rep bucket.Report
 				var res *bucket.Reservation
 				var err error
+				var d enterdetail.Detail
+				ectx = enterdetail.With(ectx, &d)
 				if spec.SettleMax > 0 && costs != nil {
 					if res, err = b.Reserve(ectx, costs[0]); err == nil {
 						rep = res.Report()
@@ -187,9 +190,9 @@ func Run(ctx context.Context, b *bucket.Bucket, spec Spec, out func(Grant)) {
 				end := time.Now()
 				cancel()
 				g := Grant{Proc: spec.Proc, Caller: c, Ticket: rep.Ticket, Start: start.UnixNano(), End: end.UnixNano(),
-					Position: rep.Position, Polls: rep.Polls, RoundTrips: rep.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries, Retimes: rep.Retimes, Refunds: rep.Refunds, Margin: int64(rep.Margin), Local: rep.Local, Seq: seq, Cost: cost}
-				if !rep.Slot.IsZero() {
-					g.Slot = rep.Slot.UnixMicro()
+					Position: rep.Position, Polls: d.Polls, RoundTrips: d.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries, Retimes: rep.Retimes, Refunds: d.Refunds, Margin: int64(d.Margin), Local: rep.Local, Seq: seq, Cost: cost}
+				if !d.Slot.IsZero() {
+					g.Slot = d.Slot.UnixMicro()
 				}
 				if err != nil {
 					g.Err = err.Error()
