@@ -475,7 +475,7 @@ func TestKeysHaveTTL(t *testing.T) {
 			t.Errorf("key %q has no TTL (%v)", k, ttl)
 		}
 		if k == bucket.Keys(b).Config {
-			// The limit outlives idle spells (queue.Keys.Config).
+			// The limit outlives idle spells (the config key).
 			if ttl < 29*24*time.Hour || ttl > 30*24*time.Hour {
 				t.Errorf("config key %q lives %v, want 30 days", k, ttl)
 			}

@@ -1,6 +1,7 @@
 package bucket
 
 import (
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/groundwork"
@@ -19,8 +20,20 @@ func NewID(b *Bucket) string { return b.newID() }
 // MinRoundTrip exposes the shortest recent round trip the Bucket has seen.
 func MinRoundTrip(b *Bucket) time.Duration { return b.rtt.min() }
 
+// TestKeys are the Redis keys of a bucket that the tests read or write.
+type TestKeys struct {
+	Queue, State, Slot, Lock, Config string
+}
+
+// testKeys are k's, with those package queue keeps to itself spelt out
+// from their common start (queue's TestKeys pins the layout).
+func testKeys(k queue.Keys) TestKeys {
+	base := strings.TrimSuffix(k.Queue, "queue")
+	return TestKeys{Queue: k.Queue, State: base + "state", Slot: k.Slot, Lock: k.Lock, Config: base + "config"}
+}
+
 // Keys exposes the Redis keys of b's bucket.
-func Keys(b *Bucket) queue.Keys { return b.q.Keys() }
+func Keys(b *Bucket) TestKeys { return testKeys(b.q.Keys()) }
 
 // Defaults, for tests that spell them out.
 const (
@@ -30,10 +43,10 @@ const (
 
 // KeysFor is the keys of the bucket cfg describes (KeyPrefix "" is the
 // default's).
-func KeysFor(cfg Config) queue.Keys {
+func KeysFor(cfg Config) TestKeys {
 	prefix := cfg.KeyPrefix
 	if prefix == "" {
 		prefix = groundwork.DefaultKeyPrefix
 	}
-	return queue.New(nil, prefix, cfg.Name, queue.Options{}).Keys()
+	return testKeys(queue.New(nil, prefix, cfg.Name, queue.Options{}).Keys())
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/internal/testmain"
-	"github.com/sluicehq/sluice/queue"
 )
 
 var exampleAddr string
@@ -111,7 +110,7 @@ func checkGrants(t *testing.T, grants []loadgen.Grant, cfg bucket.Config) guaran
 var waitFor = testkit.WaitFor
 
 // keysFor returns the keys of the bucket cfg describes.
-func keysFor(cfg bucket.Config) queue.Keys { return bucket.KeysFor(cfg) }
+func keysFor(cfg bucket.Config) bucket.TestKeys { return bucket.KeysFor(cfg) }
 
 // keysOf lists the Redis keys of a bucket.
 func keysOf(t *testing.T, rdb *redis.Client, b *bucket.Bucket) []string {

@@ -56,18 +56,19 @@ type Config = protocol.Config
 
 // ConfigError reports that a script refused to run because the bucket's
 // configuration in force (InForce, its id) is not the one this Queue ran
-// it under (Mine): nothing was changed. InForce is "" when the call was
-// made for a configuration the Queue no longer runs under (costs per
-// policy of the policies Follow replaced).
+// it under: nothing was changed. InForce is "" when the call was made for
+// a configuration the Queue no longer runs under (costs per policy of the
+// policies Follow replaced).
 type ConfigError struct {
-	Mine, InForce string
+	InForce string
+	mine    string // the id of the configuration the call was made for
 }
 
 func (e *ConfigError) Error() string {
 	if e.InForce == "" {
-		return "queue: the call was made for configuration " + e.Mine + ", which this queue no longer runs under"
+		return "queue: the call was made for configuration " + e.mine + ", which this queue no longer runs under"
 	}
-	return "queue: the bucket's configuration in force is " + e.InForce + ", not this queue's " + e.Mine
+	return "queue: the bucket's configuration in force is " + e.InForce + ", not this queue's " + e.mine
 }
 
 // configReply reads a script's refusal for its configuration (state.lua's
@@ -112,7 +113,7 @@ func (q *Queue) runFor(ctx context.Context, s *redis.Script, keys []string, gran
 		case !refused:
 			return reply, err
 		case stored != "" || try > 0:
-			return nil, &ConfigError{Mine: c.id, InForce: stored}
+			return nil, &ConfigError{mine: c.id, InForce: stored}
 		}
 		if err := q.storeMine(ctx, c); err != nil {
 			return nil, err
@@ -122,7 +123,7 @@ func (q *Queue) runFor(ctx context.Context, s *redis.Script, keys []string, gran
 
 // storeMine stores c as the configuration in force, unless one is stored.
 func (q *Queue) storeMine(ctx context.Context, c *conf) error {
-	return q.rdb.SetNX(ctx, q.keys.Config, protocol.FormatConfig(protocol.Config{Policies: c.policies}), protocol.ConfigTTL).Err()
+	return q.rdb.SetNX(ctx, q.keys.config, protocol.FormatConfig(protocol.Config{Policies: c.policies}), protocol.ConfigTTL).Err()
 }
 
 // runInForce is run for calls made on behalf of callers already queued (a
@@ -160,7 +161,7 @@ func (q *Queue) Policies() (id string, ps []Policy) {
 // ReadConfig reads the bucket's configuration in force; ok is false when
 // none is stored yet.
 func (q *Queue) ReadConfig(ctx context.Context) (c Config, ok bool, err error) {
-	raw, err := q.rdb.Get(ctx, q.keys.Config).Result()
+	raw, err := q.rdb.Get(ctx, q.keys.config).Result()
 	if errors.Is(err, redis.Nil) {
 		return Config{}, false, nil
 	}
@@ -178,25 +179,18 @@ func (q *Queue) Follow(c Config) {
 	}
 }
 
-// Tokens rules of Change: how each policy's tokens carry over.
-const (
-	Proportionally = 0 // free tokens scaled by new capacity / old capacity, rounded down
-	AsIs           = 1 // free tokens kept, at most the new capacity
-	Reset          = 2 // full, as a new bucket
-)
-
 // ChangeResult is what Change did.
 type ChangeResult struct {
 	Changed bool   // false: next declined, or the policies were the same
-	Old     Config // the configuration it replaced
-	New     Config
-	Dropped int // queued callers whose costs the new policies can never grant
-	Queued  int // callers queued under the new policies
+	New     Config // the configuration in force now
+	Queued  int    // callers queued under the new policies
 }
 
 // Change makes next(the configuration in force, the Redis clock now) the
 // bucket's configuration for every process, atomically, carrying the
-// tokens over by rule (Proportionally, AsIs, Reset), and q runs under it
+// tokens over by rule (bucket.Tokens's values: 0 scales the free tokens by
+// new capacity / old capacity, rounded down; 1 keeps them, at most the new
+// capacity; 2 fills the bucket, as a new one), and q runs under it
 // from then on. next declines with false; it may be called again when the
 // configuration in force changed meanwhile, and the ids of the ones
 // replaced are kept for it. A new policy inherits the tokens of the old
@@ -222,7 +216,7 @@ func (q *Queue) Change(ctx context.Context, rule int, next func(old Config, now 
 		nc, ok := next(old, now)
 		if !ok || nc.ID() == old.ID() {
 			q.Follow(old)
-			return ChangeResult{Old: old, New: old}, nil
+			return ChangeResult{New: old}, nil
 		}
 		nc.Replaced = slices.DeleteFunc(append([]string{old.ID()}, old.Replaced...), func(id string) bool { return id == nc.ID() })
 		args := []any{protocol.FormatConfig(nc), rule, groundwork.Micros(q.opt.Grace), q.keys.Wake}
@@ -231,7 +225,7 @@ func (q *Queue) Change(ctx context.Context, rule int, next func(old Config, now 
 		for _, m := range inherit(old.Policies, nc.Policies) {
 			args = append(args, m[0], m[1])
 		}
-		v, err := groundwork.Ints(changeScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.State, q.keys.Config, q.keys.Lock}, args...).Result())
+		v, err := groundwork.Ints(changeScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.state, q.keys.config, q.keys.Lock}, args...).Result())
 		if err != nil {
 			return ChangeResult{}, err
 		}
@@ -242,7 +236,7 @@ func (q *Queue) Change(ctx context.Context, rule int, next func(old Config, now 
 			return ChangeResult{}, fmt.Errorf("%w: change %v", groundwork.ErrReply, v)
 		}
 		q.Follow(nc)
-		return ChangeResult{Changed: true, Old: old, New: nc, Dropped: int(v[1]), Queued: int(v[2])}, nil
+		return ChangeResult{Changed: true, New: nc, Queued: int(v[2])}, nil // v[1] counts the callers dropped
 	}
 	return ChangeResult{}, errors.New("queue: the configuration in force kept changing during Change")
 }
@@ -255,7 +249,7 @@ func (q *Queue) readConfigNow(ctx context.Context) (c Config, ok bool, now time.
 	var g *redis.StringCmd
 	_, err = q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		t = p.Time(ctx)
-		g = p.Get(ctx, q.keys.Config)
+		g = p.Get(ctx, q.keys.config)
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {

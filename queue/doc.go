@@ -2,8 +2,9 @@
 // the callers' arrivals (enqueue.lua, or the push lane for callers arriving
 // behind waiting ones), their polls for a slot and their cancels, each one
 // atomic step on the Redis clock. It is one of the bucket's building blocks,
-// with package scheduler (which pops the queue and writes the slots): most
-// users need only package bucket.
+// with package scheduler (which pops the queue and writes the slots), and
+// exports only what those two packages use: most users need only package
+// bucket.
 //
 //   - Enqueue: callers arrive. With nobody queued and a token due within
 //     the lookahead, a caller gets that token at once (the fast path, one

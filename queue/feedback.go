@@ -39,7 +39,7 @@ type FeedbackResult struct {
 func (q *Queue) Feedback(ctx context.Context, id string, hold time.Duration, held []int, syncs []Sync) (FeedbackResult, error) {
 	reply, err := q.run(ctx, feedbackScript, q.keys.retime(), func(c *conf) ([]any, error) {
 		if c.id != id {
-			return nil, &ConfigError{Mine: id}
+			return nil, &ConfigError{mine: id}
 		}
 		hs := make([]string, len(held))
 		for i, h := range held {

@@ -46,14 +46,14 @@ func (q *Queue) Inspect(ctx context.Context) (Snapshot, error) {
 	mine := q.conf.Load().policies
 	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		now = p.Time(ctx)
-		cfg = p.Get(ctx, q.keys.Config)
-		state = p.Get(ctx, q.keys.State)
+		cfg = p.Get(ctx, q.keys.config)
+		state = p.Get(ctx, q.keys.state)
 		qlen = p.LLen(ctx, q.keys.Queue)
 		lock = p.Get(ctx, q.keys.Lock)
 		ttl = p.PTTL(ctx, q.keys.Lock)
 		for i, pol := range mine {
 			if pol.Kind == protocol.Rolling {
-				logs[i] = p.LRange(ctx, q.keys.Window+strconv.Itoa(i+1), 0, -1)
+				logs[i] = p.LRange(ctx, q.keys.window+strconv.Itoa(i+1), 0, -1)
 			}
 		}
 		return nil
@@ -93,7 +93,7 @@ func (q *Queue) Inspect(ctx context.Context) (Snapshot, error) {
 		c, ok := logs[i]
 		if !ok { // a rolling window of the configuration in force only
 			if _, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-				c = p.LRange(ctx, q.keys.Window+strconv.Itoa(i+1), 0, -1)
+				c = p.LRange(ctx, q.keys.window+strconv.Itoa(i+1), 0, -1)
 				return nil
 			}); err != nil {
 				return Snapshot{}, err

@@ -7,10 +7,10 @@ import (
 
 // Keys are the Redis keys of one bucket: "<prefix>:{<escaped name>}:<suffix>".
 // They share the hash tag, so on Redis Cluster they live in one slot and the
-// scripts may touch them all.
+// scripts may touch them all. The keys only this package's scripts name
+// (the state, the config, the refunds, the windows) are unexported.
 type Keys struct {
 	Queue string // list of waiting callers' entries, "<id>|<estimate>"
-	State string // string "done until level anchor ...": internal/protocol/state.go
 	// Slot is the prefix of the slot keys: the scheduler writes a caller's
 	// slot (µs, Redis time) to the string Slot+"<id>", and the caller's
 	// poll reads and deletes it (GETDEL). One key per scheduled caller, so
@@ -19,37 +19,39 @@ type Keys struct {
 	Slot string
 	Lock string // the scheduler's lock (github.com/bsm/redislock)
 	Wake string // pub/sub channel: callers told their slot by the scheduler
-	// Config is the configuration in force, "<format> <id> <json>"
-	// (internal/protocol/config.go), with a TTL of 30 days renewed while
-	// the bucket is used: the limit outlives an idle bucket.
-	Config string
-	// Refunds counts the upstream's answers that moved the bucket's
-	// refills (holds, syncs: lua/feedback.lua) and, per policy, the tokens
-	// late callers gave back ("d,r1,r2,...": lua/retime.lua), so that each
-	// give-back can tell whether it is exact; it lives a while after the
-	// last change.
-	Refunds string
-	// Window is the prefix of the logs of the bucket's rolling windows:
-	// the list Window+"<i>" (1-based) holds policy i's grants, "slot
-	// cost" (internal/protocol/tokens.lua, "Windows").
-	Window string
 	// Procs is the sorted set of the handles that used the bucket
 	// recently, for the local share of bucket.Config.Fallback
 	// (internal/presence).
 	Procs string
+
+	state string // string "done until level anchor ...": internal/protocol/state.go
+	// config is the configuration in force, "<format> <id> <json>"
+	// (internal/protocol/config.go), with a TTL of 30 days renewed while
+	// the bucket is used: the limit outlives an idle bucket.
+	config string
+	// refunds counts the upstream's answers that moved the bucket's
+	// refills (holds, syncs: lua/feedback.lua) and, per policy, the tokens
+	// late callers gave back ("d,r1,r2,...": lua/retime.lua), so that each
+	// give-back can tell whether it is exact; it lives a while after the
+	// last change.
+	refunds string
+	// window is the prefix of the logs of the bucket's rolling windows:
+	// the list window+"<i>" (1-based) holds policy i's grants, "slot
+	// cost" (internal/protocol/tokens.lua, "Windows").
+	window string
 }
 
 func newKeys(prefix, name string) Keys {
 	base := groundwork.KeyBase(prefix, name)
 	return Keys{
 		Queue:   base + "queue",
-		State:   base + "state",
+		state:   base + "state",
 		Slot:    base + "slot:",
 		Lock:    base + "lock",
 		Wake:    base + "wake",
-		Config:  base + "config",
-		Refunds: base + "refunds",
-		Window:  base + "window:",
+		config:  base + "config",
+		refunds: base + "refunds",
+		window:  base + "window:",
 		Procs:   base + "procs",
 	}
 }
@@ -62,15 +64,15 @@ func (k Keys) slotKey(entry string) string { return k.Slot + protocol.EntryID(en
 // the prefix of the slot keys (declared so that Redis Cluster routes and
 // checks it like the keys made from it, which share its hash tag), the
 // lock, the config and the refunds.
-func (k Keys) list() []string { return []string{k.Queue, k.State, k.Slot, k.Lock, k.Config, k.Refunds} }
+func (k Keys) list() []string { return []string{k.Queue, k.state, k.Slot, k.Lock, k.config, k.refunds} }
 
 // retime is KEYS of lua/retime.lua and lua/feedback.lua: arrival's and the
 // refunds.
-func (k Keys) retime() []string { return []string{k.Queue, k.State, k.Config, k.Refunds} }
+func (k Keys) retime() []string { return []string{k.Queue, k.state, k.config, k.refunds} }
 
-// List is the keys a scheduler step names: Keys.list.
+// List is the keys a scheduler step names (package scheduler).
 func (k Keys) List() []string { return k.list() }
 
 // arrival is KEYS of the scripts that need only the queue, the state and
 // the config (enqueue.lua, estimate.lua).
-func (k Keys) arrival() []string { return []string{k.Queue, k.State, k.Config} }
+func (k Keys) arrival() []string { return []string{k.Queue, k.state, k.config} }

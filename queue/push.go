@@ -91,7 +91,7 @@ func (q *Queue) push(ctx context.Context, ids []string) ([]Arrival, error) {
 	)
 	_, err := q.direct.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		now = p.Time(ctx)
-		state = p.Get(ctx, q.keys.State)
+		state = p.Get(ctx, q.keys.state)
 		push = p.RPush(ctx, q.keys.Queue, entries...)
 		// A queue this push creates gets a TTL; one that exists keeps the
 		// one the scheduler's steps renew (tail + grace).
@@ -104,7 +104,7 @@ func (q *Queue) push(ctx context.Context, ids []string) ([]Arrival, error) {
 			// The server refused the transaction: scripts from now on.
 			q.lane.off.Store(true)
 			if q.opt.Logger != nil {
-				q.opt.Logger.Warn("sluice: the push lane is off: the server refused its transaction; arrivals take the enqueue script from now on", "bucket", q.keys.State, "err", err)
+				q.opt.Logger.Warn("sluice: the push lane is off: the server refused its transaction; arrivals take the enqueue script from now on", "bucket", q.keys.state, "err", err)
 			}
 			if strings.HasPrefix(err.Error(), "EXECABORT") {
 				// Refused as a whole (Redis < 7.0 has no PEXPIRE NX):

@@ -44,7 +44,7 @@ func TestPushMatchesEnqueue(t *testing.T) {
 		state := fmt.Sprintf("%d %d %d %d %d %s 0 0", rng.Int64N(1000), until, level, anchor, protocol.StateFormat, protocol.ConfigID([]Policy{p}))
 		waiting := rng.IntN(4)
 		for _, q := range []*Queue{viaScript, viaPush} {
-			if err := rdb.Set(ctx, q.Keys().State, state, time.Minute).Err(); err != nil {
+			if err := rdb.Set(ctx, q.Keys().state, state, time.Minute).Err(); err != nil {
 				t.Fatal(err)
 			}
 			for i := range waiting {

@@ -177,7 +177,7 @@ func (q *Queue) enqueueScript(ctx context.Context, ids []string, costs [][]int64
 	}
 	reply, err := q.runFor(ctx, enqueueScript, q.keys.arrival(), true, func(c *conf) ([]any, error) {
 		if costs != nil && len(costs[0]) != len(c.policies) {
-			return nil, &ConfigError{Mine: c.id} // costs of a configuration Follow replaced
+			return nil, &ConfigError{mine: c.id} // costs of a configuration Follow replaced
 		}
 		args := make([]any, 0, 4+len(c.args)+1+2*len(ids))
 		args = append(args, us(q.opt.Lookahead), q.opt.MaxQueue, us(q.opt.MaxWait), us(q.opt.Grace))
@@ -355,7 +355,7 @@ func parsePoll(reply any, err error) (PollReply, error) {
 func (q *Queue) Estimate(ctx context.Context, costs []int64) (time.Duration, int, error) {
 	v, err := groundwork.Ints(q.run(ctx, estimateScript, q.keys.arrival(), func(c *conf) ([]any, error) {
 		if costs != nil && len(costs) != len(c.policies) {
-			return nil, &ConfigError{Mine: c.id}
+			return nil, &ConfigError{mine: c.id}
 		}
 		return append(append([]any{}, c.args...), protocol.Costs(costs)), nil
 	}))
@@ -389,7 +389,7 @@ const (
 // cancel runs under the configuration in force: callers that queued
 // before a live change leave under the new one.
 func (q *Queue) cancel(ctx context.Context, entries []string) ([]cancelResult, error) {
-	reply, err := q.runInForce(ctx, cancelScript, []string{q.keys.Queue, q.keys.Slot, q.keys.State, q.keys.Config}, func(c *conf) ([]any, error) {
+	reply, err := q.runInForce(ctx, cancelScript, []string{q.keys.Queue, q.keys.Slot, q.keys.state, q.keys.config}, func(c *conf) ([]any, error) {
 		args := make([]any, 2, 2+len(entries))
 		args[0], args[1] = c.id, c.calls
 		for _, e := range entries {

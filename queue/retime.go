@@ -26,7 +26,7 @@ type Retimed struct {
 func (q *Queue) Retime(ctx context.Context, room string, costs []int64) (Retimed, error) {
 	reply, err := q.runFor(ctx, retimeScript, q.keys.retime(), true, func(c *conf) ([]any, error) {
 		if costs != nil && len(costs) != len(c.policies) {
-			return nil, &ConfigError{Mine: c.id}
+			return nil, &ConfigError{mine: c.id}
 		}
 		args := make([]any, 0, 3+len(c.args))
 		args = append(args, room, protocol.Costs(costs), us(q.opt.Grace))

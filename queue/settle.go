@@ -32,7 +32,7 @@ type Settled struct {
 func (q *Queue) Settle(ctx context.Context, id string, slot int64, diffs []int64) (Settled, error) {
 	reply, err := q.run(ctx, settleScript, q.keys.retime(), func(c *conf) ([]any, error) {
 		if c.id != id || len(diffs) != len(c.policies) {
-			return nil, &ConfigError{Mine: id}
+			return nil, &ConfigError{mine: id}
 		}
 		args := []any{us(q.opt.Grace), protocol.Costs(diffs), max(slot, 0)}
 		return append(args, c.args...), nil

@@ -163,7 +163,7 @@ func TestQueuedArrivalWritesNoState(t *testing.T) {
 	if r, err := enqueueOne(q, "first"); err != nil || kindOf(r) != kGranted {
 		t.Fatalf("first: %+v %v", r, err)
 	}
-	before, err := rdb.Get(ctx, q.Keys().State).Result()
+	before, err := rdb.Get(ctx, stateKey(q)).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +173,7 @@ func TestQueuedArrivalWritesNoState(t *testing.T) {
 			t.Fatalf("caller %d: %+v %v, want queued at %d", i, r, err, i+1)
 		}
 	}
-	after, _ := rdb.Get(ctx, q.Keys().State).Result()
+	after, _ := rdb.Get(ctx, stateKey(q)).Result()
 	if before != after {
 		t.Fatalf("queued arrivals changed the state: %q -> %q", before, after)
 	}

@@ -14,6 +14,12 @@ func newQ(rdb queue.Client, prefix, name string, ps []queue.Policy, opt queue.Op
 	return queue.New(rdb, prefix, name, opt)
 }
 
+// stateKey is the key of q's state: the queue's keys share their start
+// (queue's TestKeys pins the layout).
+func stateKey(q *queue.Queue) string {
+	return strings.TrimSuffix(q.Keys().Queue, "queue") + "state"
+}
+
 // enqueueOne makes one caller arrive.
 func enqueueOne(q *queue.Queue, id string) (queue.Arrival, error) {
 	rs, err := q.Enqueue(context.Background(), []string{id}, nil)

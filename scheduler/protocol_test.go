@@ -204,7 +204,7 @@ func TestStaleSchedulerIsFenced(t *testing.T) {
 	q := newQueue(t, rdb, queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Millisecond}, queue.Options{Lookahead: time.Second})
 	enqueueN(t, rdb, q, 10)
 	takeLock(t, rdb, q, "new-holder")
-	before, _ := rdb.Get(ctx, q.Keys().State).Result()
+	before, _ := rdb.Get(ctx, stateKey(q)).Result()
 	r, err := scheduler.Step(ctx, rdb, q, "old-holder")
 	if err != nil {
 		t.Fatal(err)
@@ -212,7 +212,7 @@ func TestStaleSchedulerIsFenced(t *testing.T) {
 	if r.Status != scheduler.Fenced {
 		t.Fatalf("step with a stale token: %+v, want fenced", r)
 	}
-	after, _ := rdb.Get(ctx, q.Keys().State).Result()
+	after, _ := rdb.Get(ctx, stateKey(q)).Result()
 	if n, _ := rdb.LLen(ctx, q.Keys().Queue).Result(); n != 10 {
 		t.Fatalf("queue has %d, want 10 untouched", n)
 	}
@@ -300,7 +300,7 @@ func TestEnqueueRefusalsConsumeNothing(t *testing.T) {
 			t.Fatalf("%s: %+v, want queued", id, r)
 		}
 	}
-	state, _ := rdb.Get(ctx, q.Keys().State).Result()
+	state, _ := rdb.Get(ctx, stateKey(q)).Result()
 	r, err := enqueueOne(q, "d") // would wait ~3 s > MaxWait
 	if err != nil || kindOf(r) != kWaitTooLong || r.Delay <= 2500*time.Millisecond {
 		t.Fatalf("d: %+v %v, want wait too long with its estimate", r, err)
@@ -312,7 +312,7 @@ func TestEnqueueRefusalsConsumeNothing(t *testing.T) {
 	if n, _ := rdb.LLen(ctx, q.Keys().Queue).Result(); n != 2 {
 		t.Fatalf("queue length %d after refusals, want 2", n)
 	}
-	after, _ := rdb.Get(ctx, q.Keys().State).Result()
+	after, _ := rdb.Get(ctx, stateKey(q)).Result()
 	if fmt.Sprint(state) != fmt.Sprint(after) {
 		t.Fatalf("a refusal changed the state: %v -> %v", state, after)
 	}
@@ -337,7 +337,7 @@ func TestEveryKeyExpires(t *testing.T) {
 	if len(slots) == 0 {
 		t.Fatal("the step wrote no slot keys")
 	}
-	keys := append([]string{q.Keys().Queue, q.Keys().State, q.Keys().Lock}, slots...)
+	keys := append([]string{q.Keys().Queue, stateKey(q), q.Keys().Lock}, slots...)
 	for _, k := range keys {
 		ttl, err := rdb.PTTL(ctx, k).Result()
 		if err != nil {
@@ -377,7 +377,7 @@ func TestNamesAreData(t *testing.T) {
 		}
 		seen[k.Queue] = n
 		tag := hashTag(k.Queue)
-		for _, other := range []string{k.State, k.Slot + strings.SplitN("id|1", "|", 2)[0], k.Lock} {
+		for _, other := range []string{k.Slot + strings.SplitN("id|1", "|", 2)[0], k.Lock, k.Wake, k.Procs} {
 			if hashTag(other) != tag {
 				t.Fatalf("name %q: keys %q and %q have different hash tags", n, k.Queue, other)
 			}

@@ -2,7 +2,8 @@
 // (lua/step.lua, run by step.go) pops callers in arrival order, computes
 // each one's slot from the bucket's policies and writes it; the loop here
 // runs steps while callers wait. It is one of the token bucket's building
-// blocks, with package queue: most users need only package bucket.
+// blocks, with package queue, and exports only what package bucket uses:
+// most users need only package bucket.
 //
 // Any process may run the loop; a short-lived Redis lock (github.com/bsm/redislock)
 // elects one at a time, so usually one loop works per bucket. Each turn of
