@@ -229,7 +229,7 @@ type Config struct {
 type Fallback int
 
 // LocalShare keeps admitting while Redis cannot be reached (refuses
-// connections, or leaves a PING unanswered for 100 ms): each process
+// connections, or leaves a PING unanswered for 200 ms): each process
 // admits from a limiter of its own at its share of every policy (the
 // capacity and the refill divided by the processes that used the bucket
 // within the last 5 s), first come first served, callers queued in Redis

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // Reachability: whether Redis answers, for the handles that fall back to a
@@ -68,6 +69,9 @@ func (r *reach) pinger() (ping func(ctx context.Context) error, closeAll func())
 	o.MaxRetries, o.DialerRetries = -1, 1
 	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = AwayAfter, AwayAfter, AwayAfter, AwayAfter
 	o.ContextTimeoutEnabled = true
+	// The user's maintenance-notification handlers are the user's client's:
+	// a second client with the same config fails to register them again.
+	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	var probe *redis.Client
 	return func(ctx context.Context) error {
 			if probe == nil {
