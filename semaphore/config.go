@@ -106,8 +106,8 @@ type Config struct {
 type Fallback int
 
 // LocalShare keeps admitting while Redis cannot be reached (it refuses
-// connections, or leaves a PING unanswered for 100 ms): within about
-// 100 ms each process switches to a limiter of its own that admits up to
+// connections, or leaves a PING unanswered for 200 ms): within that bound
+// each process switches to a limiter of its own that admits up to
 // its share of the capacity, max(1, ⌊Capacity / n⌋) of weight held, where
 // n is the number of processes that used the semaphore within the 5 s
 // before (each traces itself in Redis once a second while it has callers).

@@ -250,7 +250,7 @@ func (s *Semaphore) exchange(ctx context.Context, b batch) {
 		byAway := errors.Is(runErr, errAway)
 		timedOut := !byAway && tctx.Err() != nil && ctx.Err() == nil
 		if s.trace != nil && runErr != nil {
-			if cause, away := s.awayCause(runErr, byAway, timedOut); away {
+			if cause, away := s.awayCause(runErr, byAway, timedOut, sent); away {
 				s.goLocal(b, cause)
 				return
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"time"
 
@@ -74,24 +75,65 @@ func (s *Semaphore) sendTrace() {
 
 // awayCause reports whether a failed exchange found Redis away, and the
 // error callers should read then: runErr is the script call's error,
-// byAway that the Hub cancelled the call because Redis was marked away,
-// timedOut that it ran out of its own limit. An error reply (READONLY,
-// OOM) is Redis answering: it is a failure to report, never a switch.
-func (s *Semaphore) awayCause(runErr error, byAway, timedOut bool) (*groundwork.CallError, bool) {
+// byAway that the call was abandoned because the Hub marked Redis away,
+// timedOut that it ran out of its own limit, sent when it left. An error
+// reply (READONLY, OOM) is Redis answering: it is a failure to report,
+// never a switch.
+func (s *Semaphore) awayCause(runErr error, byAway, timedOut bool, sent time.Time) (*groundwork.CallError, bool) {
 	switch {
 	case byAway:
 		return s.noAnswer(), true
 	case timedOut:
-		// Slow, or away: the probe tells.
-		if away, _ := s.hub.Away(); away {
-			return s.cause(runErr, true), true
+		if s.answers(sent) {
+			return nil, false // slow, not away: it fails as without a fallback
 		}
-		return nil, false
+		return s.cause(runErr, true), true
 	case hub.Unreachable(runErr):
-		s.hub.MarkAway() // every handle on this client switches now
+		s.hub.MarkAwayBecause(runErr) // every handle on this client switches now
 		return s.callError(runErr), true
 	}
 	return nil, false
+}
+
+// answers waits for the probe's verdict on a call made at since that ran
+// out of its own limit (which may be shorter than the probe's bound):
+// true once the probe had an answer after since (Redis is slow, not
+// away), false once Redis is marked away, or when the probe gives no
+// verdict within its own bound (it is not running: Close).
+func (s *Semaphore) answers(since time.Time) bool {
+	t := time.NewTicker(hub.ProbeEvery)
+	defer t.Stop()
+	giveUp := time.Now().Add(hub.AwayAfter + 2*hub.ProbeEvery)
+	for {
+		answered, away, changed := s.hub.Answered()
+		switch {
+		case away:
+			return false
+		case answered.After(since):
+			return true
+		case time.Now().After(giveUp):
+			return false
+		}
+		select {
+		case <-changed:
+		case <-t.C:
+		}
+	}
+}
+
+// say logs msg at level through the Logger: for the first handle on the
+// client to say this switch; the others on the same Logger say it at
+// Debug (a process with thousands of semaphores would otherwise log
+// thousands of lines per outage).
+func (s *Semaphore) say(level slog.Level, msg string, args ...any) {
+	l := s.cfg.Logger
+	if l == nil {
+		return
+	}
+	if !s.hub.FirstToSay(l) {
+		level = slog.LevelDebug
+	}
+	l.Log(context.Background(), level, msg, append([]any{"semaphore", s.cfg.Name}, args...)...)
 }
 
 // noAnswer is the cause of a switch the probe decided: Redis left a PING
@@ -184,10 +226,9 @@ func (s *Semaphore) toLocalLocked(cause *groundwork.CallError) bool {
 			}
 		}
 		// Once per switch: a registration that failed was no return.
-		if l := s.cfg.Logger; l != nil && from != registering {
-			l.Warn("sluice: Redis unreachable: semaphore admits from this process's local share until Redis answers again",
-				"semaphore", s.cfg.Name, "share", s.share, "capacity", s.capacity, "processes", n,
-				"held", s.held.Load(), "err", cause)
+		if from != registering {
+			s.say(slog.LevelWarn, "sluice: Redis unreachable: semaphore admits from this process's local share until Redis answers again",
+				"share", s.share, "capacity", s.capacity, "processes", n, "held", s.held.Load(), "err", cause)
 		}
 	}
 	// Everyone not yet local joins the local queue after those already
@@ -314,10 +355,8 @@ func (s *Semaphore) settleLocked(registered int) {
 	s.mode = settling
 	s.settleAt = time.Now().Add(settleTime)
 	s.lastErr = nil
-	if l := s.cfg.Logger; l != nil {
-		l.Info("sluice: Redis answers again: semaphore's permits held are registered there, and its waiters go back to Redis shortly",
-			"semaphore", s.cfg.Name, "registered", registered, "waiters", len(s.localQ), "after", settleTime)
-	}
+	s.say(slog.LevelInfo, "sluice: Redis answers again: semaphore's permits held are registered there, and its waiters go back to Redis shortly",
+		"registered", registered, "waiters", len(s.localQ), "after", settleTime)
 }
 
 // backLocked ends the settling: the local queue goes to Redis, in order.

@@ -39,7 +39,7 @@ func TestFallbackSwitch(t *testing.T) {
 			var logs logBuffer
 			rec := &recorder{}
 			const capacity = 4
-			s := e.sem(t, Config{Name: t.Name(), Capacity: capacity, Fallback: LocalShare, Logger: logs.logger(), Observer: rec})
+			s := e.fbSem(t, Config{Name: t.Name(), Capacity: capacity, Fallback: LocalShare, Logger: logs.logger(), Observer: rec})
 			var held []*Permit
 			for range capacity {
 				held = append(held, acquire(t, s, time.Second))
@@ -197,6 +197,221 @@ func TestFallbackSwitch(t *testing.T) {
 	}
 }
 
+// fbSem is env.sem for a semaphore with a fallback, on a client that has
+// made its first connection: the Hub's probe copies the client's options
+// when it starts, and go-redis writes them at the client's first
+// connection (its maintenance notifications' mode), which -race reports.
+func (e *env) fbSem(t *testing.T, cfg Config) *Semaphore {
+	t.Helper()
+	rdb := e.srv.Client()
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(rdb, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.Close()
+		rdb.Close()
+	})
+	return s
+}
+
+// isLocal reports that s admits from its local share.
+func isLocal(s *Semaphore) bool {
+	local, _, _ := s.localState()
+	return local
+}
+
+// switchLogger is a worker's Logger: it turns the switches into events.
+func switchLogger(emit func(event)) *slog.Logger {
+	return slog.New(&switchHandler{emit: emit})
+}
+
+type switchHandler struct{ emit func(event) }
+
+func (h *switchHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *switchHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *switchHandler) WithGroup(string) slog.Handler            { return h }
+func (h *switchHandler) Handle(_ context.Context, r slog.Record) error {
+	e := event{T: r.Time.UnixNano()}
+	switch {
+	case strings.Contains(r.Message, "local share until"):
+		e.Ev = "local"
+	case strings.Contains(r.Message, "answers again"):
+		e.Ev = "back"
+	default:
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		switch a.Key {
+		case "share":
+			e.Share = int(a.Value.Int64())
+		case "held":
+			e.Held = int(a.Value.Int64())
+		}
+		return true
+	})
+	h.emit(e)
+	return nil
+}
+
+// watchCount emits the presence count each time it changes.
+func watchCount(s *Semaphore, emit func(event)) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		last := 0
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			if n := s.trace.Count(); n != last {
+				last = n
+				emit(event{Ev: "count", N: n})
+			}
+		}
+	})
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
+
+// TestFallbackWithoutShare: a process that never reached Redis knows no
+// share: it fails as without a fallback, within the same bound, and says
+// why.
+func TestFallbackWithoutShare(t *testing.T) {
+	e := newEnv(t)
+	e.srv.RequireReal(t)
+	s := e.fbSem(t, Config{Name: t.Name(), Capacity: 2, Fallback: LocalShare})
+	if err := e.srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err := s.Acquire(context.Background())
+	took := time.Since(start)
+	t.Logf("returned after %v: %v", took.Round(time.Millisecond), err)
+	if took > defaultBound+hangMargin {
+		t.Errorf("returned after %v, want ≤ %v + %v", took, defaultBound, hangMargin)
+	}
+	testkit.CheckUnreachable(t, "Acquire", err, e.srv.Addr(), testkit.Refused)
+	if err != nil && !strings.Contains(err.Error(), "no local share") {
+		t.Errorf("Acquire: %q, want it to say there is no local share", err)
+	}
+	if isLocal(s) {
+		t.Error("local without a share")
+	}
+}
+
+// TestFallbackErrorReply: a Redis that answers with an error (OOM here)
+// is not away: Acquire fails naming the error, and nothing switches.
+func TestFallbackErrorReply(t *testing.T) {
+	e := newEnv(t)
+	e.srv.RequireReal(t)
+	var logs logBuffer
+	s := e.fbSem(t, Config{Name: t.Name(), Capacity: 2, Fallback: LocalShare, Logger: logs.logger()})
+	p := acquire(t, s, time.Second)
+	waitFor(t, 2*time.Second, "this process's trace", func() bool { return s.trace.Count() == 1 })
+	releaseGone(t, e.rdb, p)
+	ctx := context.Background()
+	if err := e.rdb.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer e.rdb.ConfigSet(ctx, "maxmemory", "0")
+	_, err := s.Acquire(ctx)
+	if err == nil || !strings.Contains(err.Error(), "OOM") {
+		t.Fatalf("Acquire with Redis out of memory: %v, want Redis's OOM error", err)
+	}
+	if isLocal(s) || strings.Contains(logs.String(), "local share") {
+		t.Fatalf("switched to local on an error reply; log:\n%s", logs.String())
+	}
+}
+
+// TestFallbackConfig: New refuses a Fallback it does not know, naming the
+// field.
+func TestFallbackConfig(t *testing.T) {
+	e := newEnv(t)
+	_, err := New(e.rdb, Config{Name: "x", Capacity: 1, Fallback: 2})
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "Fallback 2") {
+		t.Fatalf("New with Fallback 2: %v, want ErrConfig naming Fallback", err)
+	}
+}
+
+// TestFallbackHeavyAndClose: two processes share capacity 3, so each has
+// 1 while Redis is away. A weight above the share fails at once, saying
+// so; a local holder and a local waiter end at Close like any other.
+func TestFallbackHeavyAndClose(t *testing.T) {
+	e := newEnv(t)
+	e.srv.RequireReal(t)
+	rec := &recorder{}
+	cfg := Config{Name: t.Name(), Capacity: 3, Fallback: LocalShare, Observer: rec}
+	s, other := e.fbSem(t, cfg), e.fbSem(t, cfg)
+	ctx := context.Background()
+	for _, x := range []*Semaphore{s, other} {
+		releaseGone(t, e.rdb, acquire(t, x, time.Second))
+	}
+	for _, x := range []*Semaphore{s, other} {
+		// Read the count now rather than at the next trace, a second on.
+		if err := x.trace.Send(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.trace.Count(); n != 2 {
+		t.Fatalf("count %d, want 2", n)
+	}
+	if err := e.srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.AcquireN(ctx, 2)
+	if err == nil || !strings.Contains(err.Error(), "weight 2 above this process's local share 1") {
+		t.Fatalf("AcquireN(2) with a share of 1: %v, want it refused saying so", err)
+	}
+	testkit.CheckUnreachable(t, "AcquireN", err, e.srv.Addr(), testkit.Killed)
+	p := acquire(t, s, time.Second)
+	if !p.local {
+		t.Fatal("the permit did not come from the local share")
+	}
+	waiting := make(chan error, 1)
+	go func() {
+		_, err := s.Acquire(ctx)
+		waiting <- err
+	}()
+	waitFor(t, time.Second, "the second caller to wait locally", func() bool { return s.Stats().Waiting == 1 })
+	start := time.Now()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waiting; !errors.Is(err, ErrClosed) {
+		t.Errorf("a local waiter at Close: %v, want ErrClosed", err)
+	}
+	select {
+	case <-p.Lost():
+	default:
+		t.Error("a local permit's Lost is open after Close")
+	}
+	t.Logf("Close took %v", time.Since(start).Round(time.Millisecond))
+	var local int
+	for _, ev := range rec.all() {
+		if ev.Local {
+			local++
+		}
+	}
+	if local != 3 { // the refused heavy one, the grant, the waiter closed
+		t.Errorf("%d events marked Local, want 3", local)
+	}
+}
+
+// TestFallbackFleet runs last in this file: the tests before it that
+// leave Redis dead leave go-redis dialling goroutines behind for up to a
+// second after their clients close, which goleak, at the end of a run of
+// these tests alone, would report.
+//
 // TestFallbackFleet: 1 and 4 worker processes saturate a semaphore of
 // capacity 4 through an outage (SIGKILL, then an empty restart; and for 4,
 // SIGSTOP then SIGCONT, where Redis keeps the leases and queue). Every
@@ -329,194 +544,5 @@ func TestFallbackFleet(t *testing.T) {
 				t.Errorf("%d grants above capacity %d + slack %d (peak %d)", over, capacity, slack, peak)
 			}
 		})
-	}
-}
-
-// isLocal reports that s admits from its local share.
-func isLocal(s *Semaphore) bool {
-	local, _, _ := s.localState()
-	return local
-}
-
-// switchLogger is a worker's Logger: it turns the switches into events.
-func switchLogger(emit func(event)) *slog.Logger {
-	return slog.New(&switchHandler{emit: emit})
-}
-
-type switchHandler struct{ emit func(event) }
-
-func (h *switchHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h *switchHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
-func (h *switchHandler) WithGroup(string) slog.Handler            { return h }
-func (h *switchHandler) Handle(_ context.Context, r slog.Record) error {
-	e := event{T: r.Time.UnixNano()}
-	switch {
-	case strings.Contains(r.Message, "local share until"):
-		e.Ev = "local"
-	case strings.Contains(r.Message, "answers again"):
-		e.Ev = "back"
-	default:
-		return nil
-	}
-	r.Attrs(func(a slog.Attr) bool {
-		switch a.Key {
-		case "share":
-			e.Share = int(a.Value.Int64())
-		case "held":
-			e.Held = int(a.Value.Int64())
-		}
-		return true
-	})
-	h.emit(e)
-	return nil
-}
-
-// watchCount emits the presence count each time it changes.
-func watchCount(s *Semaphore, emit func(event)) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		last := 0
-		t := time.NewTicker(5 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-			if n := s.trace.Count(); n != last {
-				last = n
-				emit(event{Ev: "count", N: n})
-			}
-		}
-	})
-	return func() {
-		close(done)
-		wg.Wait()
-	}
-}
-
-// TestFallbackWithoutShare: a process that never reached Redis knows no
-// share: it fails as without a fallback, within the same bound, and says
-// why.
-func TestFallbackWithoutShare(t *testing.T) {
-	e := newEnv(t)
-	e.srv.RequireReal(t)
-	s := e.sem(t, Config{Name: t.Name(), Capacity: 2, Fallback: LocalShare})
-	if err := e.srv.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	_, err := s.Acquire(context.Background())
-	took := time.Since(start)
-	t.Logf("returned after %v: %v", took.Round(time.Millisecond), err)
-	if took > defaultBound+hangMargin {
-		t.Errorf("returned after %v, want ≤ %v + %v", took, defaultBound, hangMargin)
-	}
-	testkit.CheckUnreachable(t, "Acquire", err, e.srv.Addr(), testkit.Refused)
-	if err != nil && !strings.Contains(err.Error(), "no local share") {
-		t.Errorf("Acquire: %q, want it to say there is no local share", err)
-	}
-	if isLocal(s) {
-		t.Error("local without a share")
-	}
-}
-
-// TestFallbackErrorReply: a Redis that answers with an error (OOM here)
-// is not away: Acquire fails naming the error, and nothing switches.
-func TestFallbackErrorReply(t *testing.T) {
-	e := newEnv(t)
-	e.srv.RequireReal(t)
-	var logs logBuffer
-	s := e.sem(t, Config{Name: t.Name(), Capacity: 2, Fallback: LocalShare, Logger: logs.logger()})
-	p := acquire(t, s, time.Second)
-	waitFor(t, 2*time.Second, "this process's trace", func() bool { return s.trace.Count() == 1 })
-	releaseGone(t, e.rdb, p)
-	ctx := context.Background()
-	if err := e.rdb.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
-		t.Fatal(err)
-	}
-	defer e.rdb.ConfigSet(ctx, "maxmemory", "0")
-	_, err := s.Acquire(ctx)
-	if err == nil || !strings.Contains(err.Error(), "OOM") {
-		t.Fatalf("Acquire with Redis out of memory: %v, want Redis's OOM error", err)
-	}
-	if isLocal(s) || strings.Contains(logs.String(), "local share") {
-		t.Fatalf("switched to local on an error reply; log:\n%s", logs.String())
-	}
-}
-
-// TestFallbackConfig: New refuses a Fallback it does not know, naming the
-// field.
-func TestFallbackConfig(t *testing.T) {
-	e := newEnv(t)
-	_, err := New(e.rdb, Config{Name: "x", Capacity: 1, Fallback: 2})
-	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "Fallback 2") {
-		t.Fatalf("New with Fallback 2: %v, want ErrConfig naming Fallback", err)
-	}
-}
-
-// TestFallbackHeavyAndClose: two processes share capacity 3, so each has
-// 1 while Redis is away. A weight above the share fails at once, saying
-// so; a local holder and a local waiter end at Close like any other.
-func TestFallbackHeavyAndClose(t *testing.T) {
-	e := newEnv(t)
-	e.srv.RequireReal(t)
-	rec := &recorder{}
-	cfg := Config{Name: t.Name(), Capacity: 3, Fallback: LocalShare, Observer: rec}
-	s, other := e.sem(t, cfg), e.sem(t, cfg)
-	ctx := context.Background()
-	for _, x := range []*Semaphore{s, other} {
-		releaseGone(t, e.rdb, acquire(t, x, time.Second))
-	}
-	for _, x := range []*Semaphore{s, other} {
-		// Read the count now rather than at the next trace, a second on.
-		if err := x.trace.Send(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n := s.trace.Count(); n != 2 {
-		t.Fatalf("count %d, want 2", n)
-	}
-	if err := e.srv.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_, err := s.AcquireN(ctx, 2)
-	if err == nil || !strings.Contains(err.Error(), "weight 2 above this process's local share 1") {
-		t.Fatalf("AcquireN(2) with a share of 1: %v, want it refused saying so", err)
-	}
-	testkit.CheckUnreachable(t, "AcquireN", err, e.srv.Addr(), testkit.Killed)
-	p := acquire(t, s, time.Second)
-	if !p.local {
-		t.Fatal("the permit did not come from the local share")
-	}
-	waiting := make(chan error, 1)
-	go func() {
-		_, err := s.Acquire(ctx)
-		waiting <- err
-	}()
-	waitFor(t, time.Second, "the second caller to wait locally", func() bool { return s.Stats().Waiting == 1 })
-	start := time.Now()
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-waiting; !errors.Is(err, ErrClosed) {
-		t.Errorf("a local waiter at Close: %v, want ErrClosed", err)
-	}
-	select {
-	case <-p.Lost():
-	default:
-		t.Error("a local permit's Lost is open after Close")
-	}
-	t.Logf("Close took %v", time.Since(start).Round(time.Millisecond))
-	var local int
-	for _, ev := range rec.all() {
-		if ev.Local {
-			local++
-		}
-	}
-	if local != 3 { // the refused heavy one, the grant, the waiter closed
-		t.Errorf("%d events marked Local, want 3", local)
 	}
 }

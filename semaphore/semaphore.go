@@ -216,7 +216,8 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 // when ctx ended first.
 //
 // With Config.Fallback set to LocalShare, Acquire does not fail because
-// Redis is unreachable: within about 100 ms it waits for, and is granted
+// Redis is unreachable: within the probe's bound (a refused connection at
+// once, no answer for 200 ms) it waits for, and is granted
 // from, this process's local share instead (see LocalShare). It still
 // fails so in a process that has not reached Redis since it started (the
 // error says there is no local share), when its weight is above the local

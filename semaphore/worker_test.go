@@ -65,6 +65,13 @@ func runWorker(mode string) int {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: cfg.Addr, ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: 4 * max(1, cfg.Goroutines)})
 	defer rdb.Close()
+	if cfg.Fallback {
+		// See fbSem: the first connection before the Hub's probe starts.
+		if err := rdb.Ping(context.Background()).Err(); err != nil {
+			fmt.Fprintln(os.Stderr, "worker:", err)
+			return 2
+		}
+	}
 	var mu sync.Mutex
 	enc := json.NewEncoder(os.Stdout)
 	emit := func(e event) {
