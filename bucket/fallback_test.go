@@ -328,3 +328,63 @@ func TestLocalShareNotForErrors(t *testing.T) {
 		t.Error("the bucket switched to its local share on an error reply")
 	}
 }
+
+// TestLocalShareKeepsOrder: callers queued in Redis when it goes away
+// are served by the local share in their arrival order.
+func TestLocalShareKeepsOrder(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	cfg := bucket.Config{Name: t.Name(), Capacity: 1, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond, Fallback: bucket.LocalShare}
+	b := newBucket(t, rdb, cfg)
+	ctx := withTimeout(t, 30*time.Second)
+	if err := b.Enter(ctx); err != nil { // the trace is read, the bucket empty
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 5*time.Second, "the presence trace", func() bool {
+		return rdb.ZCard(ctx, "sluice:{"+t.Name()+"}:procs").Val() == 1
+	})
+	const callers = 8
+	type result struct {
+		rep bucket.Report
+		err error
+		at  time.Time
+	}
+	results := make(chan result, callers)
+	for i := range callers {
+		go func() {
+			rep, err := b.EnterReport(ctx)
+			results <- result{rep, err, time.Now()}
+		}()
+		// One at a time, so that tickets follow i.
+		testkit.WaitFor(t, 5*time.Second, "the caller to queue", func() bool {
+			return rdb.LLen(ctx, "sluice:{"+t.Name()+"}:queue").Val() >= int64(i+1) || len(results) > 0
+		})
+	}
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Resume()
+	var got []result
+	for range callers {
+		r := <-results
+		if r.err != nil {
+			t.Fatalf("a queued caller failed: %v", r.err)
+		}
+		got = append(got, r)
+	}
+	local := 0
+	for i, r := range got {
+		if r.rep.Local {
+			local++
+		}
+		if i > 0 && r.rep.Ticket < got[i-1].rep.Ticket {
+			t.Errorf("ticket %d returned at %v, after ticket %d (%v): not in arrival order", got[i-1].rep.Ticket, got[i-1].at.Format("15:04:05.000"), r.rep.Ticket, r.at.Format("15:04:05.000"))
+		}
+	}
+	t.Logf("%d of %d queued callers served by the local share", local, callers)
+	if local < callers/2 {
+		t.Errorf("%d of %d queued callers served locally, want most", local, callers)
+	}
+}
