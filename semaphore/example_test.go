@@ -153,3 +153,40 @@ func ExampleSemaphore_Inspect() {
 	// this process: 1 granted, weight 3 held
 	// every process: weight 3 of 4 held by 1 permits, 0 waiting
 }
+
+// With Fallback: LocalShare, an outage of Redis does not stop the
+// service: each process admits callers from its share of Capacity until
+// Redis answers again, then registers there what it holds.
+func ExampleConfig_fallback() {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	defer rdb.Close()
+
+	sem, err := semaphore.New(rdb, semaphore.Config{
+		Name: "db-connections", Capacity: 40,
+		Fallback: semaphore.LocalShare, // 40 / n processes each while Redis is away
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer sem.Close()
+	ctx := context.Background()
+
+	permit, err := sem.Acquire(ctx)
+	if err != nil {
+		fmt.Println(err) // Redis away and no local share: this process never reached it
+		return
+	}
+	defer permit.Release(ctx)
+
+	// Inspect says whether this process runs on its local share, also
+	// while it cannot read Redis.
+	in, err := sem.Inspect(ctx)
+	if in.Local {
+		fmt.Printf("on the local share since %v: 1/%d of the capacity (%v)\n", in.LocalSince, in.LocalShare, err)
+	} else if err == nil {
+		fmt.Println("on Redis:", in.Held, "of", in.Capacity, "held")
+	}
+	// Output:
+	// on Redis: 1 of 40 held
+}
