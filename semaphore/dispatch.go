@@ -511,10 +511,10 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 		}
 	}
 	for _, p := range b.registers {
+		s.registeredLocked(p)
 		if p.state != held {
 			continue // released meanwhile: the release follows
 		}
-		p.registered = true
 		if s.mode == onLocal {
 			continue // away again: registered again at the next return
 		}

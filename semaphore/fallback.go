@@ -159,7 +159,7 @@ func (s *Semaphore) goLocal(b batch, cause *groundwork.CallError) {
 		return
 	}
 	for _, p := range b.registers {
-		p.registered = true // Redis may have it: a release frees it there
+		s.registeredLocked(p) // Redis may have it
 	}
 	if b.set != nil {
 		b.set.done <- cause
@@ -175,6 +175,19 @@ func (s *Semaphore) goLocal(b batch, cause *groundwork.CallError) {
 		if now.Before(l.until) {
 			s.retryLeave = append(s.retryLeave, l)
 		}
+	}
+}
+
+// registeredLocked notes that Redis may hold a lease for p now: its
+// registration was sent. A local permit released meanwhile had no release
+// sent (Redis had not heard of it): it is released there now.
+func (s *Semaphore) registeredLocked(p *Permit) {
+	if p.inRedis() {
+		return
+	}
+	p.registered = true
+	if p.state != held {
+		s.pendRelease = append(s.pendRelease, releaseOp{id: p.id, until: time.Now().Add(s.cfg.LeaseTTL)})
 	}
 }
 

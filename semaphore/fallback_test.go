@@ -407,6 +407,44 @@ func TestFallbackHeavyAndClose(t *testing.T) {
 	}
 }
 
+// TestFallbackReleaseDuringRegistration: a local permit released while
+// its registration is in flight had no release sent (Redis had not heard
+// of it); when the registration's reply comes, its release is queued, so
+// Redis does not keep the lease until it expires.
+func TestFallbackReleaseDuringRegistration(t *testing.T) {
+	e := newEnv(t)
+	e.srv.RequireReal(t)
+	s := e.fbSem(t, Config{Name: t.Name(), Capacity: 2, Fallback: LocalShare})
+	releaseGone(t, e.rdb, acquire(t, s, time.Second))
+	if err := s.trace.Send(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	p := acquire(t, s, time.Second)
+	if !p.local {
+		t.Fatal("the permit did not come from the local share")
+	}
+	// Its registration leaves (the batch is taken), then it is released.
+	b := batch{registers: []*Permit{p}, returning: true}
+	if err := p.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	pending := len(s.pendRelease)
+	s.mu.Unlock()
+	if pending != 0 {
+		t.Fatalf("a local permit never registered queued a release: %d", pending)
+	}
+	s.apply(b, reply{capacity: 2, wait: -1}, time.Now())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.pendRelease) != 1 || s.pendRelease[0].id != p.id || s.pendRelease[0].asked {
+		t.Fatalf("after its registration's reply, releases pending %+v, want %s's", s.pendRelease, p.id)
+	}
+}
+
 // TestFallbackFleet runs last in this file: the tests before it that
 // leave Redis dead leave go-redis dialling goroutines behind for up to a
 // second after their clients close, which goleak, at the end of a run of
