@@ -313,3 +313,41 @@ func BenchmarkAcquireObserver(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAcquireFallback: BenchmarkAcquireRelease with and without
+// Config.Fallback, whose exchanges run on a goroutine of their own (to be
+// abandoned when Redis is marked away) and whose process PINGs Redis
+// every 25 ms while it holds or waits. Compare with benchstat -col
+// /fallback.
+func BenchmarkAcquireFallback(b *testing.B) {
+	for _, fb := range []Fallback{0, LocalShare} {
+		name := "off"
+		if fb == LocalShare {
+			name = "LocalShare"
+		}
+		b.Run("fallback="+name, func(b *testing.B) {
+			srv := redistest.New(b)
+			rdb := srv.Client()
+			b.Cleanup(func() { rdb.Close() })
+			if err := rdb.Ping(context.Background()).Err(); err != nil {
+				b.Fatal(err) // see fbSem
+			}
+			s, err := New(rdb, Config{Name: b.Name(), Capacity: 1, Fallback: fb})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { s.Close() })
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				p, err := s.Acquire(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := p.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
