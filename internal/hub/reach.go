@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -59,6 +60,11 @@ func (r *reach) init(h *Hub) {
 }
 
 // pinger returns the probe's PING and a func that closes what it opened.
+// For a *redis.Client it PINGs on a client of one connection; after a
+// failure it closes that client and makes the next one only once a plain
+// dial of the server's address succeeds (a refused dial through a pool
+// would put go-redis's pool into failing fast for a second, with a
+// goroutine left dialling each second).
 func (r *reach) pinger() (ping func(ctx context.Context) error, closeAll func()) {
 	c, ok := r.h.rdb.(*redis.Client)
 	if !ok {
@@ -72,14 +78,29 @@ func (r *reach) pinger() (ping func(ctx context.Context) error, closeAll func())
 	// The user's maintenance-notification handlers are the user's client's:
 	// a second client with the same config fails to register them again.
 	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	network, addr := o.Network, o.Addr
+	if network == "" {
+		network = "tcp"
+	}
+	if _, _, err := net.SplitHostPort(addr); network == "tcp" && err != nil {
+		network = "" // not an address ("FailoverClient"): no plain dial
+	}
 	var probe *redis.Client
 	return func(ctx context.Context) error {
+			if probe == nil && network != "" {
+				var d net.Dialer
+				conn, err := d.DialContext(ctx, network, addr)
+				if err != nil {
+					return err
+				}
+				_ = conn.Close()
+			}
 			if probe == nil {
 				probe = redis.NewClient(&o)
 			}
 			err := probe.Ping(ctx).Err()
 			if err != nil && Unreachable(err) {
-				_ = probe.Close() // dial afresh next time
+				_ = probe.Close()
 				probe = nil
 			}
 			return err
@@ -193,6 +214,9 @@ func (r *reach) probe(ctx context.Context) {
 		if r.watchers == 0 {
 			r.running = false
 			r.mu.Unlock()
+			// Nobody watches: whether Redis is away is unknown from now
+			// on, and the next caller tries it rather than a share.
+			r.set(false, nil)
 			return
 		}
 		r.mu.Unlock()
