@@ -106,6 +106,9 @@ func TestFallbackSwitch(t *testing.T) {
 				t.Errorf("Inspect while Redis is away: %v, Local %v since %v at 1/%d, want an error, and local since the fault at 1/1",
 					err, in.Local, in.LocalSince.Sub(faultAt), in.LocalShare)
 			}
+			if st := s.Stats(); !st.Local || st.LocalGranted < 1 {
+				t.Errorf("Stats while Redis is away: Local %v, LocalGranted %d; want true and ≥ 1", st.Local, st.LocalGranted)
+			}
 			for i := 1; i < waiters; i++ {
 				select {
 				case r := <-results[i]:

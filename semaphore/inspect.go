@@ -25,6 +25,7 @@ func (s *Semaphore) Stats() Stats {
 	st := s.tally.Stats()
 	st.Held = s.held.Load()
 	st.LeasesLost = s.leasesLost.Load()
+	st.Local, _, _ = s.localState()
 	return st
 }
 
