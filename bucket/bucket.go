@@ -1159,6 +1159,9 @@ func (b *Bucket) retimeOnce(ctx context.Context, rep *entered, costs []int64, ro
 		if err != nil && b.busy(ctx, cctx, within, err) {
 			continue
 		}
+		if err != nil && b.fb != nil && b.fb.away(ctx, err) {
+			return sent, received, r, goneLocal{} // the missed slot stays spent
+		}
 		if err != nil {
 			if !errors.As(err, new(*queue.ConfigError)) && !errors.Is(err, queue.ErrNotReplicated) {
 				err = b.callErr(ctx, err, within) // retimeFailed reads the others
@@ -1180,6 +1183,9 @@ func (b *Bucket) retimeOnce(ctx context.Context, rep *entered, costs []int64, ro
 // retimeFailed: a Retime that failed leaves the missed slot's tokens spent;
 // the caller enters again, unless its ctx ended or Redis failed it.
 func (b *Bucket) retimeFailed(ctx context.Context, err error) (bool, error) {
+	if errors.As(err, new(goneLocal)) {
+		return false, err // enter admits it from the local share
+	}
 	if ctx.Err() != nil || errors.Is(err, queue.ErrNotReplicated) {
 		return false, b.redisErr(ctx, err)
 	}
