@@ -78,11 +78,14 @@ func TestWindowsSaturated(t *testing.T) {
 			})
 			n, first, last := checkWindow(t, gs, p)
 			// The windows the run spanned allow at most this many; a
-			// saturated fleet takes nearly all.
+			// saturated fleet takes most: 230 of 240 on a quiet machine,
+			// 201–225 on a loaded one (late callers take later slots), so
+			// the floor catches tokens that never come back, not a slow
+			// host (utilization is the bench's to measure).
 			windows := int(last.Sub(first)/p.RefillFrequency) + 1
 			allowed := windows * p.Capacity
 			t.Logf("%v: %d grants in %v, %d windows allow %d", p.Kind, n, last.Sub(first), windows, allowed)
-			if n < allowed*95/100 || n > allowed+p.Capacity {
+			if n < allowed*80/100 || n > allowed+p.Capacity {
 				t.Errorf("%d grants where %d windows allow %d", n, windows, allowed)
 			}
 		})
