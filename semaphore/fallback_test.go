@@ -359,8 +359,9 @@ func TestFallbackHeavyAndClose(t *testing.T) {
 	for _, x := range []*Semaphore{s, other} {
 		releaseGone(t, e.rdb, acquire(t, x, time.Second))
 	}
-	for _, x := range []*Semaphore{s, other} {
-		// Read the count now rather than at the next trace, a second on.
+	// Read the count now rather than at the next trace, a second on: s
+	// last, so that it counts other's trace too.
+	for _, x := range []*Semaphore{other, s} {
 		if err := x.trace.Send(ctx); err != nil {
 			t.Fatal(err)
 		}
