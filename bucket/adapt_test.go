@@ -44,7 +44,7 @@ func TestAdaptStepsToSaidRate(t *testing.T) {
 	if err := a.Feedback(ctx, refused); err != nil {
 		t.Fatal(err)
 	}
-	ps, err := b.Limits(ctx)
+	ps, err := b.Policies(ctx)
 	if err != nil || len(ps) != 1 {
 		t.Fatalf("Limits = %v, %v", ps, err)
 	}
@@ -142,7 +142,7 @@ func TestAdaptSaidRateUnderLoad(t *testing.T) {
 					return
 				}
 				if s.Refused {
-					if ps, err := b.Limits(ctx); err == nil {
+					if ps, err := b.Policies(ctx); err == nil {
 						mu.Lock()
 						if r := rateOf(ps[0]); slowest == 0 || r < slowest {
 							slowest = r

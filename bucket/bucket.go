@@ -21,7 +21,7 @@
 //
 // The limit lives in Redis: the first process stores its policies, every
 // process enforces the ones stored, and a process whose policies differ
-// fails with sluice.ErrConfigMismatch (or follows them: Config.Adopt). SetLimits
+// fails with sluice.ErrConfigMismatch (or follows them: Config.Adopt). SetPolicies
 // changes them for every process at once, re-timing the callers queued;
 // Limits reads them. See docs/limits.md.
 //
@@ -106,7 +106,7 @@ const (
 // the bucket stores its own, every process enforces the ones stored, and
 // a process whose policies differ fails with sluice.ErrConfigMismatch instead of
 // applying them, unless it follows the ones in force (Adopt, and
-// SetLimits). The other fields are this process's own.
+// SetPolicies). The other fields are this process's own.
 type Config struct {
 	// Name identifies the shared quota. Any non-empty byte string is valid.
 	Name string
@@ -150,7 +150,7 @@ type Config struct {
 	// Adopt makes this process enforce the policies in force in Redis when
 	// they differ from its own, instead of failing with
 	// sluice.ErrConfigMismatch. Without it, a process follows the policies in
-	// force only when a live change (SetLimits) replaced its own: a
+	// force only when a live change (SetPolicies) replaced its own: a
 	// process started with the old policies during a rolling deploy.
 	Adopt bool
 	// Adapt lets the upstream's refusals (Feedback with a refused signal,
@@ -176,7 +176,7 @@ type Config struct {
 	// to the configured rate (from a rate the upstream said, without the
 	// fast part). Steps up are tried by this process's Enter and Feedback
 	// calls. The slowed policies are stored in Redis as a live change
-	// (SetLimits with AsIs), which every process follows; SetLimits ends
+	// (SetPolicies with AsIs), which every process follows; SetPolicies ends
 	// the adaptation. See docs/upstream.md.
 	Adapt bool
 	// ReplicaAcks, when above 0, closes the gap a failover leaves
@@ -675,7 +675,7 @@ func windows(ps []Policy, lookahead time.Duration, where string) error {
 
 // Config returns this process's configuration with defaults filled in.
 // Its policies are the ones this process started with; Limits reads the
-// ones in force, which this process may follow instead (SetLimits, Adopt).
+// ones in force, which this process may follow instead (SetPolicies, Adopt).
 func (b *Bucket) Config() Config { return b.cfg }
 
 // Stats are this process's figures for one Bucket (sluice.Stats): callers

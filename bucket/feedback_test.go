@@ -170,7 +170,7 @@ func TestAdapt(t *testing.T) {
 		}
 	}
 	every := func() time.Duration {
-		ps, err := b.Limits(ctx)
+		ps, err := b.Policies(ctx)
 		if err != nil || len(ps) != 1 {
 			t.Fatalf("Limits = %v, %v", ps, err)
 		}
@@ -193,12 +193,12 @@ func TestAdapt(t *testing.T) {
 	if got := every(); got < period(0.95) {
 		t.Errorf("period %v: climbed back faster than the rule", got)
 	}
-	// SetLimits ends the adaptation.
-	if err := a.SetLimits(ctx, bucket.AsIs, bucket.Policy{Capacity: 5, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}); err != nil {
+	// SetPolicies ends the adaptation.
+	if err := a.SetPolicies(ctx, bucket.AsIs, bucket.Policy{Capacity: 5, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
 	if got := every(); got != 10*time.Millisecond {
-		t.Errorf("after SetLimits the period is %v, want 10ms", got)
+		t.Errorf("after SetPolicies the period is %v, want 10ms", got)
 	}
 }
 

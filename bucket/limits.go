@@ -20,7 +20,7 @@ import (
 // when it does not. This file decides what a process does then: follow
 // the policies in force, or fail with sluice.ErrConfigMismatch.
 
-// Tokens says how a live change (SetLimits) carries each policy's tokens
+// Tokens says how a live change (SetPolicies) carries each policy's tokens
 // over to the new policies. The zero value is Proportionally. The rules
 // are bucket4j's (TokensInheritanceStrategy).
 type Tokens int
@@ -40,7 +40,7 @@ const (
 // When none are stored yet, this process's are stored (as its first Enter
 // would). It does not fail when they differ from this process's own
 // (Config); Enter does, unless this process follows them.
-func (b *Bucket) Limits(ctx context.Context) ([]Policy, error) {
+func (b *Bucket) Policies(ctx context.Context) ([]Policy, error) {
 	for range 3 {
 		c, ok, err := b.q.ReadConfig(ctx)
 		if err != nil {
@@ -57,7 +57,7 @@ func (b *Bucket) Limits(ctx context.Context) ([]Policy, error) {
 	return nil, fmt.Errorf("bucket: no policies stored for bucket %q", b.cfg.Name)
 }
 
-// SetLimits changes the bucket's policies for every process at once,
+// SetPolicies changes the bucket's policies for every process at once,
 // atomically in Redis: callers already queued, in any process, are
 // scheduled under the new policies from then on, and each policy's tokens
 // carry over by tokens' rule. A new policy takes over from the old policy
@@ -75,9 +75,9 @@ func (b *Bucket) Limits(ctx context.Context) ([]Policy, error) {
 //
 // policies must hold every policy of the bucket (use Unit "" for the one
 // counting calls), each valid as in Config.
-func (b *Bucket) SetLimits(ctx context.Context, tokens Tokens, policies ...Policy) error {
+func (b *Bucket) SetPolicies(ctx context.Context, tokens Tokens, policies ...Policy) error {
 	if len(policies) == 0 {
-		return groundwork.Invalid(ErrConfig, "SetLimits with no policy")
+		return groundwork.Invalid(ErrConfig, "SetPolicies with no policy")
 	}
 	for i, p := range policies {
 		if err := checkPolicy(p, fmt.Sprintf("policies[%d] ", i)); err != nil {
@@ -138,7 +138,7 @@ func (b *Bucket) followInForce(ctx context.Context, err error, settled int) (ret
 		l.Warn("sluice: this process's policies differ from the ones in force; refusing them (set Config.Adopt to follow)",
 			"bucket", b.cfg.Name, "mine", describeAll(b.policies), "in_force", describeAll(fromQueue(c.Policies)))
 	}
-	return false, fmt.Errorf("%w (stored by the first process to use the bucket, or by SetLimits); set Config.Adopt to follow the policies in force",
+	return false, fmt.Errorf("%w (stored by the first process to use the bucket, or by SetPolicies); set Config.Adopt to follow the policies in force",
 		&sluice.ConfigMismatchError{Limiter: "bucket", Name: b.cfg.Name, Mine: describeAll(b.policies), InForce: describeAll(fromQueue(c.Policies))})
 }
 

@@ -97,7 +97,7 @@ func TestConfigMismatch(t *testing.T) {
 			if _, err := b.Estimate(ctx, nil); !errors.Is(err, sluice.ErrConfigMismatch) {
 				t.Errorf("second process's Estimate = %v, want sluice.ErrConfigMismatch", err)
 			}
-			if ps, err := b.Limits(ctx); err != nil || len(ps) != 1 || ps[0] != first {
+			if ps, err := b.Policies(ctx); err != nil || len(ps) != 1 || ps[0] != first {
 				t.Errorf("Limits = %v, %v; want the first process's %v", ps, err, first)
 			}
 			// Both saturate for a second: only the first is granted, within
@@ -158,13 +158,13 @@ func TestAdopt(t *testing.T) {
 	checkGrants(t, append(ga, gb...), inForce)
 }
 
-// TestSetLimitsUnderLoad: three worker processes saturate a bucket; this
+// TestSetPoliciesUnderLoad: three worker processes saturate a bucket; this
 // process changes its limit twice (down, then up) while they run. The
 // workers, started with the first policies, follow without an error;
 // every grant keeps the old limit before the change and the new one after
 // it (slots assigned before a change, within the lookahead, are counted
 // with the new limit's: they took their tokens from it).
-func TestSetLimitsUnderLoad(t *testing.T) {
+func TestSetPoliciesUnderLoad(t *testing.T) {
 	srv := redistest.New(t)
 	srv.RequireReal(t)
 	cfg, err := bucketConfig(t.Name(), 10, 1, 5*time.Millisecond) // 200/s
@@ -193,12 +193,12 @@ func TestSetLimitsUnderLoad(t *testing.T) {
 	for i, p := range steps {
 		time.Sleep(time.Until(start.Add(time.Duration(i+1) * phase)))
 		from := time.Now()
-		if err := admin.SetLimits(ctx, bucket.AsIs, p); err != nil {
+		if err := admin.SetPolicies(ctx, bucket.AsIs, p); err != nil {
 			t.Fatal(err)
 		}
 		changes = append(changes, change{from: from, to: time.Now(), p: p})
-		if ps, err := admin.Limits(ctx); err != nil || len(ps) != 1 || ps[0] != p {
-			t.Fatalf("Limits after SetLimits = %v, %v; want %v", ps, err, p)
+		if ps, err := admin.Policies(ctx); err != nil || len(ps) != 1 || ps[0] != p {
+			t.Fatalf("Limits after SetPolicies = %v, %v; want %v", ps, err, p)
 		}
 	}
 	var all []loadgen.Grant
@@ -245,7 +245,7 @@ func TestSetLimitsUnderLoad(t *testing.T) {
 			t.Errorf("phase %d: %d slots in the middle half, want about %.0f (saturated at the new limit)", i, n, want)
 		}
 		if i > 0 {
-			t.Logf("change %d took %v (SetLimits round trip)", i, c.to.Sub(c.from))
+			t.Logf("change %d took %v (SetPolicies round trip)", i, c.to.Sub(c.from))
 		}
 	}
 }

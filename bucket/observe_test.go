@@ -163,7 +163,7 @@ func TestLogger(t *testing.T) {
 	if err := b.Enter(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := admin.SetLimits(ctx, bucket.AsIs, bucket.Policy{Capacity: 5, RefillAmount: 1, RefillFrequency: 5 * time.Millisecond}); err != nil {
+	if err := admin.SetPolicies(ctx, bucket.AsIs, bucket.Policy{Capacity: 5, RefillAmount: 1, RefillFrequency: 5 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Enter(ctx); err != nil {

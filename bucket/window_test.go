@@ -185,7 +185,7 @@ func TestRollingSettleAndSync(t *testing.T) {
 
 // TestWindowConfig: a rolling window no longer than the lookahead, and a
 // window whose RefillAmount is not its capacity, are refused by name;
-// SetLimits moves a bucket to a rolling window keeping what was used.
+// SetPolicies moves a bucket to a rolling window keeping what was used.
 func TestWindowConfig(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.New(t)
@@ -204,7 +204,7 @@ func TestWindowConfig(t *testing.T) {
 	if err := b.EnterN(ctx, 4); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.SetLimits(ctx, bucket.AsIs, bucket.Rolling(10, time.Hour)); err != nil {
+	if err := b.SetPolicies(ctx, bucket.AsIs, bucket.Rolling(10, time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	if l := levels(t, b)[0]; l != 6 {
@@ -218,8 +218,8 @@ func TestWindowConfig(t *testing.T) {
 	if err := b.Enter(short); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("an 11th call within the hour: %v", err)
 	}
-	if err := b.SetLimits(ctx, bucket.AsIs, bucket.Rolling(10, 10*time.Millisecond)); !errors.Is(err, bucket.ErrConfig) {
-		t.Fatalf("SetLimits to a window shorter than the lookahead: %v", err)
+	if err := b.SetPolicies(ctx, bucket.AsIs, bucket.Rolling(10, 10*time.Millisecond)); !errors.Is(err, bucket.ErrConfig) {
+		t.Fatalf("SetPolicies to a window shorter than the lookahead: %v", err)
 	}
 }
 

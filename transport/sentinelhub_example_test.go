@@ -105,7 +105,7 @@ func Example_sentinelHub() {
 		panic(err)
 	}
 	defer b.Close()
-	// When the contract changes, b.SetLimits(ctx, bucket.AsIs, policies...)
+	// When the contract changes, b.SetPolicies(ctx, bucket.AsIs, policies...)
 	// applies the new one to every process.
 
 	client := transport.NewClient(b,

@@ -24,7 +24,7 @@ import (
 
 // Limits is a live change of the limit under saturated load: callers in
 // worker processes saturate one bucket while this process changes its
-// limit with SetLimits, one step every Phase. Each phase's grants are
+// limit with SetPolicies, one step every Phase. Each phase's grants are
 // judged against its own limit: the slots before a change against the old
 // limit, those after it against the new one (a slot between the start and
 // the end of a change is judged against both, as it may belong to either).
@@ -57,14 +57,14 @@ type LimitsPhase struct {
 	RefillAmount    int           `json:"refill_amount"`
 	RefillFrequency time.Duration `json:"refill_frequency_ns"`
 
-	// Change is how long the SetLimits call that put this limit in force
+	// Change is how long the SetPolicies call that put this limit in force
 	// took, from its call to its return (0 for the first phase: the
 	// limit the bucket started with).
 	Change time.Duration `json:"change_ns"`
-	// Reach is, per worker process, the time from the SetLimits call to
+	// Reach is, per worker process, the time from the SetPolicies call to
 	// the process's first grant (Enter returned) whose slot was assigned
 	// under the new limit: a slot more than the lookahead (20 ms) after
-	// SetLimits returned, since slots are handed out at most that far
+	// SetPolicies returned, since slots are handed out at most that far
 	// ahead (those handed out before the change keep their times).
 	// ReachMax is the largest, the time the change took to reach every
 	// process. A process that had no such grant is -1 (and ReachMax is
@@ -99,7 +99,7 @@ func (p LimitsPhase) perSecond() float64 {
 	return float64(p.RefillAmount) / p.RefillFrequency.Seconds()
 }
 
-// limitsChange is one SetLimits call as this process timed it: from its
+// limitsChange is one SetPolicies call as this process timed it: from its
 // call to its return.
 type limitsChange struct{ from, to time.Time }
 
@@ -111,7 +111,7 @@ const defaultLookahead = 20 * time.Millisecond
 
 func (*Limits) about() about {
 	return about{name: "limits", takes: "~6 s", all: true,
-		what: "callers in several processes saturate one bucket while its limit is changed live (SetLimits): each phase judged against its limit, the time a change takes to reach every process"}
+		what: "callers in several processes saturate one bucket while its limit is changed live (SetPolicies): each phase judged against its limit, the time a change takes to reach every process"}
 }
 
 func (l *Limits) flags(fs *flag.FlagSet) {
@@ -243,16 +243,16 @@ func (l *Limits) change(ctx context.Context, admin *bucket.Bucket, ps []bucket.P
 			return nil, ctx.Err()
 		}
 		from := time.Now()
-		if err := admin.SetLimits(ctx, l.tokens, p); err != nil {
-			return nil, fmt.Errorf("SetLimits to %s/s: %w", num(1/p.RefillFrequency.Seconds()), err)
+		if err := admin.SetPolicies(ctx, l.tokens, p); err != nil {
+			return nil, fmt.Errorf("SetPolicies to %s/s: %w", num(1/p.RefillFrequency.Seconds()), err)
 		}
 		changes = append(changes, limitsChange{from: from, to: time.Now()})
-		got, err := admin.Limits(ctx)
+		got, err := admin.Policies(ctx)
 		if err != nil {
 			return nil, err
 		}
 		if len(got) != 1 || got[0] != p {
-			return nil, fmt.Errorf("after SetLimits(%+v), the limits in force are %+v", p, got)
+			return nil, fmt.Errorf("after SetPolicies(%+v), the limits in force are %+v", p, got)
 		}
 	}
 	return changes, nil
@@ -355,7 +355,7 @@ func (l *Limits) table(t *table, _ Limit) {
 	for i, r := range l.Rates {
 		rates[i] = commas(r) + "/s"
 	}
-	t.title("LIMITS: %d callers in %d process(es) saturate one bucket while this process changes its limit with SetLimits every %v: %s (tokens carried over %s)",
+	t.title("LIMITS: %d callers in %d process(es) saturate one bucket while this process changes its limit with SetPolicies every %v: %s (tokens carried over %s)",
 		l.Callers, l.Procs, l.Phase, strings.Join(rates, " → "), l.Tokens)
 	note := fmt.Sprintf("%d errors", l.Errors)
 	if l.Err != "" {
@@ -365,7 +365,7 @@ func (l *Limits) table(t *table, _ Limit) {
 	for i, p := range l.Phases {
 		t.row(fmt.Sprintf("phase %d: %s/s", i+1, num(p.perSecond())), "", fmt.Sprintf("capacity %s, %d every %v", commas(p.Capacity), p.RefillAmount, p.RefillFrequency))
 		if i > 0 {
-			t.row("  SetLimits round trip", dur(p.Change), "from the call to its return, in this process")
+			t.row("  SetPolicies round trip", dur(p.Change), "from the call to its return, in this process")
 			reach := "a process had no grant after the change"
 			if p.ReachMax >= 0 {
 				reach = dur(p.ReachMax)
@@ -427,7 +427,7 @@ func writeLimitsPlot(path string, grants []loadgen.Grant, phases []LimitsPhase, 
 	sec := func(t time.Time) float64 { return t.Sub(t0).Seconds() }
 	end := math.Max(sec(slots[len(slots)-1]), sec(starts[len(starts)-1]))
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Grant rate (grants per %v) as SetLimits changes the limit", bin)
+	p.Title.Text = fmt.Sprintf("Grant rate (grants per %v) as SetPolicies changes the limit", bin)
 	p.X.Label.Text = "s since the first grant time"
 	p.Y.Label.Text = "grants/s"
 	p.Legend.Top = true

@@ -57,7 +57,7 @@ func TestLimitsScenario(t *testing.T) {
 		if p.ExcessSlots > 0 || p.Judged == 0 {
 			t.Errorf("phase %d (%.0f/s): %d slots judged, busiest window %d over; want some and ≤ 0", i+1, p.perSecond(), p.Judged, p.ExcessSlots)
 		}
-		// As bucket.TestSetLimitsUnderLoad: saturated at the limit in
+		// As bucket.TestSetPoliciesUnderLoad: saturated at the limit in
 		// force, with room for a slow machine.
 		if p.Utilization < 0.8 {
 			t.Errorf("phase %d (%.0f/s): %.0f grants/s in the middle half, want about the limit", i+1, p.perSecond(), p.Rate)
@@ -69,7 +69,7 @@ func TestLimitsScenario(t *testing.T) {
 			continue
 		}
 		if p.Change <= 0 || len(p.Reach) != 2 || p.ReachMax < p.Change || p.ReachMax > phase {
-			t.Errorf("phase %d: SetLimits took %v, reached the processes after %v (max %v); want > 0, both within the phase", i+1, p.Change, p.Reach, p.ReachMax)
+			t.Errorf("phase %d: SetPolicies took %v, reached the processes after %v (max %v); want > 0, both within the phase", i+1, p.Change, p.Reach, p.ReachMax)
 		}
 	}
 	if fi, err := os.Stat(plot); err != nil || fi.Size() == 0 {

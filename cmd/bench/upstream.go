@@ -300,7 +300,7 @@ func (u *Upstream) runCase(ctx context.Context, e *env, c upstreamCase, feedback
 		rdb := client(e.opt, 1)
 		b, err := bucket.New(rdb, bucket.Config{Name: cfg.Name, Capacity: cfg.Capacity, RefillAmount: cfg.RefillAmount, RefillFrequency: cfg.RefillFrequency, Adopt: true})
 		if err == nil {
-			if ps, err := b.Limits(ctx); err == nil && len(ps) > 0 && ps[0] != p {
+			if ps, err := b.Policies(ctx); err == nil && len(ps) > 0 && ps[0] != p {
 				row.Slowed = float64(ps[0].RefillAmount) / ps[0].RefillFrequency.Seconds()
 			}
 			b.Close()

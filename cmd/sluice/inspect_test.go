@@ -42,10 +42,10 @@ func TestNeverUsed(t *testing.T) {
 	if r.Stored || len(r.Policies) != 0 || r.Queued != 0 || r.WaitUS != 0 || r.Scheduler != "" || r.Format != 0 || r.Bucket != name || r.Prefix != "sluice" {
 		t.Errorf("inspect --json of a bucket never used = %+v, want stored false and nothing else", r)
 	}
-	if out := sluice(t, "limits", "--redis", url, name).ok(t).stdout; !strings.Contains(out, noConfig) {
+	if out := sluice(t, "policies", "--redis", url, name).ok(t).stdout; !strings.Contains(out, noConfig) {
 		t.Errorf("limits of a bucket never used: %q, want %q", out, noConfig)
 	}
-	if out := sluice(t, "limits", "--json", "--redis", url, name).ok(t).stdout; !strings.Contains(out, `"stored":false,"policies":[]`) {
+	if out := sluice(t, "policies", "--json", "--redis", url, name).ok(t).stdout; !strings.Contains(out, `"stored":false,"policies":[]`) {
 		t.Errorf("limits --json of a bucket never used: %s", out)
 	}
 	res := sluice(t, "hold", "--redis", url, name, "1s")
@@ -249,25 +249,25 @@ func TestLimits(t *testing.T) {
 	if err := b.Enter(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	out := sluice(t, "limits", "--redis", url, t.Name()).ok(t).stdout
+	out := sluice(t, "policies", "--redis", url, t.Name()).ok(t).stdout
 	for _, want := range []string{"calls: capacity 1000, 1 every 60ms (1000/min)", "pu: capacity 400000, 1 every 6.696s (8.96/min)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("limits lacks %q:\n%s", want, out)
 		}
 	}
-	got := sluice(t, "limits", "--json", "--redis", url, t.Name()).ok(t).stdout
+	got := sluice(t, "policies", "--json", "--redis", url, t.Name()).ok(t).stdout
 	want := fmt.Sprintf(`{"bucket":%q,"prefix":"sluice","stored":true,"policies":[{"unit":"","capacity":1000,"refill_amount":1,"refill_every_us":60000,"rate_per_second":16.666666666666668},{"unit":"pu","capacity":400000,"refill_amount":1,"refill_every_us":6696000,"rate_per_second":0.14934289127837516}],"adapting":0}`+"\n", t.Name())
 	if got != want {
 		t.Errorf("limits --json:\n%s\nwant\n%s", got, want)
 	}
-	if !slices.Equal(ps, mustLimits(t, b)) {
+	if !slices.Equal(ps, mustPolicies(t, b)) {
 		t.Errorf("limits changed the policies")
 	}
 }
 
-func mustLimits(t *testing.T, b *bucket.Bucket) []bucket.Policy {
+func mustPolicies(t *testing.T, b *bucket.Bucket) []bucket.Policy {
 	t.Helper()
-	ps, err := b.Limits(context.Background())
+	ps, err := b.Policies(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,6 @@
 // Command sluice shows and steers a distributed bucket (package bucket)
 // from outside the processes that use it: what it is doing now (inspect),
-// the policies in force (limits, set-limits), and a fleet-wide pause when
+// the policies in force (limits, set-policies), and a fleet-wide pause when
 // the upstream asked for one (hold). `go run ./cmd/sluice --help` lists the
 // subcommands; `sluice <command> --help` lists each one's flags.
 //
@@ -50,8 +50,8 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"inspect", "what a bucket is doing now, across every process (--watch, --json)", runInspect},
-		{"limits", "the policies in force", runLimits},
-		{"set-limits", "change the policies for every process at once", runSetLimits},
+		{"policies", "the policies in force", runPolicies},
+		{"set-policies", "change the policies for every process at once", runSetPolicies},
 		{"hold", "stop every process's grants for a while (the upstream asked us to back off)", runHold},
 	}
 }

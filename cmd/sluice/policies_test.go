@@ -10,10 +10,10 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 )
 
-// TestSetLimits: set-limits changes the policies in force, which the
+// TestSetPolicies: set-policies changes the policies in force, which the
 // bucket's own handle then reports, with --rate/--burst and with
 // --policy; each --tokens rule carries the tokens over as it says.
-func TestSetLimits(t *testing.T) {
+func TestSetPolicies(t *testing.T) {
 	url, rdb := server(t)
 	cfg := bucket.Config{Name: t.Name(), Policies: []bucket.Policy{bucket.Rate(20, time.Second, 10)}}
 	b := newBucket(t, rdb, cfg)
@@ -22,14 +22,14 @@ func TestSetLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	out := sluice(t, "set-limits", "--redis", url, cfg.Name, "--rate", "200/1s", "--burst", "50").ok(t).stdout
+	out := sluice(t, "set-policies", "--redis", url, cfg.Name, "--rate", "200/1s", "--burst", "50").ok(t).stdout
 	for _, want := range []string{"tokens carried over: proportional", "before:\n  calls: capacity 10, 1 every 50ms (20/s)", "now:\n  calls: capacity 50, 1 every 5ms (200/s)"} {
 		if !strings.Contains(out, want) {
-			t.Errorf("set-limits lacks %q:\n%s", want, out)
+			t.Errorf("set-policies lacks %q:\n%s", want, out)
 		}
 	}
-	if got, want := mustLimits(t, b), []bucket.Policy{bucket.Rate(200, time.Second, 50)}; !slices.Equal(got, want) {
-		t.Errorf("Limits after set-limits = %+v, want %+v", got, want)
+	if got, want := mustPolicies(t, b), []bucket.Policy{bucket.Rate(200, time.Second, 50)}; !slices.Equal(got, want) {
+		t.Errorf("Limits after set-policies = %+v, want %+v", got, want)
 	}
 	r := decodeReport(t, sluice(t, "inspect", "--json", "--redis", url, cfg.Name).ok(t).stdout)
 	if tok := r.Policies[0].Tokens; tok < 25 || tok > 35 {
@@ -37,12 +37,12 @@ func TestSetLimits(t *testing.T) {
 	}
 
 	pu := bucket.Policy{Unit: "pu", Capacity: 1000, RefillAmount: 1, RefillFrequency: 60 * time.Millisecond}
-	sluice(t, "set-limits", "--redis", url, "--tokens", "reset",
+	sluice(t, "set-policies", "--redis", url, "--tokens", "reset",
 		"--policy", "unit=calls,rate=1000/min,burst=100",
 		"--policy", "unit=pu,capacity=1000,refill_amount=1,refill_frequency=60ms", cfg.Name).ok(t)
 	calls := bucket.Rate(1000, time.Minute, 100)
-	if got, want := mustLimits(t, b), []bucket.Policy{calls, pu}; !slices.Equal(got, want) {
-		t.Errorf("Limits after set-limits --policy ... = %+v, want %+v", got, want)
+	if got, want := mustPolicies(t, b), []bucket.Policy{calls, pu}; !slices.Equal(got, want) {
+		t.Errorf("Limits after set-policies --policy ... = %+v, want %+v", got, want)
 	}
 	r = decodeReport(t, sluice(t, "inspect", "--json", "--redis", url, cfg.Name).ok(t).stdout)
 	if r.Policies[0].Tokens != 100 || r.Policies[1].Tokens != 1000 {
@@ -53,34 +53,34 @@ func TestSetLimits(t *testing.T) {
 	}
 
 	// Windows: a rolling second of calls and a fixed hour of pu.
-	out = sluice(t, "set-limits", "--redis", url, "--tokens", "reset",
+	out = sluice(t, "set-policies", "--redis", url, "--tokens", "reset",
 		"--policy", "rolling=20/1s", "--policy", "unit=pu,fixed=5000/1h", cfg.Name).ok(t).stdout
 	if !strings.Contains(out, "calls: capacity 20, 20 in any 1s (20/s)") || !strings.Contains(out, "pu: capacity 5000, 5000 each 1h0m0s (5000/h)") {
-		t.Errorf("set-limits with windows says:\n%s", out)
+		t.Errorf("set-policies with windows says:\n%s", out)
 	}
 	fixed := bucket.Fixed(5000, time.Hour)
 	fixed.Unit = "pu"
-	if got, want := mustLimits(t, b), []bucket.Policy{bucket.Rolling(20, time.Second), fixed}; !slices.Equal(got, want) {
-		t.Errorf("Limits after set-limits with windows = %+v, want %+v", got, want)
+	if got, want := mustPolicies(t, b), []bucket.Policy{bucket.Rolling(20, time.Second), fixed}; !slices.Equal(got, want) {
+		t.Errorf("Limits after set-policies with windows = %+v, want %+v", got, want)
 	}
 	if r := decodeReport(t, sluice(t, "inspect", "--json", "--redis", url, cfg.Name).ok(t).stdout); r.Policies[0].Kind != "rolling" || r.Policies[1].Kind != "fixed" {
 		t.Errorf("inspect --json kinds %q, %q", r.Policies[0].Kind, r.Policies[1].Kind)
 	}
-	if e := sluice(t, "set-limits", "--redis", url, "--policy", "rolling=20/1s,burst=5", cfg.Name); e.code == 0 || !strings.Contains(e.stderr, "goes alone") {
+	if e := sluice(t, "set-policies", "--redis", url, "--policy", "rolling=20/1s,burst=5", cfg.Name); e.code == 0 || !strings.Contains(e.stderr, "goes alone") {
 		t.Errorf("rolling with burst: exit %d, %s", e.code, e.stderr)
 	}
 }
 
-// TestSetLimitsNeverUsed: on a bucket nobody used, set-limits stores the
+// TestSetPoliciesNeverUsed: on a bucket nobody used, set-policies stores the
 // policies it is given, and nothing else.
-func TestSetLimitsNeverUsed(t *testing.T) {
+func TestSetPoliciesNeverUsed(t *testing.T) {
 	url, rdb := server(t)
-	out := sluice(t, "set-limits", "--redis", url, "--rate", "10/1s", "--burst", "1", t.Name()).ok(t).stdout
+	out := sluice(t, "set-policies", "--redis", url, "--rate", "10/1s", "--burst", "1", t.Name()).ok(t).stdout
 	if !strings.Contains(out, "before: none stored") {
-		t.Errorf("set-limits said:\n%s", out)
+		t.Errorf("set-policies said:\n%s", out)
 	}
 	b := newBucket(t, rdb, bucket.Config{Name: t.Name(), Policies: []bucket.Policy{bucket.Rate(1, time.Hour, 1)}, Adopt: true})
-	if got, want := mustLimits(t, b), []bucket.Policy{bucket.Rate(10, time.Second, 1)}; !slices.Equal(got, want) {
+	if got, want := mustPolicies(t, b), []bucket.Policy{bucket.Rate(10, time.Second, 1)}; !slices.Equal(got, want) {
 		t.Errorf("Limits = %+v, want %+v", got, want)
 	}
 }

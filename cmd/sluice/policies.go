@@ -10,12 +10,12 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 )
 
-// sluice limits and sluice set-limits: the policies in force, read (with
-// Inspect, which never stores any) and changed (bucket.SetLimits).
+// sluice policies and sluice set-policies: the policies in force, read (with
+// Inspect, which never stores any) and changed (bucket.SetPolicies).
 
-func runLimits(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func runPolicies(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var t target
-	fs := t.flags("limits", "[--redis URL] [--prefix P] [--json] NAME",
+	fs := t.flags("policies", "[--redis URL] [--prefix P] [--json] NAME",
 		"Shows the policies in force for bucket NAME, as every process enforces them.\n"+
 			"It only reads: a bucket with no configuration stored is left without one.")
 	asJSON := fs.Bool("json", false, `write a JSON object: {"bucket", "prefix", "stored", "policies": [{"unit", "capacity", "refill_amount", "refill_every_us", "rate_per_second"}], "adapting"}`)
@@ -56,13 +56,13 @@ func runLimits(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fmt.Fprintf(&s, "  %s\n", summary(p))
 	}
 	if in.Adapting > 0 {
-		fmt.Fprintf(&s, "slowed to %.0f%% of the configured rate by Adapt (set-limits ends it)\n", 100*in.Adapting)
+		fmt.Fprintf(&s, "slowed to %.0f%% of the configured rate by Adapt (set-policies ends it)\n", 100*in.Adapting)
 	}
 	_, err = io.WriteString(stdout, s.String())
 	return err
 }
 
-// limitsJSON is `sluice limits --json`; the names are stable.
+// limitsJSON is `sluice policies --json`; the names are stable.
 type limitsJSON struct {
 	Bucket   string       `json:"bucket"`
 	Prefix   string       `json:"prefix"`
@@ -78,16 +78,16 @@ var tokenRules = map[string]bucket.Tokens{
 	"reset":        bucket.Reset,
 }
 
-func runSetLimits(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func runSetPolicies(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var t target
-	fs := t.flags("set-limits", "[--redis URL] [--prefix P] [--tokens RULE] (--rate N/PERIOD --burst B | --policy SPEC ...) NAME",
+	fs := t.flags("set-policies", "[--redis URL] [--prefix P] [--tokens RULE] (--rate N/PERIOD --burst B | --policy SPEC ...) NAME",
 		"Replaces every policy of bucket NAME, for every process at once: callers already\n"+
 			"queued are re-timed under the new policies, and processes follow them at their next\n"+
 			"call. Give every policy the bucket should have: --rate/--burst for the one counting\n"+
 			"calls, and --policy for each other (or all of them), in order. It ends Adapt's slowing.\n\n"+
 			"Examples:\n"+
-			"  sluice set-limits --rate 200/1s --burst 50 api\n"+
-			"  sluice set-limits --rate 1000/1m --burst 1000 \\\n"+
+			"  sluice set-policies --rate 200/1s --burst 50 api\n"+
+			"  sluice set-policies --rate 1000/1m --burst 1000 \\\n"+
 			"      --policy unit=pu,capacity=1000,refill_amount=1,refill_frequency=60ms sentinel-hub")
 	tokens := fs.String("tokens", "proportional", "`RULE`: how each policy's free tokens carry over: proportional (scaled by new ÷ old capacity), as-is (kept, at most the new capacity) or reset (full)")
 	rateFlag := fs.String("rate", "", "the policy counting calls: `N/PERIOD` (200/1s, 1000/1m), with --burst")
@@ -107,33 +107,33 @@ func runSetLimits(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	rule, ok := tokenRules[*tokens]
 	if !ok {
-		return usagef("set-limits: --tokens %q, want proportional, as-is or reset", *tokens)
+		return usagef("set-policies: --tokens %q, want proportional, as-is or reset", *tokens)
 	}
 	var ps []bucket.Policy
 	switch {
 	case *rateFlag != "" && *burst == "":
-		return usagef("set-limits: --rate %s needs --burst (the most calls that may start at once)", *rateFlag)
+		return usagef("set-policies: --rate %s needs --burst (the most calls that may start at once)", *rateFlag)
 	case *rateFlag == "" && *burst != "":
-		return usagef("set-limits: --burst %s needs --rate", *burst)
+		return usagef("set-policies: --burst %s needs --rate", *burst)
 	case *rateFlag != "":
 		p, err := ratePolicy(*rateFlag, *burst)
 		if err != nil {
-			return usagef("set-limits: --rate %s --burst %s: %v", *rateFlag, *burst, err)
+			return usagef("set-policies: --rate %s --burst %s: %v", *rateFlag, *burst, err)
 		}
 		ps = append(ps, p)
 	}
 	for _, s := range specs {
 		p, err := parsePolicy(s)
 		if err != nil {
-			return usagef("set-limits: --policy %q: %v", s, err)
+			return usagef("set-policies: --policy %q: %v", s, err)
 		}
 		ps = append(ps, p)
 	}
 	if len(ps) == 0 {
-		return usagef("set-limits: no policy given: --rate N/PERIOD --burst B, or --policy unit=U,capacity=C,refill_amount=A,refill_frequency=D (see 'sluice set-limits --help')")
+		return usagef("set-policies: no policy given: --rate N/PERIOD --burst B, or --policy unit=U,capacity=C,refill_amount=A,refill_frequency=D (see 'sluice set-policies --help')")
 	}
 
-	// The handle's own policies are the new ones: were none stored, SetLimits
+	// The handle's own policies are the new ones: were none stored, SetPolicies
 	// stores these, never a placeholder.
 	rdb, b, err := t.open(name, ps)
 	if err != nil {
@@ -146,7 +146,7 @@ func runSetLimits(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	sctx, cancel := context.WithTimeout(ctx, opTimeout)
-	err = b.SetLimits(sctx, rule, ps...)
+	err = b.SetPolicies(sctx, rule, ps...)
 	cancel()
 	if err != nil {
 		return t.failed("changing the policies of", name, err)
