@@ -20,19 +20,19 @@ import (
 // when it does not. This file decides what a process does then: follow
 // the policies in force, or fail with sluice.ErrConfigMismatch.
 
-// Tokens says how a live change (SetPolicies) carries each policy's tokens
+// Carry says how a live change (SetPolicies) carries each policy's tokens
 // over to the new policies. The zero value is Proportionally. The rules
 // are bucket4j's (TokensInheritanceStrategy).
-type Tokens int
+type Carry int
 
 const (
 	// Proportionally scales the free tokens by new capacity ÷ old
 	// capacity, rounded down: a bucket half full stays half full.
-	Proportionally Tokens = iota
+	Proportionally Carry = iota
 	// AsIs keeps the free tokens, at most the new capacity.
 	AsIs
-	// Reset fills every policy, as a new bucket: the new capacity at once.
-	Reset
+	// Fill fills every policy, as a new bucket: the new capacity at once.
+	Fill
 )
 
 // Limits returns the policies in force for every process, as stored in
@@ -60,7 +60,7 @@ func (b *Bucket) Policies(ctx context.Context) ([]Policy, error) {
 // SetPolicies changes the bucket's policies for every process at once,
 // atomically in Redis: callers already queued, in any process, are
 // scheduled under the new policies from then on, and each policy's tokens
-// carry over by tokens' rule. A new policy takes over from the old policy
+// carry over by carry's rule. A new policy takes over from the old policy
 // of its unit at the same rank among that unit's policies (the first
 // policy counting "pu" from the first one counting "pu"); one without
 // such a predecessor starts full. Slots already assigned (due within the
@@ -75,7 +75,7 @@ func (b *Bucket) Policies(ctx context.Context) ([]Policy, error) {
 //
 // policies must hold every policy of the bucket (use Unit "" for the one
 // counting calls), each valid as in Config.
-func (b *Bucket) SetPolicies(ctx context.Context, tokens Tokens, policies ...Policy) error {
+func (b *Bucket) SetPolicies(ctx context.Context, carry Carry, policies ...Policy) error {
 	if len(policies) == 0 {
 		return groundwork.Invalid(ErrConfig, "SetPolicies with no policy")
 	}
@@ -88,11 +88,11 @@ func (b *Bucket) SetPolicies(ctx context.Context, tokens Tokens, policies ...Pol
 	if err := windows(policies, b.cfg.Lookahead, "policies"); err != nil {
 		return err
 	}
-	if tokens < Proportionally || tokens > Reset {
-		return groundwork.Invalid(ErrConfig, "Tokens %d, want Proportionally, AsIs or Reset", tokens)
+	if carry < Proportionally || carry > Fill {
+		return groundwork.Invalid(ErrConfig, "Carry %d, want Proportionally, AsIs or Fill", carry)
 	}
 	ps := toQueue(policies)
-	r, err := b.q.Change(ctx, int(tokens), func(queue.Config, time.Time) (queue.Config, bool) {
+	r, err := b.q.Change(ctx, int(carry), func(queue.Config, time.Time) (queue.Config, bool) {
 		return queue.Config{Policies: ps}, true
 	})
 	if err != nil {

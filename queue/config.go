@@ -188,7 +188,7 @@ type ChangeResult struct {
 
 // Change makes next(the configuration in force, the Redis clock now) the
 // bucket's configuration for every process, atomically, carrying the
-// tokens over by rule (bucket.Tokens's values: 0 scales the free tokens by
+// tokens over by rule (bucket.Carry's values: 0 scales the free tokens by
 // new capacity / old capacity, rounded down; 1 keeps them, at most the new
 // capacity; 2 fills the bucket, as a new one), and q runs under it
 // from then on. next declines with false; it may be called again when the

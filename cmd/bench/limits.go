@@ -35,12 +35,12 @@ type Limits struct {
 	// Rates are the limits, per second, one per phase; each is 1 token
 	// every 1 s ÷ rate, with a burst (capacity) of 50 ms of it.
 	Rates  []int  `json:"rates_per_s"`
-	Tokens string `json:"tokens"` // how tokens carry over (bucket.Tokens)
+	Tokens string `json:"tokens"` // how tokens carry over (bucket.Carry)
 	LimitsFigures
 
 	rates  string // --limits-rates, parsed into Rates by check
 	plot   string // --limits-plot: the file to draw
-	tokens bucket.Tokens
+	tokens bucket.Carry
 }
 
 // LimitsFigures is the judgement of every grant of a limits run.
@@ -119,7 +119,7 @@ func (l *Limits) flags(fs *flag.FlagSet) {
 	fs.IntVar(&l.Procs, "limits-procs", 3, "worker processes (1: the callers run in this process)")
 	fs.DurationVar(&l.Phase, "limits-phase", 1500*time.Millisecond, "how long each limit stays in force before the next")
 	fs.StringVar(&l.rates, "limits-rates", "200,50,400", "the limits, in calls per second, in the order they are set (`LIST`); each has a burst of 50 ms of it")
-	fs.StringVar(&l.Tokens, "limits-tokens", "proportionally", "how tokens carry over at a change: proportionally, as-is or reset")
+	fs.StringVar(&l.Tokens, "limits-tokens", "proportionally", "how tokens carry over at a change (bucket.Carry): proportionally, as-is or fill")
 	fs.StringVar(&l.plot, "limits-plot", "", "draw the grant rate over time against each phase's limit to `FILE` (.svg or .png)")
 }
 
@@ -146,10 +146,10 @@ func (l *Limits) check() error {
 		l.tokens = bucket.Proportionally
 	case "as-is":
 		l.tokens = bucket.AsIs
-	case "reset":
-		l.tokens = bucket.Reset
+	case "fill":
+		l.tokens = bucket.Fill
 	default:
-		return fmt.Errorf("--limits-tokens %q: want proportionally, as-is or reset", l.Tokens)
+		return fmt.Errorf("--limits-tokens %q: want proportionally, as-is or fill", l.Tokens)
 	}
 	return nil
 }

@@ -140,7 +140,7 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"set-policies", r, "--rate", "200/1s", "a"}, "needs --burst"},
 		{[]string{"set-policies", r, "--burst", "5", "a"}, "needs --rate"},
 		{[]string{"set-policies", r, "--rate", "200/1s", "--burst", "0", "a"}, `burst "0"`},
-		{[]string{"set-policies", r, "--tokens", "some", "--rate", "2/1s", "--burst", "1", "a"}, `--tokens "some"`},
+		{[]string{"set-policies", r, "--carry", "some", "--rate", "2/1s", "--burst", "1", "a"}, `--carry "some"`},
 		{[]string{"set-policies", r, "--policy", "unit=pu,capacity=0,refill_amount=1,refill_frequency=1s", "a"}, "capacity 0, want ≥ 1"},
 		{[]string{"set-policies", r, "--policy", "unit=pu,capacity=5,refill_amount=6,refill_frequency=1s", "a"}, "refill_amount 6 above capacity 5"},
 		{[]string{"set-policies", r, "--policy", "unit=pu,capacity=5,refill_amount=1,refill_frequency=1500ns", "a"}, "not a whole number of microseconds"},

@@ -71,16 +71,16 @@ type limitsJSON struct {
 	Adapting float64      `json:"adapting"`
 }
 
-// tokenRules are --tokens' values.
-var tokenRules = map[string]bucket.Tokens{
+// carryRules are --carry's values.
+var carryRules = map[string]bucket.Carry{
 	"proportional": bucket.Proportionally,
 	"as-is":        bucket.AsIs,
-	"reset":        bucket.Reset,
+	"fill":         bucket.Fill,
 }
 
 func runSetPolicies(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var t target
-	fs := t.flags("set-policies", "[--redis URL] [--prefix P] [--tokens RULE] (--rate N/PERIOD --burst B | --policy SPEC ...) NAME",
+	fs := t.flags("set-policies", "[--redis URL] [--prefix P] [--carry RULE] (--rate N/PERIOD --burst B | --policy SPEC ...) NAME",
 		"Replaces every policy of bucket NAME, for every process at once: callers already\n"+
 			"queued are re-timed under the new policies, and processes follow them at their next\n"+
 			"call. Give every policy the bucket should have: --rate/--burst for the one counting\n"+
@@ -89,7 +89,7 @@ func runSetPolicies(ctx context.Context, args []string, stdout, stderr io.Writer
 			"  sluice set-policies --rate 200/1s --burst 50 api\n"+
 			"  sluice set-policies --rate 1000/1m --burst 1000 \\\n"+
 			"      --policy unit=pu,capacity=1000,refill_amount=1,refill_frequency=60ms sentinel-hub")
-	tokens := fs.String("tokens", "proportional", "`RULE`: how each policy's free tokens carry over: proportional (scaled by new ÷ old capacity), as-is (kept, at most the new capacity) or reset (full)")
+	carry := fs.String("carry", "proportional", "`RULE`: how each policy's free tokens carry over (bucket.Carry): proportional (scaled by new ÷ old capacity), as-is (kept, at most the new capacity) or fill (full)")
 	rateFlag := fs.String("rate", "", "the policy counting calls: `N/PERIOD` (200/1s, 1000/1m), with --burst")
 	burst := fs.String("burst", "", "`B`, the most calls that may start at once (the capacity), with --rate")
 	var specs []string
@@ -105,9 +105,9 @@ func runSetPolicies(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
-	rule, ok := tokenRules[*tokens]
+	rule, ok := carryRules[*carry]
 	if !ok {
-		return usagef("set-policies: --tokens %q, want proportional, as-is or reset", *tokens)
+		return usagef("set-policies: --carry %q, want proportional, as-is or fill", *carry)
 	}
 	var ps []bucket.Policy
 	switch {
@@ -156,7 +156,7 @@ func runSetPolicies(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	var s strings.Builder
-	fmt.Fprintf(&s, "bucket %q: policies changed for every process (tokens carried over: %s)\n", name, *tokens)
+	fmt.Fprintf(&s, "bucket %q: policies changed for every process (tokens carried over: %s)\n", name, *carry)
 	if !before.Stored {
 		fmt.Fprintf(&s, "before: none stored\n")
 	} else {

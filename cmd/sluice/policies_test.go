@@ -12,7 +12,7 @@ import (
 
 // TestSetPolicies: set-policies changes the policies in force, which the
 // bucket's own handle then reports, with --rate/--burst and with
-// --policy; each --tokens rule carries the tokens over as it says.
+// --policy; each --carry rule carries the tokens over as it says.
 func TestSetPolicies(t *testing.T) {
 	url, rdb := server(t)
 	cfg := bucket.Config{Name: t.Name(), Policies: []bucket.Policy{bucket.Rate(20, time.Second, 10)}}
@@ -37,7 +37,7 @@ func TestSetPolicies(t *testing.T) {
 	}
 
 	pu := bucket.Policy{Unit: "pu", Capacity: 1000, RefillAmount: 1, RefillFrequency: 60 * time.Millisecond}
-	sluice(t, "set-policies", "--redis", url, "--tokens", "reset",
+	sluice(t, "set-policies", "--redis", url, "--carry", "fill",
 		"--policy", "unit=calls,rate=1000/min,burst=100",
 		"--policy", "unit=pu,capacity=1000,refill_amount=1,refill_frequency=60ms", cfg.Name).ok(t)
 	calls := bucket.Rate(1000, time.Minute, 100)
@@ -46,14 +46,14 @@ func TestSetPolicies(t *testing.T) {
 	}
 	r = decodeReport(t, sluice(t, "inspect", "--json", "--redis", url, cfg.Name).ok(t).stdout)
 	if r.Policies[0].Tokens != 100 || r.Policies[1].Tokens != 1000 {
-		t.Errorf("reset: tokens %d and %d, want both full (100, 1000)", r.Policies[0].Tokens, r.Policies[1].Tokens)
+		t.Errorf("fill: tokens %d and %d, want both full (100, 1000)", r.Policies[0].Tokens, r.Policies[1].Tokens)
 	}
 	if err := b.EnterCost(ctx, bucket.Cost{"": 1, "pu": 60}); err != nil { // the bucket's own handle follows
 		t.Fatal(err)
 	}
 
 	// Windows: a rolling second of calls and a fixed hour of pu.
-	out = sluice(t, "set-policies", "--redis", url, "--tokens", "reset",
+	out = sluice(t, "set-policies", "--redis", url, "--carry", "fill",
 		"--policy", "rolling=20/1s", "--policy", "unit=pu,fixed=5000/1h", cfg.Name).ok(t).stdout
 	if !strings.Contains(out, "calls: capacity 20, 20 in any 1s (20/s)") || !strings.Contains(out, "pu: capacity 5000, 5000 each 1h0m0s (5000/h)") {
 		t.Errorf("set-policies with windows says:\n%s", out)
