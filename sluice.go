@@ -19,6 +19,20 @@ import (
 // with errors.Is; each package's own sentinels wrap it.
 var ErrLimited = errors.New("sluice: limited")
 
+// ErrQueueFull is every limiter's refusal of a caller because its
+// MaxQueue callers already wait (bucket, semaphore, local Rate). It wraps
+// ErrLimited; the error returned names the limiter and how many wait.
+var ErrQueueFull = fmt.Errorf("queue full: %w", ErrLimited)
+
+// ErrWaitTooLong is every limiter's refusal of a caller whose estimated
+// wait is longer than its MaxWait (bucket, local Rate). It wraps
+// ErrLimited; the error returned names the estimate.
+var ErrWaitTooLong = fmt.Errorf("wait too long: %w", ErrLimited)
+
+// ErrClosed is what a bucket's or a semaphore's calls return after its
+// Close, including those that were waiting when Close came.
+var ErrClosed = errors.New("closed")
+
 // ErrConfig is the parent of every package's ErrConfig (bucket.ErrConfig,
 // semaphore.ErrConfig, local.ErrConfig): a constructor refused its
 // configuration or its Redis client. It does not match ErrLimited: a bad

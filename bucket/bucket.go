@@ -61,8 +61,9 @@ import (
 	"github.com/sluicehq/sluice/scheduler"
 )
 
-// Errors. Refusals (ErrQueueFull, ErrWaitTooLong) consume nothing and match
-// sluice.ErrLimited; ErrConfig matches sluice.ErrConfig. A cost above a
+// Errors. Refusals (matching sluice.ErrQueueFull or sluice.ErrWaitTooLong)
+// consume nothing and match sluice.ErrLimited; calls after Close match
+// sluice.ErrClosed; ErrConfig matches sluice.ErrConfig. A cost above a
 // policy's Capacity can never be granted: it is refused at once with an
 // error matching sluice.ErrCostExceedsCapacity, not sluice.ErrLimited. A
 // process whose policies are not the ones in force in Redis (see
@@ -71,9 +72,9 @@ import (
 // Redis returns an error that matches both ctx.Err() (when the caller's ctx
 // ended) and Redis's own error.
 var (
-	ErrClosed      = errors.New("bucket: closed")
-	ErrQueueFull   = fmt.Errorf("bucket: queue full: %w", sluice.ErrLimited)
-	ErrWaitTooLong = fmt.Errorf("bucket: wait too long: %w", sluice.ErrLimited)
+	errClosed      = fmt.Errorf("bucket: %w", sluice.ErrClosed)
+	errQueueFull   = fmt.Errorf("bucket: %w", sluice.ErrQueueFull)
+	errWaitTooLong = fmt.Errorf("bucket: %w", sluice.ErrWaitTooLong)
 	ErrConfig      = groundwork.ConfigError("bucket")
 	// ErrNotReplicated: with Config.ReplicaAcks, the writes of the
 	// caller's grant were not acknowledged by that many replicas in time.
@@ -134,10 +135,10 @@ type Config struct {
 	// the scheduler's process dies, waiting callers take over within about
 	// LockTTL. 0 means 1 s; otherwise at least 10 ms.
 	LockTTL time.Duration
-	// MaxQueue refuses Enter with ErrQueueFull when this many callers
+	// MaxQueue refuses Enter with sluice.ErrQueueFull when this many callers
 	// already wait, whatever their costs. 0 means unbounded.
 	MaxQueue int
-	// MaxWait refuses Enter with ErrWaitTooLong when the estimated wait is
+	// MaxWait refuses Enter with sluice.ErrWaitTooLong when the estimated wait is
 	// longer; the estimate counts the costs of the callers ahead and the
 	// caller's own. 0 means unbounded.
 	MaxWait time.Duration
@@ -696,7 +697,7 @@ func (b *Bucket) Stats() Stats {
 // Close stops this process's goroutines for the bucket, waits for them and
 // hands the scheduler lock over if this process held it (the other
 // processes' callers take it at once); callers still waiting in Enter
-// return ErrClosed, and cancels not yet sent are sent first. Other
+// return sluice.ErrClosed, and cancels not yet sent are sent first. Other
 // processes, and other handles on the same client, go on using theirs.
 // Close is safe to call more than once; it always returns nil (the
 // signature is io.Closer's).
@@ -722,15 +723,15 @@ var _ sluice.RateLimiter = (*Bucket)(nil)
 
 // reasons are the bucket's errors as Events name them.
 var reasons = []groundwork.Reason{
-	{Err: ErrQueueFull, Result: sluice.Refused, Name: "queue_full"},
-	{Err: ErrWaitTooLong, Result: sluice.Refused, Name: "wait_too_long"},
+	{Err: errQueueFull, Result: sluice.Refused, Name: "queue_full"},
+	{Err: errWaitTooLong, Result: sluice.Refused, Name: "wait_too_long"},
 	{Err: ErrNotReplicated, Result: sluice.Failed, Name: "not_replicated"},
-	{Err: ErrClosed, Result: sluice.Failed, Name: "closed"},
+	{Err: errClosed, Result: sluice.Failed, Name: "closed"},
 }
 
 // Enter returns when the caller may start one unit of work, in its turn.
-// It returns an error matching ctx.Err() when ctx ends first, ErrQueueFull
-// or ErrWaitTooLong when refused, ErrClosed after Close, or a Redis error.
+// It returns an error matching ctx.Err() when ctx ends first, sluice.ErrQueueFull
+// or sluice.ErrWaitTooLong when refused, sluice.ErrClosed after Close, or a Redis error.
 //
 // While Redis is unreachable (it refuses connections, or does not answer)
 // Enter fails within 3 s whatever its ctx (plus 4 ×
@@ -866,7 +867,7 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep entered, err error) {
 	for settled := 0; ; {
 		select {
 		case <-b.bg.Done():
-			return rep, ErrClosed
+			return rep, errClosed
 		default:
 		}
 		var costs []int64
@@ -948,9 +949,9 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, lim
 	rep.Ticket, rep.Position = er.Ticket, er.Position
 	switch {
 	case errors.Is(er.Err, queue.ErrQueueFull):
-		return false, fmt.Errorf("%w (%d waiting)", ErrQueueFull, er.Position)
+		return false, fmt.Errorf("%w (%d waiting)", errQueueFull, er.Position)
 	case errors.Is(er.Err, queue.ErrWaitTooLong):
-		return false, fmt.Errorf("%w (estimated %v, MaxWait %v)", ErrWaitTooLong, er.Delay, b.cfg.MaxWait)
+		return false, fmt.Errorf("%w (estimated %v, MaxWait %v)", errWaitTooLong, er.Delay, b.cfg.MaxWait)
 	case er.Entry == "": // its slot at once
 		rep.Slot = time.UnixMicro(er.Slot)
 		return b.sleepToSlot(ctx, sent, received, er.Delay, rep, costs, "")
@@ -1202,7 +1203,7 @@ func (b *Bucket) sleepLate(ctx context.Context, sent, received time.Time, delay 
 	rep.Margin = sent.Add(delay).Sub(received)
 	if err := b.hub.Sleep(ctx, received.Add(delay).Sub(b.now()), b.bg.Done()); err != nil {
 		if errors.Is(err, hub.ErrStopped) {
-			err = ErrClosed
+			err = errClosed
 		}
 		return false, err // the slot's token is spent; nobody else gets it
 	}
@@ -1235,7 +1236,7 @@ func (b *Bucket) sleep(ctx context.Context, d time.Duration, hints <-chan int64,
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	case <-b.bg.Done():
-		return 0, ErrClosed
+		return 0, errClosed
 	}
 }
 
@@ -1279,7 +1280,7 @@ func (b *Bucket) busy(ctx, cctx context.Context, within time.Duration, err error
 	return groundwork.Answers(ctx, b.rdb)
 }
 
-// redisErr reports ErrClosed after Close, and otherwise an error that
+// redisErr reports sluice.ErrClosed after Close, and otherwise an error that
 // matches both the caller's ctx error, when its ctx (or deadline) is what
 // cut the call short, and Redis's.
 func (b *Bucket) redisErr(ctx context.Context, err error) error {
@@ -1293,7 +1294,7 @@ func (b *Bucket) redisErr(ctx context.Context, err error) error {
 func (b *Bucket) callErr(ctx context.Context, err error, within time.Duration) error {
 	select {
 	case <-b.bg.Done(): // Close cut the call short
-		return ErrClosed
+		return errClosed
 	default:
 	}
 	if errors.Is(err, queue.ErrNotReplicated) {

@@ -339,8 +339,8 @@ func TestMaxQueueAndMaxWait(t *testing.T) {
 		return l == 2
 	})
 	err := b.Enter(context.Background())
-	if !errors.Is(err, bucket.ErrQueueFull) || !errors.Is(err, sluice.ErrLimited) {
-		t.Fatalf("third waiter: %v, want ErrQueueFull (an ErrLimited)", err)
+	if !errors.Is(err, sluice.ErrQueueFull) || !errors.Is(err, sluice.ErrLimited) {
+		t.Fatalf("third waiter: %v, want sluice.ErrQueueFull (an ErrLimited)", err)
 	}
 	cancel()
 	wg.Wait()
@@ -351,8 +351,8 @@ func TestMaxQueueAndMaxWait(t *testing.T) {
 	}
 	start := time.Now()
 	err = b2.Enter(context.Background())
-	if !errors.Is(err, bucket.ErrWaitTooLong) || !errors.Is(err, sluice.ErrLimited) {
-		t.Fatalf("wait of an hour with MaxWait 1m: %v, want ErrWaitTooLong", err)
+	if !errors.Is(err, sluice.ErrWaitTooLong) || !errors.Is(err, sluice.ErrLimited) {
+		t.Fatalf("wait of an hour with MaxWait 1m: %v, want sluice.ErrWaitTooLong", err)
 	}
 	if time.Since(start) > 5*time.Second {
 		t.Fatal("the refusal waited instead of refusing at once")
@@ -366,8 +366,8 @@ func TestEnterAfterClose(t *testing.T) {
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Enter(context.Background()); !errors.Is(err, bucket.ErrClosed) {
-		t.Fatalf("Enter after Close: %v, want ErrClosed", err)
+	if err := b.Enter(context.Background()); !errors.Is(err, sluice.ErrClosed) {
+		t.Fatalf("Enter after Close: %v, want sluice.ErrClosed", err)
 	}
 	if err := b.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
@@ -375,7 +375,7 @@ func TestEnterAfterClose(t *testing.T) {
 }
 
 // TestCloseWakesWaiters: callers waiting when their Bucket closes return
-// ErrClosed, and Close releases the scheduler lock at once.
+// sluice.ErrClosed, and Close releases the scheduler lock at once.
 func TestCloseWakesWaiters(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
@@ -397,8 +397,8 @@ func TestCloseWakesWaiters(t *testing.T) {
 	}
 	select {
 	case err := <-errc:
-		if !errors.Is(err, bucket.ErrClosed) {
-			t.Fatalf("waiter: %v, want ErrClosed", err)
+		if !errors.Is(err, sluice.ErrClosed) {
+			t.Fatalf("waiter: %v, want sluice.ErrClosed", err)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("waiter did not return after Close")
@@ -615,7 +615,7 @@ func TestFailedCallsLeaveLatenessAlone(t *testing.T) {
 
 // TestCloseDuringBurst: Close while hundreds of callers are arriving (some
 // inline, some gathered for a batch, some queued): every one returns, those
-// cut short with ErrClosed, and no goroutine outlives the Bucket (goleak in
+// cut short with sluice.ErrClosed, and no goroutine outlives the Bucket (goleak in
 // TestMain).
 func TestCloseDuringBurst(t *testing.T) {
 	rdb := redistest.New(t).Client()
@@ -646,10 +646,10 @@ func TestCloseDuringBurst(t *testing.T) {
 		switch {
 		case err == nil:
 			granted++
-		case errors.Is(err, bucket.ErrClosed):
+		case errors.Is(err, sluice.ErrClosed):
 			closed++
 		default:
-			t.Errorf("Enter: %v, want nil or ErrClosed", err)
+			t.Errorf("Enter: %v, want nil or sluice.ErrClosed", err)
 		}
 	}
 	if granted > 5 {

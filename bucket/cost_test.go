@@ -484,8 +484,8 @@ func TestMaxWaitCountsCostsAhead(t *testing.T) {
 	})
 	// Behind 8 refills, a cost of 4 waits about 12 refills: above MaxWait
 	// (a count of callers would see one ahead and let it in).
-	if err := b.EnterN(ctx, 4); !errors.Is(err, bucket.ErrWaitTooLong) || !errors.Is(err, sluice.ErrLimited) {
-		t.Fatalf("cost 4 behind a cost 8 with MaxWait of 10 refills: %v, want ErrWaitTooLong", err)
+	if err := b.EnterN(ctx, 4); !errors.Is(err, sluice.ErrWaitTooLong) || !errors.Is(err, sluice.ErrLimited) {
+		t.Fatalf("cost 4 behind a cost 8 with MaxWait of 10 refills: %v, want sluice.ErrWaitTooLong", err)
 	}
 	// A cost of 1 waits about 9 refills: within MaxWait.
 	go func() { errc <- b.EnterN(ctx, 1) }()
@@ -494,8 +494,8 @@ func TestMaxWaitCountsCostsAhead(t *testing.T) {
 		return l == 2
 	})
 	// Two callers wait: MaxQueue refuses a third whatever its cost.
-	if err := b.EnterN(ctx, 1); !errors.Is(err, bucket.ErrQueueFull) {
-		t.Fatalf("a third caller with MaxQueue 2: %v, want ErrQueueFull", err)
+	if err := b.EnterN(ctx, 1); !errors.Is(err, sluice.ErrQueueFull) {
+		t.Fatalf("a third caller with MaxQueue 2: %v, want sluice.ErrQueueFull", err)
 	}
 	for range 2 {
 		if err := <-errc; err != nil {

@@ -78,7 +78,7 @@ func ExampleConfig_maxWait() {
 	ctx := context.Background()
 	fmt.Println(b.Enter(ctx))
 	err = b.Enter(ctx)
-	fmt.Println(errors.Is(err, bucket.ErrWaitTooLong), errors.Is(err, sluice.ErrLimited))
+	fmt.Println(errors.Is(err, sluice.ErrWaitTooLong), errors.Is(err, sluice.ErrLimited))
 	// Output:
 	// <nil>
 	// true true

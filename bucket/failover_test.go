@@ -33,7 +33,7 @@ type outcome struct {
 
 func (o outcome) granted() bool { return o.err == nil }
 
-// refused: the bucket said no (ErrWaitTooLong), which is how a saturated
+// refused: the bucket said no (sluice.ErrWaitTooLong), which is how a saturated
 // bucket answers when Redis is fine; every other error is a failure.
 func (o outcome) refused() bool { return errors.Is(o.err, sluice.ErrLimited) }
 

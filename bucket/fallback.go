@@ -343,7 +343,7 @@ func (f *fallback) admit(ctx context.Context, entry string, costs []int64, rep *
 		rep.Local = true
 		err := f.b.hub.Sleep(ctx, slot.Sub(f.b.now()), f.b.bg.Done())
 		if errors.Is(err, hub.ErrStopped) {
-			return ErrClosed
+			return errClosed
 		}
 		return err // a caller that gives up spends its local tokens
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/hub"
 	"github.com/sluicehq/sluice/internal/loadgen"
@@ -196,7 +197,7 @@ func TestThousandsOfHandlesOneClient(t *testing.T) {
 }
 
 // TestCloseOneHandleOthersQueued: two buckets on one client, each with
-// callers queued. Closing one ends its callers with ErrClosed and leaves
+// callers queued. Closing one ends its callers with sluice.ErrClosed and leaves
 // the other's untouched: every one of them is granted.
 func TestCloseOneHandleOthersQueued(t *testing.T) {
 	srv := redistest.New(t)
@@ -223,14 +224,14 @@ func TestCloseOneHandleOthersQueued(t *testing.T) {
 	a.Close()
 	closed := 0
 	for range n {
-		if err := <-aErrs; errors.Is(err, bucket.ErrClosed) {
+		if err := <-aErrs; errors.Is(err, sluice.ErrClosed) {
 			closed++
 		} else if err != nil {
 			t.Errorf("a caller of the closed bucket: %v", err)
 		}
 	}
 	if closed == 0 {
-		t.Error("no caller of the closed bucket got ErrClosed")
+		t.Error("no caller of the closed bucket got sluice.ErrClosed")
 	}
 	for range n {
 		if err := <-bErrs; err != nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -75,8 +76,8 @@ func TestSchedulerClosedWhileOthersWait(t *testing.T) {
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-aDone; err != nil && !errors.Is(err, bucket.ErrClosed) {
-		t.Fatalf("A's queued caller: %v, want a grant or ErrClosed", err)
+	if err := <-aDone; err != nil && !errors.Is(err, sluice.ErrClosed) {
+		t.Fatalf("A's queued caller: %v, want a grant or sluice.ErrClosed", err)
 	}
 	// Within LockTTL of the Close: told a scheduler runs.
 	for range 3 {

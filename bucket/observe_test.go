@@ -67,8 +67,8 @@ func TestObserverAndStats(t *testing.T) {
 		go func() { done <- s.Enter(gone) }()
 	}
 	waitFor(t, 5*time.Second, "two callers to wait", func() bool { return s.Stats().Waiting == 2 })
-	if err := s.Enter(ctx); !errors.Is(err, bucket.ErrQueueFull) {
-		t.Fatalf("third caller = %v, want ErrQueueFull", err)
+	if err := s.Enter(ctx); !errors.Is(err, sluice.ErrQueueFull) {
+		t.Fatalf("third caller = %v, want sluice.ErrQueueFull", err)
 	}
 	cancel()
 	for range 2 {

@@ -43,7 +43,7 @@
 //
 // # Errors
 //
-// Refusals are the sentinels ErrQueueFull, ErrWaitTooLong and ErrTimeout, each
+// Refusals are the sentinels sluice.ErrQueueFull, sluice.ErrWaitTooLong and ErrTimeout, each
 // wrapping sluice.ErrLimited; test them with errors.Is. A refused call has
 // consumed nothing. A cost that could never be granted (above Burst or
 // Limit) is refused at once with an error matching sluice.ErrCostExceedsCapacity, which does not wrap

@@ -10,12 +10,13 @@ import (
 // Refusals. Each wraps sluice.ErrLimited, and a refused call has consumed
 // nothing: no token, no slot, no place in a queue.
 var (
-	// ErrQueueFull is returned by Rate when MaxQueue callers already wait.
-	ErrQueueFull = fmt.Errorf("local: queue full: %w", sluice.ErrLimited)
+	// errQueueFull is returned by Rate when MaxQueue callers already
+	// wait: sluice.ErrQueueFull.
+	errQueueFull = fmt.Errorf("local: %w", sluice.ErrQueueFull)
 
-	// ErrWaitTooLong is returned by Rate when the caller would wait longer
-	// than MaxWait.
-	ErrWaitTooLong = fmt.Errorf("local: wait too long: %w", sluice.ErrLimited)
+	// errWaitTooLong is returned by Rate when the caller would wait longer
+	// than MaxWait: sluice.ErrWaitTooLong.
+	errWaitTooLong = fmt.Errorf("local: %w", sluice.ErrWaitTooLong)
 
 	// ErrTimeout is returned by Concurrency when a slot did not free up
 	// within AcquireTimeout, or, in Do, within RunTimeout. Do also sets it as

@@ -24,7 +24,7 @@ func ExampleRate() {
 			return nil
 		})
 		switch {
-		case errors.Is(err, local.ErrWaitTooLong):
+		case errors.Is(err, sluice.ErrWaitTooLong):
 			fmt.Println("request", i, "refused: the next slot is too far away")
 		case err != nil:
 			fmt.Println(err)

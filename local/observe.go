@@ -11,8 +11,8 @@ import (
 // reasons are local's refusals as Events name them; the shared ones
 // (sluice.ErrCostExceedsCapacity, a ctx's) are groundwork.Classify's.
 var reasons = []groundwork.Reason{
-	{Err: ErrQueueFull, Result: sluice.Refused, Name: "queue_full"},
-	{Err: ErrWaitTooLong, Result: sluice.Refused, Name: "wait_too_long"},
+	{Err: errQueueFull, Result: sluice.Refused, Name: "queue_full"},
+	{Err: errWaitTooLong, Result: sluice.Refused, Name: "wait_too_long"},
 	{Err: ErrTimeout, Result: sluice.Refused, Name: "timeout"},
 }
 

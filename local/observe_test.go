@@ -96,7 +96,7 @@ func TestRateObserver(t *testing.T) {
 		if st := r.Stats(); st.Waiting != 2 || st.Granted != 1 {
 			t.Errorf("Stats with two waiting: %+v", st)
 		}
-		if err := r.Enter(ctx); !errors.Is(err, ErrQueueFull) {
+		if err := r.Enter(ctx); !errors.Is(err, sluice.ErrQueueFull) {
 			t.Errorf("Enter with the queue full = %v", err)
 		}
 		if err := r.EnterN(ctx, 2); !errors.Is(err, sluice.ErrCostExceedsCapacity) {
@@ -139,7 +139,7 @@ func TestRateObserver(t *testing.T) {
 		r.Enter(ctx)
 		c := run(func() error { return r.Enter(ctx) })
 		d := run(func() error { return r.Enter(ctx) })
-		if err := r.Enter(ctx); !errors.Is(err, ErrWaitTooLong) {
+		if err := r.Enter(ctx); !errors.Is(err, sluice.ErrWaitTooLong) {
 			t.Errorf("Enter 300 ms away = %v", err)
 		}
 		<-c

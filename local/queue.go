@@ -79,13 +79,13 @@ func (q *queue) wait(ctx context.Context, n int) (slot time.Time, _ error) {
 	now := time.Now()
 	if q.maxQueue > 0 && q.n >= q.maxQueue {
 		q.mu.Unlock()
-		return slot, ErrQueueFull
+		return slot, errQueueFull
 	}
 	// The front's booking is already in the schedule; the others' costs
 	// and the caller's own are not.
 	if q.maxWait > 0 && q.sched.estimate(now, q.pending+n).Sub(now) > q.maxWait {
 		q.mu.Unlock()
-		return slot, ErrWaitTooLong
+		return slot, errWaitTooLong
 	}
 	if q.n == 0 {
 		at := q.sched.book(now, n)

@@ -38,11 +38,11 @@ type RateConfig struct {
 	// window of one Period; with a larger Burst, at most Burst+Rate−1.
 	Burst int
 
-	// MaxQueue refuses a caller with ErrQueueFull when that many callers
+	// MaxQueue refuses a caller with sluice.ErrQueueFull when that many callers
 	// already wait, whatever their costs. Zero means no bound.
 	MaxQueue int
 
-	// MaxWait refuses a caller with ErrWaitTooLong when it would wait longer
+	// MaxWait refuses a caller with sluice.ErrWaitTooLong when it would wait longer
 	// than this (counting the current sleeper's remaining time, the costs of
 	// everyone queued behind it and the caller's own). Zero means no bound.
 	MaxWait time.Duration
@@ -101,7 +101,7 @@ func NewRate(cfg RateConfig) (*Rate, error) {
 }
 
 // Enter returns nil when the caller may start one call. It returns
-// ErrQueueFull or ErrWaitTooLong when the caller is refused, and ctx.Err()
+// sluice.ErrQueueFull or sluice.ErrWaitTooLong when the caller is refused, and ctx.Err()
 // when ctx ends first (a caller whose turn came at the same moment is let
 // through instead). Neither a refused nor a cancelled caller consumes
 // anything.

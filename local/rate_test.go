@@ -118,7 +118,7 @@ func TestRateScript(t *testing.T) {
 			name:   "max queue counts callers, not costs",
 			cfg:    RateConfig{Rate: 1, Burst: 5, MaxQueue: 2},
 			script: []arrival{{cost: 5}, {cost: 5}, {cost: 5}, {cost: 1}, {at: 6 * s}},
-			want:   []outcome{{0, nil}, {5 * s, nil}, {10 * s, nil}, {0, ErrQueueFull}, {11 * s, nil}},
+			want:   []outcome{{0, nil}, {5 * s, nil}, {10 * s, nil}, {0, sluice.ErrQueueFull}, {11 * s, nil}},
 		},
 		{
 			// At 0 the front (cost 1) is due in 1 s, and a cost of 2 would
@@ -129,13 +129,13 @@ func TestRateScript(t *testing.T) {
 			name:   "max wait counts the costs of the callers ahead",
 			cfg:    RateConfig{Rate: 1, Burst: 4, MaxWait: ms(3001)},
 			script: []arrival{{cost: 4}, {cost: 1}, {cost: 2}, {cost: 1}, {at: ms(1500), cost: 1}},
-			want:   []outcome{{0, nil}, {s, nil}, {3 * s, nil}, {0, ErrWaitTooLong}, {4 * s, nil}},
+			want:   []outcome{{0, nil}, {s, nil}, {3 * s, nil}, {0, sluice.ErrWaitTooLong}, {4 * s, nil}},
 		},
 		{
 			name:   "max queue refuses at once",
 			cfg:    RateConfig{Rate: 1, MaxQueue: 2},
 			script: []arrival{{}, {}, {}, {}, {at: ms(1500)}},
-			want:   []outcome{{0, nil}, {s, nil}, {2 * s, nil}, {0, ErrQueueFull}, {3 * s, nil}},
+			want:   []outcome{{0, nil}, {s, nil}, {2 * s, nil}, {0, sluice.ErrQueueFull}, {3 * s, nil}},
 		},
 		{
 			name:   "max wait counts the sleeper's remaining time",
@@ -143,7 +143,7 @@ func TestRateScript(t *testing.T) {
 			script: []arrival{{}, {}, {at: ms(450)}, {at: ms(550)}},
 			// At 450 ms the second caller still sleeps 550 ms, so the third
 			// would wait 550+1000 ms; at 550 ms, 450+1000 ms.
-			want: []outcome{{0, nil}, {s, nil}, {ms(450), ErrWaitTooLong}, {2 * s, nil}},
+			want: []outcome{{0, nil}, {s, nil}, {ms(450), sluice.ErrWaitTooLong}, {2 * s, nil}},
 		},
 		{
 			name:   "cancelled sleeper gives its slot to the next",
@@ -205,28 +205,28 @@ func TestRateRefusalsConsumeNothing(t *testing.T) {
 			cfg:     RateConfig{Rate: 1, MaxQueue: 1},
 			script:  []arrival{{}, {}, {}, {at: ms(1500)}, {at: ms(1500)}, {at: ms(2500)}, {at: ms(2600)}, {at: ms(2700)}},
 			refused: map[int]bool{2: true, 4: true, 6: true, 7: true},
-			err:     ErrQueueFull,
+			err:     sluice.ErrQueueFull,
 		},
 		{
 			name:    "wait too long",
 			cfg:     RateConfig{Rate: 1, MaxWait: ms(1500)},
 			script:  []arrival{{}, {}, {}, {at: ms(600)}, {at: ms(600)}, {at: ms(2100)}, {at: ms(2100)}},
 			refused: map[int]bool{2: true, 4: true, 6: true},
-			err:     ErrWaitTooLong,
+			err:     sluice.ErrWaitTooLong,
 		},
 		{
 			name:    "queue full with costs",
 			cfg:     RateConfig{Rate: 1, Burst: 4, MaxQueue: 2},
 			script:  []arrival{{cost: 4}, {cost: 3}, {cost: 2}, {cost: 4}, {at: ms(2500), cost: 1}, {at: ms(3500), cost: 4}},
 			refused: map[int]bool{3: true, 4: true},
-			err:     ErrQueueFull,
+			err:     sluice.ErrQueueFull,
 		},
 		{
 			name:    "wait too long with costs",
 			cfg:     RateConfig{Rate: 1, Burst: 4, MaxWait: ms(2500)},
 			script:  []arrival{{cost: 4}, {cost: 2}, {cost: 1}, {at: ms(1000), cost: 3}, {at: ms(1200), cost: 1}, {at: ms(2600), cost: 2}},
 			refused: map[int]bool{2: true, 3: true},
-			err:     ErrWaitTooLong,
+			err:     sluice.ErrWaitTooLong,
 		},
 		{
 			name:    "cost above the burst",
@@ -525,8 +525,8 @@ func TestRateCancellationStorm(t *testing.T) {
 				}
 				// The counter did not leak: a full queue is accepted again.
 				got := play(t, r, make([]arrival, callers+1))
-				if !errors.Is(got[callers].err, ErrQueueFull) {
-					t.Errorf("caller %d after the storm: %v, want ErrQueueFull", callers, got[callers].err)
+				if !errors.Is(got[callers].err, sluice.ErrQueueFull) {
+					t.Errorf("caller %d after the storm: %v, want sluice.ErrQueueFull", callers, got[callers].err)
 				}
 				for i, o := range got[:callers] {
 					if o.err != nil {
@@ -551,8 +551,8 @@ func TestRateDo(t *testing.T) {
 		wg.Go(func() { r.Enter(context.Background()) }) // fills the queue
 		synctest.Wait()
 		err := r.Do(context.Background(), func(context.Context) error { ran = true; return nil })
-		if !errors.Is(err, ErrQueueFull) || !errors.Is(err, sluice.ErrLimited) || ran {
-			t.Fatalf("Do on a full queue: err %v, ran %v; want ErrQueueFull and fn not run", err, ran)
+		if !errors.Is(err, sluice.ErrQueueFull) || !errors.Is(err, sluice.ErrLimited) || ran {
+			t.Fatalf("Do on a full queue: err %v, ran %v; want sluice.ErrQueueFull and fn not run", err, ran)
 		}
 	})
 }
@@ -624,7 +624,7 @@ func TestRateEnterNCosts(t *testing.T) {
 		{name: "just above the burst", ctx: live, n: 4, wantErr: sluice.ErrCostExceedsCapacity, words: "cost 4 above the Burst 3"},
 		{name: "far above the burst", ctx: live, n: math.MaxInt, wantErr: sluice.ErrCostExceedsCapacity, words: "above the Burst 3"},
 		{name: "above the burst with an ended context", ctx: dead, n: 4, wantErr: sluice.ErrCostExceedsCapacity},
-		{name: "the burst itself, behind a full queue", ctx: live, n: 3, wantErr: ErrQueueFull},
+		{name: "the burst itself, behind a full queue", ctx: live, n: 3, wantErr: sluice.ErrQueueFull},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -65,7 +65,7 @@ type Config struct {
 	QueueTTL time.Duration
 
 	// MaxQueue bounds the number of waiters across all processes; an
-	// Acquire that would exceed it fails with ErrQueueFull. Zero means no
+	// Acquire that would exceed it fails with sluice.ErrQueueFull. Zero means no
 	// bound.
 	MaxQueue int
 

@@ -558,7 +558,7 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 			w.err = s.tooHeavy(w.weight, s.capacity)
 			s.finishLocked(w)
 		default:
-			w.err = ErrQueueFull
+			w.err = errQueueFull
 			s.finishLocked(w)
 		}
 	}

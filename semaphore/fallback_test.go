@@ -391,8 +391,8 @@ func TestFallbackHeavyAndClose(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-waiting; !errors.Is(err, ErrClosed) {
-		t.Errorf("a local waiter at Close: %v, want ErrClosed", err)
+	if err := <-waiting; !errors.Is(err, sluice.ErrClosed) {
+		t.Errorf("a local waiter at Close: %v, want sluice.ErrClosed", err)
 	}
 	select {
 	case <-p.Lost():

@@ -67,8 +67,8 @@ func TestMaxQueue(t *testing.T) {
 	}
 	waitFor(t, time.Second, "two waiters", func() bool { return queueLen(t, e.rdb, s) == 2 })
 	_, err := s.Acquire(context.Background())
-	if !errors.Is(err, ErrQueueFull) || !errors.Is(err, sluice.ErrLimited) {
-		t.Fatalf("Acquire on a full queue: %v, want ErrQueueFull wrapping sluice.ErrLimited", err)
+	if !errors.Is(err, sluice.ErrQueueFull) || !errors.Is(err, sluice.ErrLimited) {
+		t.Fatalf("Acquire on a full queue: %v, want sluice.ErrQueueFull wrapping sluice.ErrLimited", err)
 	}
 	cancel()
 	wg.Wait()
@@ -197,19 +197,19 @@ func TestClose(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-waited; !errors.Is(err, ErrClosed) {
-		t.Fatalf("waiting Acquire at Close: %v, want ErrClosed", err)
+	if err := <-waited; !errors.Is(err, sluice.ErrClosed) {
+		t.Fatalf("waiting Acquire at Close: %v, want sluice.ErrClosed", err)
 	}
 	select {
 	case <-p.Lost():
 	default:
 		t.Fatal("held permit not marked lost at Close")
 	}
-	if _, err := s.Acquire(ctx); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Acquire after Close: %v, want ErrClosed", err)
+	if _, err := s.Acquire(ctx); !errors.Is(err, sluice.ErrClosed) {
+		t.Fatalf("Acquire after Close: %v, want sluice.ErrClosed", err)
 	}
-	if err := s.Do(ctx, func(context.Context) error { return nil }); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Do after Close: %v, want ErrClosed", err)
+	if err := s.Do(ctx, func(context.Context) error { return nil }); !errors.Is(err, sluice.ErrClosed) {
+		t.Fatalf("Do after Close: %v, want sluice.ErrClosed", err)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)

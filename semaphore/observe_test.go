@@ -112,7 +112,7 @@ func TestObserverAndStats(t *testing.T) {
 	waitFor(t, 5*time.Second, "a waiter in Redis", func() bool {
 		return s.Stats().Waiting == 1 && queueLen(t, e.rdb, s) == 1 && ticketKnown(s)
 	})
-	if _, err := s.Acquire(ctx); !errors.Is(err, ErrQueueFull) {
+	if _, err := s.Acquire(ctx); !errors.Is(err, sluice.ErrQueueFull) {
 		t.Fatalf("Acquire with the queue full = %v", err)
 	}
 	if _, err := s.AcquireN(ctx, 4); !errors.Is(err, sluice.ErrCostExceedsCapacity) {
@@ -183,7 +183,7 @@ func TestObserverAndStats(t *testing.T) {
 	}
 
 	s.Close()
-	if _, err := s.Acquire(ctx); !errors.Is(err, ErrClosed) {
+	if _, err := s.Acquire(ctx); !errors.Is(err, sluice.ErrClosed) {
 		t.Fatalf("Acquire after Close = %v", err)
 	}
 	if n := rec.count(sluice.Failed, "closed", false); n != 1 {

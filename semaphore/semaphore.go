@@ -22,13 +22,13 @@ import (
 )
 
 var (
-	// ErrClosed is returned by Acquire and Do after Close, and by an
-	// Acquire that was waiting when Close was called.
-	ErrClosed = errors.New("semaphore: closed")
+	// errClosed is returned by Acquire and Do after Close, and by an
+	// Acquire that was waiting when Close was called: sluice.ErrClosed.
+	errClosed = fmt.Errorf("semaphore: %w", sluice.ErrClosed)
 
-	// ErrQueueFull is returned by Acquire when Config.MaxQueue callers
-	// already wait. It wraps sluice.ErrLimited.
-	ErrQueueFull = fmt.Errorf("semaphore: queue full: %w", sluice.ErrLimited)
+	// errQueueFull is returned by Acquire when Config.MaxQueue callers
+	// already wait: sluice.ErrQueueFull, which wraps sluice.ErrLimited.
+	errQueueFull = fmt.Errorf("semaphore: %w", sluice.ErrQueueFull)
 
 	// ErrConfig is wrapped by every error New returns; it matches
 	// sluice.ErrConfig.
@@ -198,8 +198,8 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 // Acquire returns an error matching ctx.Err() when ctx ends first, and then
 // gives its place in the queue up; while Redis is unreachable that error
 // also matches, and names, Redis's last error ("connection refused"). It
-// returns ErrQueueFull when Config.MaxQueue callers already wait,
-// ErrClosed after Close, sluice.ErrConfigMismatch when Config.Capacity differs
+// returns sluice.ErrQueueFull when Config.MaxQueue callers already wait,
+// sluice.ErrClosed after Close, sluice.ErrConfigMismatch when Config.Capacity differs
 // from the capacity in force (see Config.Adopt), and an error wrapping
 // Redis's when its arrival cannot be recorded.
 //
@@ -271,8 +271,8 @@ func (s *Semaphore) AcquireN(ctx context.Context, n int) (p *Permit, err error) 
 // (sluice.ErrCostExceedsCapacity, sluice.ErrConfigMismatch, a ctx's) are
 // groundwork.Classify's.
 var reasons = []groundwork.Reason{
-	{Err: ErrQueueFull, Result: sluice.Refused, Name: "queue_full"},
-	{Err: ErrClosed, Result: sluice.Failed, Name: "closed"},
+	{Err: errQueueFull, Result: sluice.Refused, Name: "queue_full"},
+	{Err: errClosed, Result: sluice.Failed, Name: "closed"},
 	// State written by a newer version: the deployment disagrees with
 	// itself, as with a Capacity of its own.
 	{Err: errUnknownFormat, Result: sluice.Failed, Name: "config_mismatch"},
@@ -297,7 +297,7 @@ func (s *Semaphore) acquire(ctx context.Context, n int) (_ *Permit, queued, loca
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return nil, false, false, ErrClosed
+		return nil, false, false, errClosed
 	}
 	s.waiters[w.id] = w
 	s.listenLocked()
@@ -467,7 +467,7 @@ func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) 
 // capacity stays stored while the semaphore is used, and for a week
 // after its last use.
 //
-// n must be at least 1 (else ErrConfig). It returns ErrClosed after Close,
+// n must be at least 1 (else ErrConfig). It returns sluice.ErrClosed after Close,
 // an error naming the format for state written by a newer version, and
 // an error wrapping Redis's (matching ctx.Err() when ctx ended first) when
 // Redis did not answer; the change may then have happened or not.
@@ -479,7 +479,7 @@ func (s *Semaphore) SetCapacity(ctx context.Context, n int) error {
 	closed := s.closed
 	s.mu.Unlock()
 	if closed {
-		return ErrClosed
+		return errClosed
 	}
 	done := make(chan error, 1)
 	s.exchange(ctx, batch{set: &setOp{n: n, done: done}})
@@ -514,7 +514,7 @@ func (s *Semaphore) Capacity(ctx context.Context) (int, error) {
 }
 
 // Close gives up every place this Semaphore holds: waiting Acquire calls
-// return ErrClosed, held permits are released in Redis and their Lost
+// return sluice.ErrClosed, held permits are released in Redis and their Lost
 // channels closed. It stops the Semaphore's goroutines and waits for them.
 // It does not close the Redis client. Close is safe to call more than once.
 func (s *Semaphore) Close() error {
@@ -528,7 +528,7 @@ func (s *Semaphore) Close() error {
 		if w.sent {
 			s.pendLeave = append(s.pendLeave, leaveOp{id: w.id})
 		}
-		w.err = ErrClosed
+		w.err = errClosed
 		s.finishLocked(w)
 	}
 	s.pendAcquire, s.localQ = nil, nil

@@ -16,6 +16,7 @@ import (
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/metrics/sluiceotel"
 )
@@ -63,7 +64,7 @@ func Example() {
 
 	ctx := context.Background()
 	for range 4 { // three grants; the fourth would wait a minute, more than MaxWait
-		if err := b.Enter(ctx); err != nil && !errors.Is(err, bucket.ErrWaitTooLong) {
+		if err := b.Enter(ctx); err != nil && !errors.Is(err, sluice.ErrWaitTooLong) {
 			fmt.Println(err)
 			return
 		}

@@ -134,7 +134,7 @@ func TestBucketMetrics(t *testing.T) {
 		return err == nil && in.Queued == 2 && b.Stats().Waiting == 2
 	})
 	for range 3 {
-		if err := b.Enter(ctx); !errors.Is(err, bucket.ErrQueueFull) {
+		if err := b.Enter(ctx); !errors.Is(err, sluice.ErrQueueFull) {
 			t.Fatalf("Enter on a full queue = %v, want ErrQueueFull", err)
 		}
 	}
