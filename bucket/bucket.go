@@ -1277,7 +1277,7 @@ func (b *Bucket) busy(ctx, cctx context.Context, within time.Duration, err error
 	if b.fb != nil {
 		return b.fb.answers(ctx, b.now().Add(-within)) // the probe's verdict since the call began
 	}
-	return groundwork.Answers(ctx, b.rdb)
+	return b.hub.Answers(ctx, groundwork.AnswerWithin)
 }
 
 // redisErr reports sluice.ErrClosed after Close, and otherwise an error that

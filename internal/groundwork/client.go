@@ -60,18 +60,9 @@ const probeTimeout = 50 * time.Millisecond
 // longer and apply per attempt. The limit counts the call's wait behind
 // this process's other calls too (thousands of handles arriving at once
 // under -race pushed some past 1 s with Redis healthy): a limiter asks
-// Redis for a PING (Answers) before it calls a call that ran out "no
-// answer".
+// Redis for a PING (hub.Answers, on a connection of its own) before it
+// calls a call that ran out "no answer".
 const AnswerWithin = time.Second
-
-// Answers reports whether rdb answers a PING within AnswerWithin: a call
-// that ran out of its limit met a busy Redis, not an absent one, and may
-// be made again.
-func Answers(ctx context.Context, rdb redis.UniversalClient) bool {
-	ctx, cancel := context.WithTimeout(ctx, AnswerWithin)
-	defer cancel()
-	return rdb.Ping(ctx).Err() == nil
-}
 
 // CallCtx returns ctx for one call to Redis made for a caller: ctx bounded
 // by limit (AnswerWithin, plus what the call makes Redis wait for, as a

@@ -41,6 +41,14 @@ const (
 
 // reach is the Hub's reachability state.
 type reach struct {
+	// answers: Answers's PING, one at a time on a connection of its own
+	// (made at the first Answers, closed with the Hub).
+	amu      sync.Mutex
+	aping    func(ctx context.Context) error
+	inflight chan struct{} // closed when the PING in flight has its verdict
+	aok      bool          // that verdict
+	aat      time.Time     // when the last PING was answered
+
 	h        *Hub
 	mu       sync.Mutex
 	watchers int
@@ -65,7 +73,7 @@ func (r *reach) init(h *Hub) {
 // dial of the server's address succeeds (a refused dial through a pool
 // would put go-redis's pool into failing fast for a second, with a
 // goroutine left dialling each second).
-func (r *reach) pinger() (ping func(ctx context.Context) error, closeAll func()) {
+func (r *reach) pinger(timeout time.Duration) (ping func(ctx context.Context) error, closeAll func()) {
 	c, ok := r.h.rdb.(*redis.Client)
 	if !ok {
 		return func(ctx context.Context) error { return r.h.rdb.Ping(ctx).Err() }, func() {}
@@ -73,7 +81,7 @@ func (r *reach) pinger() (ping func(ctx context.Context) error, closeAll func())
 	o := *c.Options()
 	o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = 1, 0, 1, 1
 	o.MaxRetries, o.DialerRetries = -1, 1
-	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = AwayAfter, AwayAfter, AwayAfter, AwayAfter
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout, timeout
 	o.ContextTimeoutEnabled = true
 	// The user's maintenance-notification handlers are the user's client's:
 	// a second client with the same config fails to register them again.
@@ -85,28 +93,53 @@ func (r *reach) pinger() (ping func(ctx context.Context) error, closeAll func())
 	if _, _, err := net.SplitHostPort(addr); network == "tcp" && err != nil {
 		network = "" // not an address ("FailoverClient"): no plain dial
 	}
+	var mu sync.Mutex // ping and closeAll may run on different goroutines
 	var probe *redis.Client
+	closed := false
 	return func(ctx context.Context) error {
-			if probe == nil && network != "" {
-				var d net.Dialer
-				conn, err := d.DialContext(ctx, network, addr)
-				if err != nil {
-					return err
+			mu.Lock()
+			c, isClosed := probe, closed
+			mu.Unlock()
+			if isClosed {
+				return redis.ErrClosed
+			}
+			if c == nil {
+				if network != "" {
+					var d net.Dialer
+					conn, err := d.DialContext(ctx, network, addr)
+					if err != nil {
+						return err
+					}
+					_ = conn.Close()
 				}
-				_ = conn.Close()
+				mu.Lock()
+				if closed {
+					mu.Unlock()
+					return redis.ErrClosed
+				}
+				if probe == nil {
+					probe = redis.NewClient(&o)
+				}
+				c = probe
+				mu.Unlock()
 			}
-			if probe == nil {
-				probe = redis.NewClient(&o)
-			}
-			err := probe.Ping(ctx).Err()
+			err := c.Ping(ctx).Err()
 			if err != nil && Unreachable(err) {
-				_ = probe.Close()
-				probe = nil
+				mu.Lock()
+				if probe == c {
+					probe = nil
+				}
+				mu.Unlock()
+				_ = c.Close()
 			}
 			return err
 		}, func() {
-			if probe != nil {
-				_ = probe.Close()
+			mu.Lock()
+			c := probe
+			probe, closed = nil, true
+			mu.Unlock()
+			if c != nil {
+				_ = c.Close()
 			}
 		}
 }
@@ -207,7 +240,7 @@ func (r *reach) set(away bool, cause error) {
 func (r *reach) probe(ctx context.Context) {
 	t := time.NewTicker(ProbeEvery)
 	defer t.Stop()
-	ping, closeAll := r.pinger()
+	ping, closeAll := r.pinger(AwayAfter)
 	defer closeAll()
 	for {
 		r.mu.Lock()
@@ -260,4 +293,63 @@ func Unreachable(err error) bool {
 		return strings.HasPrefix(re.Error(), "LOADING")
 	}
 	return true
+}
+
+// answerFresh is how long an answered PING serves Answers: thousands of
+// callers whose calls ran out together ask once.
+const answerFresh = 100 * time.Millisecond
+
+// Answers reports whether Redis answers a PING within within: a call that
+// ran out of its limit met a busy Redis, not an absent one. The PING goes
+// on a connection of its own, not behind this process's queue for the
+// pool (thousands of callers on a pool of 20 made a healthy Redis look
+// away); concurrent callers share one PING, and an answer serves for
+// 100 ms. ctx ending first reports false.
+func (h *Hub) Answers(ctx context.Context, within time.Duration) bool {
+	r := &h.reach
+	r.amu.Lock()
+	if time.Since(r.aat) < answerFresh {
+		r.amu.Unlock()
+		return true
+	}
+	if r.inflight == nil {
+		if r.aping == nil {
+			var closeAll func()
+			r.aping, closeAll = r.pinger(within)
+			if !h.group.OnClose(closeAll) {
+				r.amu.Unlock()
+				closeAll()
+				return false
+			}
+		}
+		done := make(chan struct{})
+		r.inflight = done
+		if !h.group.Go(func(gctx context.Context) {
+			pctx, cancel := context.WithTimeout(gctx, within)
+			err := r.aping(pctx)
+			cancel()
+			r.amu.Lock()
+			r.aok = !Unreachable(err)
+			if r.aok {
+				r.aat = time.Now()
+			}
+			r.inflight = nil
+			r.amu.Unlock()
+			close(done)
+		}) {
+			r.inflight = nil
+			r.amu.Unlock()
+			return false
+		}
+	}
+	done := r.inflight
+	r.amu.Unlock()
+	select {
+	case <-done:
+		r.amu.Lock()
+		defer r.amu.Unlock()
+		return r.aok
+	case <-ctx.Done():
+		return false
+	}
 }

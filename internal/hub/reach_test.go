@@ -3,6 +3,8 @@ package hub
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -88,3 +90,53 @@ type redisError string
 
 func (e redisError) Error() string { return string(e) }
 func (redisError) RedisError()     {}
+
+// TestAnswers: a healthy Redis answers, also while this process's pool
+// is taken by calls that hang (the PING has a connection of its own); a
+// frozen one does not, within the bound; many askers share one PING.
+func TestAnswers(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, PoolSize: 2, PoolTimeout: 5 * time.Second})
+	defer rdb.Close()
+	h := Acquire(rdb)
+	defer h.Release()
+	ctx := context.Background()
+	if !h.Answers(ctx, time.Second) {
+		t.Fatal("a healthy Redis: no answer")
+	}
+	// Take the whole pool with two BLPOPs that wait 3 s.
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() { rdb.BLPop(ctx, 3*time.Second, "nothing") })
+	}
+	testkit.WaitFor(t, 5*time.Second, "the pool taken", func() bool { return rdb.PoolStats().TotalConns == 2 && rdb.PoolStats().IdleConns == 0 })
+	time.Sleep(2 * answerFresh) // the last answer no longer serves
+	start := time.Now()
+	if !h.Answers(ctx, time.Second) {
+		t.Error("a healthy Redis, the pool taken: no answer")
+	}
+	t.Logf("answered in %v with the pool taken", time.Since(start).Round(time.Millisecond))
+	wg.Wait()
+
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Resume()
+	time.Sleep(2 * answerFresh)
+	var yes atomic.Int32
+	start = time.Now()
+	for range 100 {
+		wg.Go(func() {
+			if h.Answers(ctx, 300*time.Millisecond) {
+				yes.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	took := time.Since(start)
+	t.Logf("100 askers of a frozen Redis: %d yes, all back in %v", yes.Load(), took.Round(time.Millisecond))
+	if yes.Load() != 0 || took > 3*time.Second {
+		t.Errorf("a frozen Redis: %d of 100 said it answers, back in %v (bound 300ms each, shared)", yes.Load(), took)
+	}
+}
