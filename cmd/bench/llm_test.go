@@ -19,6 +19,8 @@ import (
 // every caller for a second, which in so short a run costs a quarter of
 // it, hence the loose bounds).
 func TestLlmScenario(t *testing.T) {
+	// It mostly waits: it runs beside the upstream runs.
+	t.Parallel()
 	srv := redistest.New(t)
 	srv.RequireReal(t)
 	var stdout, stderr bytes.Buffer

@@ -18,15 +18,47 @@ import (
 // in two worker processes and checks what must hold on any machine: every case and mode
 // ran without errors, the upstream saw requests in each, a fed-back fleet
 // sent nothing during the outage's hold beyond what was already on its
-// way, and the table carries the goals. Speeds are not judged here.
+// way, and the table carries the goals. Speeds are not judged here. The
+// outage case (7 s a mode) runs beside the others, each on a
+// redis-server and an upstream of its own: the test mostly waits.
 func TestUpstreamScenario(t *testing.T) {
+	t.Parallel()
 	// The -openai and rolling cases have tests of their own
 	// (TestUpstreamAdapt, TestUpstreamRolling), which judge them longer.
-	u := runUpstream(t, "at-limit,at-limit-headroom,25pct-over,outage", "1s", 8)
-	if len(u.Rows) != 10 {
-		t.Fatalf("%d rows, want 10: %+v", len(u.Rows), u.Rows)
+	for _, tc := range []struct {
+		cases string
+		rows  int
+		table []string
+	}{
+		{"at-limit,at-limit-headroom,25pct-over", 7, []string{"UPSTREAM", "at-limit", "25pct-over", "goal 429s ≤ 0.1 %", "goal utilization ≥ 0.9"}},
+		{"outage", 3, []string{"UPSTREAM", "outage", "requests during the 2s hold"}},
+	} {
+		t.Run(tc.cases, func(t *testing.T) {
+			t.Parallel()
+			u := runUpstream(t, tc.cases, "1s", 8)
+			if len(u.Rows) != tc.rows {
+				t.Fatalf("%d rows, want %d: %+v", len(u.Rows), tc.rows, u.Rows)
+			}
+			checkUpstreamRows(t, u.Rows)
+			var table bytes.Buffer
+			tw := newTable(&table, "upstream")
+			u.table(tw, Limit{})
+			tw.Flush()
+			for _, w := range tc.table {
+				if !strings.Contains(table.String(), w) {
+					t.Errorf("table lacks %q:\n%s", w, table.String())
+				}
+			}
+		})
 	}
-	for _, r := range u.Rows {
+}
+
+// checkUpstreamRows: every row ran without errors and the upstream
+// accepted requests in it; an outage row saw the outage, and a fed-back
+// fleet sent nothing during its hold beyond what was on its way.
+func checkUpstreamRows(t *testing.T, rows []UpstreamRow) {
+	t.Helper()
+	for _, r := range rows {
 		if r.Errors > 0 || r.Accepted == 0 {
 			t.Errorf("%s, feedback %s: %d accepted, %d errors (%s)", r.Case, r.Feedback, r.Accepted, r.Errors, r.Err)
 		}
@@ -44,16 +76,6 @@ func TestUpstreamScenario(t *testing.T) {
 			t.Errorf("outage, feedback %s: %d requests during the hold, %d of them on their way", r.Feedback, o.DuringHold, o.InFlight)
 		}
 	}
-
-	var table bytes.Buffer
-	tw := newTable(&table, "upstream")
-	u.table(tw, Limit{})
-	tw.Flush()
-	for _, w := range []string{"UPSTREAM", "at-limit", "25pct-over", "requests during the 2s hold", "goal 429s ≤ 0.1 %", "goal utilization ≥ 0.9"} {
-		if !strings.Contains(table.String(), w) {
-			t.Errorf("table lacks %q:\n%s", w, table.String())
-		}
-	}
 }
 
 // TestUpstreamAdapt runs the cases whose upstream says its rate (OpenAI's
@@ -65,36 +87,47 @@ func TestUpstreamScenario(t *testing.T) {
 // per refusal, and steps of × 0.85, used about 0.6 of it); at its limit,
 // nearly nothing is refused and nearly all is used.
 func TestUpstreamAdapt(t *testing.T) {
-	rows := runUpstream(t, "at-limit-openai,25pct-over-openai", "5s", 16).Rows
-	judged := 0
-	for _, r := range rows {
-		share := per(int64(r.Refused), r.Arrivals)
-		t.Logf("%s, feedback %s: %d refused of %d (%.2f %%), utilization %.4f, rate left at %.1f/s",
-			r.Case, r.Feedback, r.Refused, r.Arrivals, 100*share, r.Utilization, r.Slowed)
-		if r.Feedback != fbAdapt {
-			continue
-		}
-		judged++
-		if r.Errors > 0 {
-			t.Errorf("%s: %d errors, first: %s", r.Case, r.Errors, r.Err)
-		}
-		switch r.Case {
-		case "25pct-over-openai":
-			// Goals 1 % and 0.9.
-			if share > 0.02 || r.Utilization < 0.85 {
-				t.Errorf("25 %% above an upstream that says its rate, with Adapt: %.2f %% refused, utilization %.4f; want ≤ 2 %% and ≥ 0.85",
-					100*share, r.Utilization)
+	t.Parallel()
+	// Each case on a redis-server and an upstream of its own, beside the
+	// other: the runs mostly wait.
+	for _, c := range []string{"at-limit-openai", "25pct-over-openai"} {
+		t.Run(c, func(t *testing.T) {
+			t.Parallel()
+			rows := runUpstream(t, c, "5s", 16).Rows
+			judged := 0
+			for _, r := range rows {
+				share := per(int64(r.Refused), r.Arrivals)
+				t.Logf("%s, feedback %s: %d refused of %d (%.2f %%), utilization %.4f, rate left at %.1f/s",
+					r.Case, r.Feedback, r.Refused, r.Arrivals, 100*share, r.Utilization, r.Slowed)
+				if r.Case != c {
+					t.Errorf("row of case %s, want only %s", r.Case, c)
+				}
+				if r.Feedback != fbAdapt {
+					continue
+				}
+				judged++
+				if r.Errors > 0 {
+					t.Errorf("%s: %d errors, first: %s", r.Case, r.Errors, r.Err)
+				}
+				switch r.Case {
+				case "25pct-over-openai":
+					// Goals 1 % and 0.9.
+					if share > 0.02 || r.Utilization < 0.85 {
+						t.Errorf("25 %% above an upstream that says its rate, with Adapt: %.2f %% refused, utilization %.4f; want ≤ 2 %% and ≥ 0.85",
+							100*share, r.Utilization)
+					}
+				case "at-limit-openai":
+					// Goals 0.1 % and 0.99.
+					if share > 0.005 || r.Utilization < 0.95 {
+						t.Errorf("at the limit of an upstream that says its rate, with Adapt: %.2f %% refused, utilization %.4f; want ≤ 0.5 %% and ≥ 0.95",
+							100*share, r.Utilization)
+					}
+				}
 			}
-		case "at-limit-openai":
-			// Goals 0.1 % and 0.99.
-			if share > 0.005 || r.Utilization < 0.95 {
-				t.Errorf("at the limit of an upstream that says its rate, with Adapt: %.2f %% refused, utilization %.4f; want ≤ 0.5 %% and ≥ 0.95",
-					100*share, r.Utilization)
+			if judged != 1 {
+				t.Fatalf("%d rows with Adapt, want 1: %+v", judged, rows)
 			}
-		}
-	}
-	if judged != 2 {
-		t.Fatalf("%d rows with Adapt, want 2: %+v", judged, rows)
+		})
 	}
 }
 
@@ -159,6 +192,8 @@ func TestJudgeOutage(t *testing.T) {
 // Loose bounds for a loaded machine; the scenario's own goals are no 429
 // and 0.98 (0 of 2,000 and 0.9947 on a quiet machine, 20 s).
 func TestUpstreamRolling(t *testing.T) {
+	// It mostly waits: it runs beside the other upstream runs.
+	t.Parallel()
 	rows := runUpstream(t, "rolling-window,rolling-as-rate", "3s", 16).Rows
 	if len(rows) != 2 {
 		t.Fatalf("%d rows, want 2: %+v", len(rows), rows)
