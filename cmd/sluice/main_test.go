@@ -171,7 +171,7 @@ func TestHelp(t *testing.T) {
 		{[]string{"inspect", "--help"}, []string{"-redis", "-prefix", "-watch", "-json", "-interval"}},
 		{[]string{"inspect", "-h"}, []string{"-redis"}},
 		{[]string{"policies", "--help"}, []string{"-redis", "-prefix", "-json"}},
-		{[]string{"set-policies", "--help"}, []string{"-redis", "-prefix", "-tokens", "-rate", "-burst", "-policy"}},
+		{[]string{"set-policies", "--help"}, []string{"-redis", "-prefix", "-carry", "-rate", "-burst", "-policy"}},
 		{[]string{"hold", "--help"}, []string{"-redis", "-prefix", "-unit", "DURATION"}},
 	} {
 		res := sluice(t, tc.args...)
