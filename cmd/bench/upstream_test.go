@@ -192,8 +192,6 @@ func TestJudgeOutage(t *testing.T) {
 // Loose bounds for a loaded machine; the scenario's own goals are no 429
 // and 0.98 (0 of 2,000 and 0.9947 on a quiet machine, 20 s).
 func TestUpstreamRolling(t *testing.T) {
-	// It mostly waits: it runs beside the other upstream runs.
-	t.Parallel()
 	rows := runUpstream(t, "rolling-window,rolling-as-rate", "3s", 16).Rows
 	if len(rows) != 2 {
 		t.Fatalf("%d rows, want 2: %+v", len(rows), rows)
