@@ -7,9 +7,10 @@ package semaphore
 import (
 	"context"
 	"errors"
-	"github.com/sluicehq/sluice/internal/testkit"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 // defaultBound is Acquire's bound with the default TTLs; hangMargin what

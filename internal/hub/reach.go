@@ -18,7 +18,7 @@ import (
 // handle watches, one goroutine per Hub PINGs Redis every ProbeEvery,
 // each PING bounded by AwayAfter: a PING that fails or goes unanswered
 // marks Redis away, and the first one answered while away marks it back.
-// A handle whose own call finds Redis away says so (MarkAway), so that a
+// A handle whose own call finds Redis away says so (MarkAwayBecause), so that a
 // refused connection switches every handle at once rather than at the
 // next probe. Nothing runs while no handle watches.
 //
@@ -199,13 +199,9 @@ func (h *Hub) FirstToSay(logger any) bool {
 	return true
 }
 
-// MarkAway marks Redis away now (a handle's call found it so). The probe
-// marks it back at the first answer; without watchers there is none, so
-// only a watcher marks it.
-func (h *Hub) MarkAway() { h.reach.set(true, nil) }
-
-// MarkAwayBecause is MarkAway with the failed call's error, which Cause
-// then gives.
+// MarkAwayBecause marks Redis away now: a handle's call found it so, with
+// err, which Cause then gives. The probe marks it back at the first
+// answer; without watchers there is none, so only a watcher marks it.
 func (h *Hub) MarkAwayBecause(err error) { h.reach.set(true, err) }
 
 // Cause says why Redis was last marked away: a PING's error, or a
