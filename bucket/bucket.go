@@ -54,9 +54,12 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/background"
+	"github.com/sluicehq/sluice/internal/configerr"
 	"github.com/sluicehq/sluice/internal/enterdetail"
-	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/internal/hub"
+	"github.com/sluicehq/sluice/internal/rediscall"
+	"github.com/sluicehq/sluice/internal/rediskey"
+	"github.com/sluicehq/sluice/internal/verdict"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler"
 )
@@ -75,7 +78,7 @@ var (
 	errClosed      = fmt.Errorf("bucket: %w", sluice.ErrClosed)
 	errQueueFull   = fmt.Errorf("bucket: %w", sluice.ErrQueueFull)
 	errWaitTooLong = fmt.Errorf("bucket: %w", sluice.ErrWaitTooLong)
-	ErrConfig      = groundwork.ConfigError("bucket")
+	ErrConfig      = configerr.New("bucket")
 	// ErrNotReplicated: with Config.ReplicaAcks, the writes of the
 	// caller's grant were not acknowledged by that many replicas in time.
 	// The caller must not start; its token is spent.
@@ -95,7 +98,7 @@ const (
 	// callers (each caller still returns at its own deadline).
 	batchTimeout = 5 * time.Second
 	// checkIn is the longest a queued caller goes without polling Redis:
-	// with groundwork.AnswerWithin and the PING that follows a call out
+	// with rediscall.AnswerWithin and the PING that follows a call out
 	// of it, it makes Enter's bound on failing while Redis is away (3 s). A caller waiting longer than that polls
 	// once a second, a small cost against its wait.
 	checkIn = time.Second
@@ -376,7 +379,7 @@ type Bucket struct {
 	now func() time.Time
 	rtt roundTrip
 	// tally counts the calls for Stats and tells the Observer.
-	tally groundwork.Tally
+	tally verdict.Tally
 	// syncs throttles Feedback's syncs (feedback.go).
 	syncs syncClock
 	// adapting: the policies in force are slowed by Adapt; adaptTried
@@ -411,7 +414,7 @@ func (b *Bucket) newID() string {
 // deadlines shorter than its read timeout, and a caller's deadline would
 // not hold while Redis is slow.
 func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
-	if err := groundwork.CheckClient(ErrConfig, rdb); err != nil {
+	if err := rediscall.CheckClient(ErrConfig, rdb); err != nil {
 		return nil, err
 	}
 	cfg, err := cfg.withDefaults()
@@ -419,7 +422,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 		return nil, err
 	}
 	if _, ok := rdb.(*redis.Client); cfg.ReplicaAcks > 0 && !ok {
-		return nil, groundwork.Invalid(ErrConfig, "ReplicaAcks %d needs a client of one master (*redis.Client, as redis.NewClient and redis.NewFailoverClient return), not %T: WAIT must follow the grant on its connection", cfg.ReplicaAcks, rdb)
+		return nil, configerr.Invalid(ErrConfig, "ReplicaAcks %d needs a client of one master (*redis.Client, as redis.NewClient and redis.NewFailoverClient return), not %T: WAIT must follow the grant on its connection", cfg.ReplicaAcks, rdb)
 	}
 	policies := cfg.Policies
 	if cfg.Capacity != 0 {
@@ -486,7 +489,7 @@ func grace(cfg Config) time.Duration {
 
 func (c Config) withDefaults() (Config, error) {
 	bad := func(format string, a ...any) (Config, error) {
-		return c, groundwork.Invalid(ErrConfig, format, a...)
+		return c, configerr.Invalid(ErrConfig, format, a...)
 	}
 	if c.Name == "" {
 		return bad("empty Name")
@@ -503,9 +506,9 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	}
 	if c.KeyPrefix == "" {
-		c.KeyPrefix = groundwork.DefaultKeyPrefix
+		c.KeyPrefix = rediskey.DefaultPrefix
 	}
-	if err := groundwork.CheckPrefix(ErrConfig, c.KeyPrefix); err != nil {
+	if err := rediskey.CheckPrefix(ErrConfig, c.KeyPrefix); err != nil {
 		return c, err
 	}
 	switch {
@@ -564,7 +567,7 @@ func (c Config) withDefaults() (Config, error) {
 // checkPolicy validates one policy; where prefixes its fields' names.
 func checkPolicy(p Policy, where string) error {
 	bad := func(format string, a ...any) error {
-		return groundwork.Invalid(ErrConfig, where+format, a...)
+		return configerr.Invalid(ErrConfig, where+format, a...)
 	}
 	const maxCount = 1 << 40 // Lua numbers are doubles: keep every sum exact
 	if p.Kind != TokenBucket {
@@ -668,7 +671,7 @@ func windows(ps []Policy, lookahead time.Duration, where string) error {
 		}
 		p.RefillAmount = p.Capacity
 		if p.Kind == RollingWindow && p.RefillFrequency <= lookahead {
-			return groundwork.Invalid(ErrConfig, "%s[%d]: a rolling window of %v, want one longer than Lookahead (%v)", where, i, p.RefillFrequency, lookahead)
+			return configerr.Invalid(ErrConfig, "%s[%d]: a rolling window of %v, want one longer than Lookahead (%v)", where, i, p.RefillFrequency, lookahead)
 		}
 	}
 	return nil
@@ -722,7 +725,7 @@ func (b *Bucket) Do(ctx context.Context, fn func(ctx context.Context) error) err
 var _ sluice.RateLimiter = (*Bucket)(nil)
 
 // reasons are the bucket's errors as Events name them.
-var reasons = []groundwork.Reason{
+var reasons = []verdict.Reason{
 	{Err: errQueueFull, Result: sluice.Refused, Name: "queue_full"},
 	{Err: errWaitTooLong, Result: sluice.Refused, Name: "wait_too_long"},
 	{Err: ErrNotReplicated, Result: sluice.Failed, Name: "not_replicated"},
@@ -854,7 +857,7 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep entered, err error) {
 	start := b.now()
 	b.tally.Begin()
 	defer func() {
-		res, why := groundwork.Classify(ctx, err, reasons...)
+		res, why := verdict.Classify(ctx, err, reasons...)
 		b.tally.End(sluice.Event{Result: res, Reason: why, Wait: b.now().Sub(start), Queued: rep.Position > 0 && res != sluice.Refused, Late: rep.Late, Reentries: rep.Reentries, Local: rep.Local})
 		if d := enterdetail.From(ctx); d != nil {
 			*d = rep.Detail
@@ -919,12 +922,12 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep entered, err error) {
 // enterOnce makes one arrival with a fresh ID. It reports again when the
 // caller must arrive anew (its slot went stale or was lost).
 //
-// limit bounds each of its calls to Redis (groundwork.CallCtx): it doubles
+// limit bounds each of its calls to Redis (rediscall.CallCtx): it doubles
 // each time a call runs out of it while Redis answers a PING (busy), so
 // that a slow Redis is waited for and a frozen one is not.
 func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, limit *time.Duration) (again bool, err error) {
 	id := b.newID()
-	cctx, done, within := groundwork.CallCtx(ctx, *limit)
+	cctx, done, within := rediscall.CallCtx(ctx, *limit)
 	er, sent, err := b.comings.enqueue(cctx, id, costs)
 	done()
 	received := b.now()
@@ -1033,7 +1036,7 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 				return false, err
 			}
 		}
-		cctx, done, within := groundwork.CallCtx(ctx, *limit)
+		cctx, done, within := rediscall.CallCtx(ctx, *limit)
 		sentFn, pctx := sentAt(cctx, b.now)
 		pr, err := b.q.Poll(pctx, entry)
 		done()
@@ -1151,7 +1154,7 @@ func (b *Bucket) retime(ctx context.Context, rep *entered, costs []int64, room s
 // granted twice.
 func (b *Bucket) retimeOnce(ctx context.Context, rep *entered, costs []int64, room string) (sent, received time.Time, r queue.Retimed, err error) {
 	for limit := b.answerWithin(); ; limit = min(2*limit, time.Minute) {
-		cctx, done, within := groundwork.CallCtx(ctx, limit)
+		cctx, done, within := rediscall.CallCtx(ctx, limit)
 		sentFn, rctx := sentAt(cctx, b.now)
 		r, err = b.q.Retime(rctx, room, costs)
 		done()
@@ -1246,23 +1249,23 @@ func (b *Bucket) sleep(ctx context.Context, d time.Duration, hints <-chan int64,
 func (b *Bucket) cancel(entry string) { b.comings.leave(entry) }
 
 // answerWithin bounds each call to Redis made for a caller whose ctx has
-// no earlier deadline: groundwork.AnswerWithin, plus 4 × ReplicaTimeout
+// no earlier deadline: rediscall.AnswerWithin, plus 4 × ReplicaTimeout
 // when the call waits for replicas (ReplicaAcks: a poll may make several
 // round trips, each with its WAIT, and a script sent again after NOSCRIPT
 // waits again).
 func (b *Bucket) answerWithin() time.Duration {
 	if b.cfg.ReplicaAcks > 0 {
-		return groundwork.AnswerWithin + 4*b.cfg.ReplicaTimeout
+		return rediscall.AnswerWithin + 4*b.cfg.ReplicaTimeout
 	}
 	if b.fb != nil {
 		// A frozen Redis sends a caller in flight to its share this soon:
 		// the probe's verdict (AwayAfter) and a round of it to spare.
 		return hub.AwayAfter + 2*hub.ProbeEvery
 	}
-	return groundwork.AnswerWithin
+	return rediscall.AnswerWithin
 }
 
-// busy reports that a call made on cctx (groundwork.CallCtx(ctx), which
+// busy reports that a call made on cctx (rediscall.CallCtx(ctx), which
 // added the limit within; cancelled since) ran out of that limit (err, its
 // error, a timeout), not of ctx, while Redis still answers a PING: it is slow (a burst of thousands
 // of arrivals), not away, and the call may be made again.
@@ -1277,7 +1280,7 @@ func (b *Bucket) busy(ctx, cctx context.Context, within time.Duration, err error
 	if b.fb != nil {
 		return b.fb.answers(ctx, b.now().Add(-within)) // the probe's verdict since the call began
 	}
-	return b.hub.Answers(ctx, groundwork.AnswerWithin)
+	return b.hub.Answers(ctx, rediscall.AnswerWithin)
 }
 
 // redisErr reports sluice.ErrClosed after Close, and otherwise an error that
@@ -1287,7 +1290,7 @@ func (b *Bucket) redisErr(ctx context.Context, err error) error {
 	return b.callErr(ctx, err, 0)
 }
 
-// callErr is redisErr for a call made on groundwork.CallCtx, whose
+// callErr is redisErr for a call made on rediscall.CallCtx, whose
 // limit added is within: when that limit ended the call, the error says
 // Redis gave no answer within it (and why, when a dial shows it), and
 // does not match the caller's ctx errors.
@@ -1300,5 +1303,5 @@ func (b *Bucket) callErr(ctx context.Context, err error, within time.Duration) e
 	if errors.Is(err, queue.ErrNotReplicated) {
 		return fmt.Errorf("%w: %v", ErrNotReplicated, err)
 	}
-	return groundwork.RedisError(ctx, "bucket", b.cfg.Name, b.rdb, err, within)
+	return rediscall.RedisError(ctx, "bucket", b.cfg.Name, b.rdb, err, within)
 }

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/internal/rediskey"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -38,7 +38,7 @@ func Keys(b *Bucket) TestKeys { return testKeys(b.q.Keys()) }
 // Defaults, for tests that spell them out.
 const (
 	DefaultMaxLateness = defaultMaxLateness
-	DefaultKeyPrefix   = groundwork.DefaultKeyPrefix
+	DefaultKeyPrefix   = rediskey.DefaultPrefix
 )
 
 // KeysFor is the keys of the bucket cfg describes (KeyPrefix "" is the
@@ -46,7 +46,7 @@ const (
 func KeysFor(cfg Config) TestKeys {
 	prefix := cfg.KeyPrefix
 	if prefix == "" {
-		prefix = groundwork.DefaultKeyPrefix
+		prefix = rediskey.DefaultPrefix
 	}
 	return testKeys(queue.New(nil, prefix, cfg.Name, queue.Options{}).Keys())
 }

@@ -18,9 +18,9 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/faultproxy"
-	"github.com/sluicehq/sluice/internal/guarantee"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testing/faultproxy"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
 )
 
 // outcome is one Enter of the failover load.

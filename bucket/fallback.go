@@ -10,9 +10,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/internal/hub"
 	"github.com/sluicehq/sluice/internal/presence"
+	"github.com/sluicehq/sluice/internal/rediscall"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -98,7 +98,7 @@ func (f *fallback) begin() (end func()) {
 	f.wmu.Unlock()
 	if away, _ := f.b.hub.Away(); !away && !f.isLocal() && f.trace.Due(f.b.now()) {
 		f.b.bg.Go(func(ctx context.Context) {
-			ctx, cancel := context.WithTimeout(ctx, groundwork.AnswerWithin)
+			ctx, cancel := context.WithTimeout(ctx, rediscall.AnswerWithin)
 			defer cancel()
 			if err := f.trace.Send(ctx); err != nil && hub.Unreachable(err) && ctx.Err() == nil {
 				f.b.hub.MarkAwayBecause(fmt.Errorf("presence trace: %w", err))
@@ -389,7 +389,7 @@ func (f *fallback) charge(ctx context.Context) bool {
 	n, granted, since := f.n, f.granted, f.since
 	f.mu.Unlock()
 
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), groundwork.AnswerWithin)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rediscall.AnswerWithin)
 	_, err := f.b.q.Settle(cctx, id, 0, diffs)
 	cancel()
 	var cerr *queue.ConfigError

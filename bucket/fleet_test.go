@@ -18,9 +18,9 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/bench/loadgen"
 	"github.com/sluicehq/sluice/internal/hub"
-	"github.com/sluicehq/sluice/internal/loadgen"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
 	"github.com/sluicehq/sluice/scheduler"
 	"github.com/sluicehq/sluice/semaphore"
 )

@@ -11,10 +11,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/guarantee"
-	"github.com/sluicehq/sluice/internal/loadgen"
-	"github.com/sluicehq/sluice/internal/testkit"
-	"github.com/sluicehq/sluice/internal/testmain"
+	"github.com/sluicehq/sluice/internal/bench/loadgen"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
+	"github.com/sluicehq/sluice/internal/testing/testkit"
+	"github.com/sluicehq/sluice/internal/testing/testmain"
 )
 
 var exampleAddr string

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
+	"github.com/sluicehq/sluice/internal/testing/testkit"
 )
 
 // unreachableBound is the documented bound (bucket.Enter's doc), and

@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/guarantee"
-	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/bench/loadgen"
 	"github.com/sluicehq/sluice/internal/protocol"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
 	"github.com/sluicehq/sluice/upstream"
 )
 

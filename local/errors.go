@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/internal/configerr"
 )
 
 // Refusals. Each wraps sluice.ErrLimited, and a refused call has consumed
@@ -49,10 +49,10 @@ func checkCost(n int, name string, capacity int) error {
 // sluice.ErrConfig, as bucket.ErrConfig and semaphore.ErrConfig do. It does
 // not match sluice.ErrLimited: a bad configuration is a bug to fix, not a
 // refusal to back off from.
-var ErrConfig = groundwork.ConfigError("local")
+var ErrConfig = configerr.New("local")
 
 func invalid(format string, args ...any) error {
-	return groundwork.Invalid(ErrConfig, format, args...)
+	return configerr.Invalid(ErrConfig, format, args...)
 }
 
 // negativeCost is the error for a negative cost: a bug in the caller, so

@@ -5,12 +5,12 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/internal/verdict"
 )
 
 // reasons are local's refusals as Events name them; the shared ones
-// (sluice.ErrCostExceedsCapacity, a ctx's) are groundwork.Classify's.
-var reasons = []groundwork.Reason{
+// (sluice.ErrCostExceedsCapacity, a ctx's) are verdict.Classify's.
+var reasons = []verdict.Reason{
 	{Err: errQueueFull, Result: sluice.Refused, Name: "queue_full"},
 	{Err: errWaitTooLong, Result: sluice.Refused, Name: "wait_too_long"},
 	{Err: ErrTimeout, Result: sluice.Refused, Name: "timeout"},
@@ -18,11 +18,11 @@ var reasons = []groundwork.Reason{
 
 // tally counts one limiter's calls for its Stats and tells its Observer.
 type tally struct {
-	groundwork.Tally
+	verdict.Tally
 }
 
 func newTally(limiter string, o sluice.Observer) tally {
-	return tally{groundwork.Tally{Limiter: limiter, Observer: o}}
+	return tally{verdict.Tally{Limiter: limiter, Observer: o}}
 }
 
 // once reports a call decided on arrival, without waiting: a cost that
@@ -51,7 +51,7 @@ var epoch = time.Now()
 // was not let through on arrival; slot is the start it was booked for
 // (zero when none), from which its lateness is counted.
 func (t *tally) end(ctx context.Context, start time.Duration, err error, queued bool, slot time.Time) {
-	res, why := groundwork.Classify(ctx, err, reasons...)
+	res, why := verdict.Classify(ctx, err, reasons...)
 	e := sluice.Event{Result: res, Reason: why, Queued: queued}
 	if t.Observer != nil {
 		e.Wait = time.Since(epoch) - start

@@ -11,8 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/scriptreply"
 )
 
 // The configuration in force. A bucket's policies live in Redis (the
@@ -219,13 +219,13 @@ func (q *Queue) Change(ctx context.Context, rule int, next func(old Config, now 
 			return ChangeResult{New: old}, nil
 		}
 		nc.Replaced = slices.DeleteFunc(append([]string{old.ID()}, old.Replaced...), func(id string) bool { return id == nc.ID() })
-		args := []any{protocol.FormatConfig(nc), rule, groundwork.Micros(q.opt.Grace), q.keys.Wake}
+		args := []any{protocol.FormatConfig(nc), rule, scriptreply.Micros(q.opt.Grace), q.keys.Wake}
 		args = append(args, protocol.PolicyArgs(old.Policies)...)
 		args = append(args, protocol.PolicyArgs(nc.Policies)...)
 		for _, m := range inherit(old.Policies, nc.Policies) {
 			args = append(args, m[0], m[1])
 		}
-		v, err := groundwork.Ints(changeScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.state, q.keys.config, q.keys.Lock}, args...).Result())
+		v, err := scriptreply.Ints(changeScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.state, q.keys.config, q.keys.Lock}, args...).Result())
 		if err != nil {
 			return ChangeResult{}, err
 		}
@@ -233,7 +233,7 @@ func (q *Queue) Change(ctx context.Context, rule int, next func(old Config, now 
 			continue // changed meanwhile: read it again
 		}
 		if len(v) != 3 || v[0] != 1 {
-			return ChangeResult{}, fmt.Errorf("%w: change %v", groundwork.ErrReply, v)
+			return ChangeResult{}, fmt.Errorf("%w: change %v", scriptreply.ErrReply, v)
 		}
 		q.Follow(nc)
 		return ChangeResult{Changed: true, New: nc, Queued: int(v[2])}, nil // v[1] counts the callers dropped

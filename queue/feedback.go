@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/scriptreply"
 )
 
 //go:embed lua/feedback.lua
@@ -53,12 +53,12 @@ func (q *Queue) Feedback(ctx context.Context, id string, hold time.Duration, hel
 		}
 		return args, nil
 	})
-	v, err := groundwork.Ints(reply, err)
+	v, err := scriptreply.Ints(reply, err)
 	if err != nil {
 		return FeedbackResult{}, err
 	}
 	if len(v) != 2 || v[0] < 0 || v[1] < 0 {
-		return FeedbackResult{}, fmt.Errorf("%w: feedback %v", groundwork.ErrReply, v)
+		return FeedbackResult{}, fmt.Errorf("%w: feedback %v", scriptreply.ErrReply, v)
 	}
 	return FeedbackResult{Owed: int(v[0]), Lowered: int(v[1])}, nil
 }

@@ -3,7 +3,7 @@ package queue
 import (
 	"encoding/binary"
 	"errors"
-	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/internal/scriptreply"
 	"math"
 	"testing"
 	"time"
@@ -120,7 +120,7 @@ func FuzzParsers(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte, n uint8) {
 		reply, err := replyFrom(data)
 
-		if v, perr := groundwork.Ints(reply, err); perr == nil {
+		if v, perr := scriptreply.Ints(reply, err); perr == nil {
 			list, ok := reply.([]any)
 			if !ok || len(v) != len(list) || err != nil {
 				t.Fatalf("ints accepted %#v (err %v) as %v", reply, err, v)

@@ -9,8 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/scriptreply"
 )
 
 // Snapshot is a bucket as every process sees it, read in one round trip.
@@ -103,7 +103,7 @@ func (q *Queue) Inspect(ctx context.Context) (Snapshot, error) {
 		for _, r := range raw {
 			e, ok := protocol.ParseWindowEntry(r)
 			if !ok {
-				return Snapshot{}, fmt.Errorf("%w: rolling window log entry %q", groundwork.ErrReply, r)
+				return Snapshot{}, fmt.Errorf("%w: rolling window log entry %q", scriptreply.ErrReply, r)
 			}
 			s.Windows[i] = append(s.Windows[i], e)
 		}

@@ -1,8 +1,8 @@
 package queue
 
 import (
-	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/rediskey"
 )
 
 // Keys are the Redis keys of one bucket: "<prefix>:{<escaped name>}:<suffix>".
@@ -42,7 +42,7 @@ type Keys struct {
 }
 
 func newKeys(prefix, name string) Keys {
-	base := groundwork.KeyBase(prefix, name)
+	base := rediskey.Base(prefix, name)
 	return Keys{
 		Queue:   base + "queue",
 		state:   base + "state",

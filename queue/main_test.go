@@ -5,7 +5,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
 )
 
 var exampleAddr string

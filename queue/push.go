@@ -10,8 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/scriptreply"
 )
 
 // The push lane: callers who arrive while others wait need none of
@@ -145,7 +145,7 @@ func (q *Queue) push(ctx context.Context, ids []string) ([]Arrival, error) {
 func pushReplies(ids []string, now int64, raw string, length int64, p Policy, id string) (rs []Arrival, ours bool, err error) {
 	k := int64(len(ids))
 	if length < k {
-		return nil, false, fmt.Errorf("%w: RPUSH of %d gave length %d", groundwork.ErrReply, k, length)
+		return nil, false, fmt.Errorf("%w: RPUSH of %d gave length %d", scriptreply.ErrReply, k, length)
 	}
 	done, until, level, anchor, hold := int64(0), int64(0), p.Capacity, now, int64(0)
 	if raw != "" {

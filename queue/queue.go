@@ -10,8 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/scriptreply"
 )
 
 // Policy is one limit of a bucket: it holds at most Capacity tokens and gains
@@ -116,9 +116,9 @@ func (q *Queue) Options() Options {
 	return o
 }
 
-func us(d time.Duration) int64 { return groundwork.Micros(d) }
+func us(d time.Duration) int64 { return scriptreply.Micros(d) }
 
-func dur(n int64, unit time.Duration) time.Duration { return groundwork.Dur(n, unit) }
+func dur(n int64, unit time.Duration) time.Duration { return scriptreply.Dur(n, unit) }
 
 // Arrival is what Enqueue learned of one caller. Exactly one holds: Err is
 // set (refused: nothing consumed); Entry is set (queued: poll with it); or
@@ -201,13 +201,13 @@ const (
 
 // parseEnqueue checks an enqueue reply for callers ids.
 func parseEnqueue(ids, costs []string, reply any, err error) ([]Arrival, error) {
-	v, err := groundwork.Ints(reply, err)
+	v, err := scriptreply.Ints(reply, err)
 	if err != nil {
 		return nil, err
 	}
 	n := len(ids)
 	if len(v) != 3+3*n {
-		return nil, fmt.Errorf("%w: enqueue of %d callers gave %d values", groundwork.ErrReply, n, len(v))
+		return nil, fmt.Errorf("%w: enqueue of %d callers gave %d values", scriptreply.ErrReply, n, len(v))
 	}
 	now, running, ticket := v[0], v[1] == 1, v[2]
 	out := make([]Arrival, n)
@@ -215,7 +215,7 @@ func parseEnqueue(ids, costs []string, reply any, err error) ([]Arrival, error) 
 		e := v[3+3*i : 6+3*i]
 		kind, delay := e[0], e[1]
 		if kind < kindGranted || kind > kindWaitTooLong || e[2] < 0 {
-			return nil, fmt.Errorf("%w: enqueue %v", groundwork.ErrReply, e)
+			return nil, fmt.Errorf("%w: enqueue %v", scriptreply.ErrReply, e)
 		}
 		r := Arrival{Delay: dur(delay, time.Microsecond), Position: int(e[2]), Now: now}
 		switch kind {
@@ -306,7 +306,7 @@ func (q *Queue) pollDirect(ctx context.Context, entry string, tol int64) (PollRe
 	}
 	s, room, ok := protocol.ParseSlotValue(slot.Val())
 	if !ok {
-		return PollReply{}, false, fmt.Errorf("%w: slot key holds %q", groundwork.ErrReply, slot.Val())
+		return PollReply{}, false, fmt.Errorf("%w: slot key holds %q", scriptreply.ErrReply, slot.Val())
 	}
 	d := s - now.Val().UnixMicro()
 	if d < -tol {
@@ -321,16 +321,16 @@ func parsePoll(reply any, err error) (PollReply, error) {
 	var room string
 	if a, ok := reply.([]any); ok && len(a) == 6 && err == nil {
 		if room, ok = a[5].(string); !ok {
-			return PollReply{}, fmt.Errorf("%w: poll %v", groundwork.ErrReply, reply)
+			return PollReply{}, fmt.Errorf("%w: poll %v", scriptreply.ErrReply, reply)
 		}
 		reply = a[:5]
 	}
-	v, err := groundwork.Ints(reply, err)
+	v, err := scriptreply.Ints(reply, err)
 	if err != nil {
 		return PollReply{}, err
 	}
 	if len(v) != 5 || v[0] < 1 || v[0] > 4 {
-		return PollReply{}, fmt.Errorf("%w: poll %v", groundwork.ErrReply, v)
+		return PollReply{}, fmt.Errorf("%w: poll %v", scriptreply.ErrReply, v)
 	}
 	r := PollReply{
 		Found:    v[0] == 1,
@@ -353,7 +353,7 @@ func parsePoll(reply any, err error) (PollReply, error) {
 // now, and how many callers would be ahead of it. The wait is exact unless
 // callers ahead leave the queue.
 func (q *Queue) Estimate(ctx context.Context, costs []int64) (time.Duration, int, error) {
-	v, err := groundwork.Ints(q.run(ctx, estimateScript, q.keys.arrival(), func(c *conf) ([]any, error) {
+	v, err := scriptreply.Ints(q.run(ctx, estimateScript, q.keys.arrival(), func(c *conf) ([]any, error) {
 		if costs != nil && len(costs) != len(c.policies) {
 			return nil, &ConfigError{mine: c.id}
 		}
@@ -363,7 +363,7 @@ func (q *Queue) Estimate(ctx context.Context, costs []int64) (time.Duration, int
 		return 0, 0, err
 	}
 	if len(v) != 3 || v[1] < 0 || v[2] < 0 {
-		return 0, 0, fmt.Errorf("%w: estimate %v", groundwork.ErrReply, v)
+		return 0, 0, fmt.Errorf("%w: estimate %v", scriptreply.ErrReply, v)
 	}
 	return dur(v[1], time.Microsecond), int(v[2]), nil
 }
@@ -402,17 +402,17 @@ func (q *Queue) cancel(ctx context.Context, entries []string) ([]cancelResult, e
 
 // parseCancel checks a cancel reply for n callers.
 func parseCancel(n int, reply any, err error) ([]cancelResult, error) {
-	v, err := groundwork.Ints(reply, err)
+	v, err := scriptreply.Ints(reply, err)
 	if err != nil {
 		return nil, err
 	}
 	if len(v) != n {
-		return nil, fmt.Errorf("%w: cancel of %d callers gave %d values", groundwork.ErrReply, n, len(v))
+		return nil, fmt.Errorf("%w: cancel of %d callers gave %d values", scriptreply.ErrReply, n, len(v))
 	}
 	out := make([]cancelResult, n)
 	for i, x := range v {
 		if x < 0 || x > 2 {
-			return nil, fmt.Errorf("%w: cancel %v", groundwork.ErrReply, v)
+			return nil, fmt.Errorf("%w: cancel %v", scriptreply.ErrReply, v)
 		}
 		out[i] = cancelResult(x)
 	}

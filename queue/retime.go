@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/scriptreply"
 )
 
 // Retimed is what Retime did.
@@ -37,13 +37,13 @@ func (q *Queue) Retime(ctx context.Context, room string, costs []int64) (Retimed
 	}
 	v, ok := reply.([]any)
 	if !ok || len(v) != 3 {
-		return Retimed{}, fmt.Errorf("%w: retime %v", groundwork.ErrReply, reply)
+		return Retimed{}, fmt.Errorf("%w: retime %v", scriptreply.ErrReply, reply)
 	}
 	delay, ok1 := v[0].(int64)
 	refunded, ok2 := v[1].(int64)
 	r, ok3 := v[2].(string)
 	if !ok1 || !ok2 || !ok3 {
-		return Retimed{}, fmt.Errorf("%w: retime %v", groundwork.ErrReply, reply)
+		return Retimed{}, fmt.Errorf("%w: retime %v", scriptreply.ErrReply, reply)
 	}
 	out := Retimed{Delay: dur(delay, time.Microsecond), Refunded: refunded == 1, Room: r}
 	// The room starts with Redis's now (slot_value): the slot is now + delay.

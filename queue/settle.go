@@ -5,8 +5,8 @@ import (
 	_ "embed"
 	"fmt"
 
-	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/scriptreply"
 )
 
 //go:embed lua/settle.lua
@@ -37,12 +37,12 @@ func (q *Queue) Settle(ctx context.Context, id string, slot int64, diffs []int64
 		args := []any{us(q.opt.Grace), protocol.Costs(diffs), max(slot, 0)}
 		return append(args, c.args...), nil
 	})
-	v, err := groundwork.Ints(reply, err)
+	v, err := scriptreply.Ints(reply, err)
 	if err != nil {
 		return Settled{}, err
 	}
 	if len(v) != 3 || v[0] < 0 || v[1] < 0 || v[2] < 0 {
-		return Settled{}, fmt.Errorf("%w: settle %v", groundwork.ErrReply, v)
+		return Settled{}, fmt.Errorf("%w: settle %v", scriptreply.ErrReply, v)
 	}
 	return Settled{Back: v[0], Lost: v[1], Debt: v[2]}, nil
 }

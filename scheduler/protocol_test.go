@@ -11,10 +11,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/groundwork"
-	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/protocol"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/rediskey"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler"
 )
@@ -382,8 +382,8 @@ func TestNamesAreData(t *testing.T) {
 				t.Fatalf("name %q: keys %q and %q have different hash tags", n, k.Queue, other)
 			}
 		}
-		if tag != groundwork.EscapeName(n) {
-			t.Fatalf("name %q: hash tag %q, want the whole escaped name %q", n, tag, groundwork.EscapeName(n))
+		if tag != rediskey.EscapeName(n) {
+			t.Fatalf("name %q: hash tag %q, want the whole escaped name %q", n, tag, rediskey.EscapeName(n))
 		}
 	}
 }

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/guarantee"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler"
 )

@@ -7,8 +7,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
+	"github.com/sluicehq/sluice/internal/testing/testkit"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler"
 )

@@ -8,8 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/scriptreply"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -51,23 +51,23 @@ func runStep(ctx context.Context, q *queue.Queue, token string, lockTTLms int64)
 	// The scheduler serves every process's callers: q.Run follows the
 	// configuration in force after a live change, whoever set it.
 	return parseStep(q.Run(ctx, stepScript, k.List(), func(policies []any) []any {
-		args := []any{token, lockTTLms, groundwork.Micros(o.Lookahead), o.MaxBatch, groundwork.Micros(o.Grace), groundwork.Micros(o.Lead), k.Wake}
+		args := []any{token, lockTTLms, scriptreply.Micros(o.Lookahead), o.MaxBatch, scriptreply.Micros(o.Grace), scriptreply.Micros(o.Lead), k.Wake}
 		return append(args, policies...)
 	}))
 }
 
 // parseStep checks a step reply.
 func parseStep(reply any, err error) (stepReply, error) {
-	v, err := groundwork.Ints(reply, err)
+	v, err := scriptreply.Ints(reply, err)
 	if err != nil {
 		return stepReply{}, err
 	}
 	if len(v) != 4 || v[0] < -1 || v[0] > 1 {
-		return stepReply{}, fmt.Errorf("%w: step %v", groundwork.ErrReply, v)
+		return stepReply{}, fmt.Errorf("%w: step %v", scriptreply.ErrReply, v)
 	}
 	return stepReply{
 		status:    stepStatus(v[0]),
-		next:      groundwork.Dur(v[1], time.Microsecond),
+		next:      scriptreply.Dur(v[1], time.Microsecond),
 		waiting:   int(v[2]),
 		scheduled: int(v[3]),
 	}, nil

@@ -16,7 +16,7 @@ import (
 	xsemaphore "golang.org/x/sync/semaphore"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
 )
 
 // roundTrips counts the commands a client sends (a script call is one).

@@ -12,7 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/internal/rediscall"
+	"github.com/sluicehq/sluice/internal/scriptreply"
 )
 
 //go:embed sync.lua
@@ -357,26 +358,26 @@ func (s *Semaphore) refuse(b batch, err error) {
 }
 
 // cause is what made an exchange fail, as callers should read it: a
-// *groundwork.CallError naming Redis's or the network's error ("connection
+// *rediscall.CallError naming Redis's or the network's error ("connection
 // refused"). When the exchange ran out of its own time limit, go-redis
 // reports only that limit's context.DeadlineExceeded, which is not the
 // caller's deadline and must not match it: the cause then says no answer
 // came within the limit, and names why if a dial to the server shows it
 // (connection refused), or else the last error Redis gave before, if any
 // was a reason.
-func (s *Semaphore) cause(err error, timedOut bool) *groundwork.CallError {
+func (s *Semaphore) cause(err error, timedOut bool) *rediscall.CallError {
 	if !timedOut {
 		return s.callError(err)
 	}
 	s.mu.Lock()
 	last := s.lastErr
 	s.mu.Unlock()
-	c := s.callError(groundwork.ErrNoAnswer)
+	c := s.callError(rediscall.ErrNoAnswer)
 	c.Within = s.callTimeout
-	var lastCall *groundwork.CallError
-	if perr := groundwork.Probe(context.Background(), s.rdb); perr != nil {
+	var lastCall *rediscall.CallError
+	if perr := rediscall.Probe(context.Background(), s.rdb); perr != nil {
 		c.Err = perr
-	} else if errors.As(last, &lastCall) && !errors.Is(lastCall.Err, groundwork.ErrNoAnswer) {
+	} else if errors.As(last, &lastCall) && !errors.Is(lastCall.Err, rediscall.ErrNoAnswer) {
 		c.Err = lastCall.Err
 	}
 	return c
@@ -384,12 +385,12 @@ func (s *Semaphore) cause(err error, timedOut bool) *groundwork.CallError {
 
 // callError is err, the failure of a call to Redis, as this semaphore's
 // CallError; one already is returned as it is.
-func (s *Semaphore) callError(err error) *groundwork.CallError {
-	var c *groundwork.CallError
+func (s *Semaphore) callError(err error) *rediscall.CallError {
+	var c *rediscall.CallError
 	if errors.As(err, &c) {
 		return c
 	}
-	return &groundwork.CallError{Prefix: "semaphore", Name: s.cfg.Name, Addr: groundwork.Addr(s.rdb), Err: err}
+	return &rediscall.CallError{Prefix: "semaphore", Name: s.cfg.Name, Addr: rediscall.Addr(s.rdb), Err: err}
 }
 
 // failed handles a batch Redis did not answer, because of cause. Its
@@ -520,7 +521,7 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 		}
 		// A lease of the LeaseTTL sent, in whole µs as sent.
 		p.unregistered = false
-		p.deadline = sent.Add(time.Duration(groundwork.Micros(s.cfg.LeaseTTL)) * time.Microsecond)
+		p.deadline = sent.Add(time.Duration(scriptreply.Micros(s.cfg.LeaseTTL)) * time.Microsecond)
 		if p.timer == nil {
 			p.timer = time.AfterFunc(time.Until(p.deadline), func() { s.checkLease(p) })
 		} else {
@@ -551,7 +552,7 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 		switch {
 		case status == 0:
 			// A lease of the LeaseTTL sent, in whole µs as sent.
-			s.grantLocked(w, sent.Add(time.Duration(groundwork.Micros(s.cfg.LeaseTTL))*time.Microsecond))
+			s.grantLocked(w, sent.Add(time.Duration(scriptreply.Micros(s.cfg.LeaseTTL))*time.Microsecond))
 		case status > 0:
 			w.ticket = status
 		case status == -2:

@@ -8,8 +8,8 @@ import (
 	"sort"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/groundwork"
 	"github.com/sluicehq/sluice/internal/hub"
+	"github.com/sluicehq/sluice/internal/rediscall"
 )
 
 // Config.Fallback: while Redis cannot be reached, a process admits from a
@@ -79,7 +79,7 @@ func (s *Semaphore) sendTrace() {
 // timedOut that it ran out of its own limit, sent when it left. An error
 // reply (READONLY, OOM) is Redis answering: it is a failure to report,
 // never a switch.
-func (s *Semaphore) awayCause(runErr error, byAway, timedOut bool, sent time.Time) (*groundwork.CallError, bool) {
+func (s *Semaphore) awayCause(runErr error, byAway, timedOut bool, sent time.Time) (*rediscall.CallError, bool) {
 	switch {
 	case byAway:
 		return s.noAnswer(), true
@@ -138,10 +138,10 @@ func (s *Semaphore) say(level slog.Level, msg string, args ...any) {
 
 // noAnswer is the cause of a switch the probe decided: Redis left a PING
 // unanswered (hub.AwayAfter), or a dial to it shows why.
-func (s *Semaphore) noAnswer() *groundwork.CallError {
-	c := s.callError(groundwork.ErrNoAnswer)
+func (s *Semaphore) noAnswer() *rediscall.CallError {
+	c := s.callError(rediscall.ErrNoAnswer)
 	c.Within = hub.AwayAfter
-	if perr := groundwork.Probe(context.Background(), s.rdb); perr != nil {
+	if perr := rediscall.Probe(context.Background(), s.rdb); perr != nil {
 		c.Err = perr
 	}
 	return c
@@ -151,7 +151,7 @@ func (s *Semaphore) noAnswer() *groundwork.CallError {
 // and leaves wait for Redis's return, its waiters and everyone else's are
 // served locally. Without a share (this process never read a count) it
 // fails as without a fallback, saying so.
-func (s *Semaphore) goLocal(b batch, cause *groundwork.CallError) {
+func (s *Semaphore) goLocal(b batch, cause *rediscall.CallError) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.toLocalLocked(cause) {
@@ -198,7 +198,7 @@ func (s *Semaphore) noShare(cause error) error {
 
 // noShareError is a call's failure, unreachable, in a process that knows
 // no share: it matches what the call's error matches.
-type noShareError struct{ call *groundwork.CallError }
+type noShareError struct{ call *rediscall.CallError }
 
 func (e *noShareError) Error() string {
 	return e.call.Error() + "; no local share to fall back on (Config.Fallback): this process has not reached Redis since it started, so it does not know how many processes share the capacity"
@@ -217,7 +217,7 @@ func (s *Semaphore) aboveShare(n int) error {
 // cause; it reports false, changing nothing, when it knows no share. It is
 // called again by every exchange that fails while away: then it only
 // moves the waiters that exchange carried.
-func (s *Semaphore) toLocalLocked(cause *groundwork.CallError) bool {
+func (s *Semaphore) toLocalLocked(cause *rediscall.CallError) bool {
 	if s.closed {
 		return true // Close has failed every waiter; nothing to serve
 	}
@@ -327,12 +327,12 @@ func (s *Semaphore) followReach() (changed <-chan struct{}, settled <-chan time.
 	s.mu.Lock()
 	mode, last := s.mode, s.lastErr
 	s.mu.Unlock()
-	var cause *groundwork.CallError
+	var cause *rediscall.CallError
 	if away && mode != onLocal {
 		// Found by the probe or another handle: the calls in flight are
 		// cancelled (AwayCtx) and switch as they return; the waiters
 		// queued in Redis switch now.
-		var c *groundwork.CallError
+		var c *rediscall.CallError
 		if errors.As(last, &c) {
 			cause = c
 		} else {
@@ -345,7 +345,7 @@ func (s *Semaphore) followReach() (changed <-chan struct{}, settled <-chan time.
 	case s.closed:
 	case away && s.mode != onLocal:
 		if cause == nil {
-			cause = s.callError(groundwork.ErrNoAnswer) // no dial under s.mu
+			cause = s.callError(rediscall.ErrNoAnswer) // no dial under s.mu
 			cause.Within = hub.AwayAfter
 		}
 		s.toLocalLocked(cause) // without a share, exchanges fail as they come

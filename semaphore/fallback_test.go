@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/testing/testkit"
 )
 
 // switchBound is how late a switch may be and still pass: the goal is

@@ -9,8 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
+	"github.com/sluicehq/sluice/internal/testing/testkit"
 )
 
 // env is one test's redis-server and client.

@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/internal/rediscall"
 )
 
 // Stats are this process's figures for one Semaphore (sluice.Stats):
@@ -103,7 +103,7 @@ func (s *Semaphore) inspect(ctx context.Context) (Inspection, error) {
 	keys := []string{s.keys[0], s.keys[1], s.keys[3], s.keys[4]}
 	v, err := inspectScript.Run(ctx, s.rdb, keys).Result()
 	if err != nil {
-		return Inspection{}, groundwork.RedisError(ctx, "semaphore", s.cfg.Name, s.rdb, err, 0)
+		return Inspection{}, rediscall.RedisError(ctx, "semaphore", s.cfg.Name, s.rdb, err, 0)
 	}
 	r, ok := v.([]interface{})
 	if !ok || len(r) != 8 {

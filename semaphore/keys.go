@@ -1,6 +1,6 @@
 package semaphore
 
-import "github.com/sluicehq/sluice/internal/groundwork"
+import "github.com/sluicehq/sluice/internal/rediskey"
 
 // Key suffixes. Every key of one semaphore is <prefix>:{<escaped name>}:<suffix>,
 // so they all share one hash tag (one Redis Cluster slot) and an ACL pattern
@@ -16,5 +16,5 @@ const (
 )
 
 // keyBase is "<prefix>:{<escaped name>}:", the common start of every key and
-// channel of one semaphore (groundwork.KeyBase, as a bucket's).
-func keyBase(prefix, name string) string { return groundwork.KeyBase(prefix, name) }
+// channel of one semaphore (rediskey.Base, as a bucket's).
+func keyBase(prefix, name string) string { return rediskey.Base(prefix, name) }

@@ -16,9 +16,12 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/background"
-	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/internal/configerr"
 	"github.com/sluicehq/sluice/internal/hub"
 	"github.com/sluicehq/sluice/internal/presence"
+	"github.com/sluicehq/sluice/internal/rediscall"
+	"github.com/sluicehq/sluice/internal/scriptreply"
+	"github.com/sluicehq/sluice/internal/verdict"
 )
 
 var (
@@ -32,7 +35,7 @@ var (
 
 	// ErrConfig is wrapped by every error New returns; it matches
 	// sluice.ErrConfig.
-	ErrConfig = groundwork.ConfigError("semaphore")
+	ErrConfig = configerr.New("semaphore")
 
 	// ErrLeaseLost reports that a permit's lease ended before it was
 	// released: it could not be renewed in time (the process stalled or
@@ -93,7 +96,7 @@ type Semaphore struct {
 
 	// For Stats and the Observer: the calls (tally), the weight held by
 	// this process's permits now, and the leases lost while held.
-	tally      groundwork.Tally
+	tally      verdict.Tally
 	held       atomic.Int64
 	leasesLost atomic.Int64
 
@@ -148,7 +151,7 @@ type leaveOp struct {
 // go-redis would otherwise ignore context deadlines shorter than its
 // ReadTimeout, and a frozen Redis could hold a call for that long.
 func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
-	if err := groundwork.CheckClient(ErrConfig, rdb); err != nil {
+	if err := rediscall.CheckClient(ErrConfig, rdb); err != nil {
 		return nil, err
 	}
 	cfg, err := cfg.withDefaults()
@@ -173,7 +176,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 		capacity:    cfg.Capacity,
 		accepted:    cfg.Adopt,
 	}
-	s.fixedArgs = []any{groundwork.Micros(cfg.LeaseTTL), groundwork.Micros(cfg.QueueTTL), cfg.MaxQueue, s.chanPrefix, s.proc,
+	s.fixedArgs = []any{scriptreply.Micros(cfg.LeaseTTL), scriptreply.Micros(cfg.QueueTTL), cfg.MaxQueue, s.chanPrefix, s.proc,
 		storeFormat, keepConfig.Milliseconds()}
 	s.tally.Limiter, s.tally.Name, s.tally.Observer = "semaphore", cfg.Name, cfg.Observer
 	s.poke = time.AfterFunc(time.Hour, s.requestBeat)
@@ -256,7 +259,7 @@ func (s *Semaphore) AcquireN(ctx context.Context, n int) (p *Permit, err error) 
 	s.tally.Begin()
 	var queued, local bool
 	defer func() {
-		res, why := groundwork.Classify(ctx, err, reasons...)
+		res, why := verdict.Classify(ctx, err, reasons...)
 		e := sluice.Event{Result: res, Reason: why, Queued: queued, Local: local}
 		if !start.IsZero() {
 			e.Wait = time.Since(start)
@@ -269,8 +272,8 @@ func (s *Semaphore) AcquireN(ctx context.Context, n int) (p *Permit, err error) 
 
 // reasons are the semaphore's errors as Events name them; the shared ones
 // (sluice.ErrCostExceedsCapacity, sluice.ErrConfigMismatch, a ctx's) are
-// groundwork.Classify's.
-var reasons = []groundwork.Reason{
+// verdict.Classify's.
+var reasons = []verdict.Reason{
 	{Err: errQueueFull, Result: sluice.Refused, Name: "queue_full"},
 	{Err: errClosed, Result: sluice.Failed, Name: "closed"},
 	// State written by a newer version: the deployment disagrees with
@@ -473,7 +476,7 @@ func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) 
 // Redis did not answer; the change may then have happened or not.
 func (s *Semaphore) SetCapacity(ctx context.Context, n int) error {
 	if n < 1 {
-		return groundwork.Invalid(ErrConfig, "capacity %d, want at least 1", n)
+		return configerr.Invalid(ErrConfig, "capacity %d, want at least 1", n)
 	}
 	s.mu.Lock()
 	closed := s.closed
@@ -499,7 +502,7 @@ func (s *Semaphore) SetCapacity(ctx context.Context, n int) error {
 func (s *Semaphore) Capacity(ctx context.Context) (int, error) {
 	v, err := s.rdb.HMGet(ctx, s.keys[4], fieldFormat, fieldCapacity).Result()
 	if err != nil {
-		return 0, groundwork.RedisError(ctx, "semaphore", s.cfg.Name, s.rdb, err, 0)
+		return 0, rediscall.RedisError(ctx, "semaphore", s.cfg.Name, s.rdb, err, 0)
 	}
 	if len(v) != 2 {
 		return 0, fmt.Errorf("%w: HMGET of 2 fields returned %d", errReply, len(v))

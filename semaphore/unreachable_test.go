@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/testing/testkit"
 )
 
 // defaultBound is Acquire's bound with the default TTLs; hangMargin what

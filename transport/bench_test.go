@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/upstreamtest"
+	"github.com/sluicehq/sluice/internal/testing/upstreamtest"
 	"github.com/sluicehq/sluice/local"
 	"github.com/sluicehq/sluice/transport"
 )

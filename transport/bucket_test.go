@@ -15,8 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/internal/upstreamtest"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
+	"github.com/sluicehq/sluice/internal/testing/upstreamtest"
 	"github.com/sluicehq/sluice/transport"
 )
 

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/internal/configerr"
 	"github.com/sluicehq/sluice/upstream"
 )
 
@@ -107,7 +107,7 @@ func (t *Transport) sendReserved(ctx context.Context, r *http.Request) (*http.Re
 	rv, ok := t.lim.(reserver)
 	if !ok {
 		closeBody(r)
-		return nil, nil, groundwork.Invalid(ErrConfig, "WithReserve for a limiter (%T) with no Reserve", t.lim)
+		return nil, nil, configerr.Invalid(ErrConfig, "WithReserve for a limiter (%T) with no Reserve", t.lim)
 	}
 	var estimate bucket.Cost // nil: Enter's cost
 	if t.reserve.estimate != nil {

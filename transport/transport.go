@@ -27,14 +27,14 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/internal/configerr"
 	"github.com/sluicehq/sluice/upstream"
 )
 
 // ErrConfig is returned by RoundTrip when the options ask what the limiter
 // cannot do: a cost other than 0 or 1 for a limiter with no EnterN. It
 // matches sluice.ErrConfig.
-var ErrConfig = groundwork.ConfigError("transport")
+var ErrConfig = configerr.New("transport")
 
 // defaultRetries is how many times a refused request is sent again unless
 // WithRetries says otherwise.
@@ -266,7 +266,7 @@ func (t *Transport) enterCost(ctx context.Context, n int) error {
 	case n == 1:
 		return errUseDo
 	}
-	return groundwork.Invalid(ErrConfig, "cost %d for a limiter (%T) with no EnterN: only 0 and 1 can be entered", n, t.lim)
+	return configerr.Invalid(ErrConfig, "cost %d for a limiter (%T) with no EnterN: only 0 and 1 can be entered", n, t.lim)
 }
 
 // sendInDo sends r inside the limiter's Do, for a limiter with nothing

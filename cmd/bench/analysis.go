@@ -6,8 +6,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/guarantee"
-	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/bench/loadgen"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
 )
 
 // Dist summarises a sample of durations. Percentiles are nearest-rank: the
@@ -202,6 +202,7 @@ type Saturation struct {
 	// OvertakenSlot counts grants whose slot some later ticket's slot
 	// preceded (µs resolution, no tolerance); OvertakenStart those whose
 	// start some later ticket's start preceded by more than StartTol.
+	// Both leave retimed grants out (their callers missed their slot).
 	OvertakenSlot  int           `json:"overtaken_slot"`
 	OvertakenStart int           `json:"overtaken_start"`
 	StartTol       time.Duration `json:"overtaken_start_tol_ns"`
@@ -298,13 +299,14 @@ func analyse(grants []loadgen.Grant, l guarantee.Limit, warmup, maxLate time.Dur
 	const startTol = time.Millisecond
 	s := Saturation{Warmup: warmup, StartTol: startTol, RoundTrips: roundTrips, MaxLateness: maxLate}
 	var (
-		slots, starts []time.Time
-		tickets       []int64
-		waits, late   []time.Duration
-		lateSteady    []time.Duration
-		lateInTime    []time.Duration
-		polls         int
-		begin         int64 = math.MaxInt64
+		slots, starts     []time.Time
+		onSlots, onStarts []time.Time // not retimed, beside tickets
+		tickets           []int64
+		waits, late       []time.Duration
+		lateSteady        []time.Duration
+		lateInTime        []time.Duration
+		polls             int
+		begin             int64 = math.MaxInt64
 	)
 	for _, g := range grants {
 		begin = min(begin, g.Start)
@@ -321,7 +323,13 @@ func analyse(grants []loadgen.Grant, l guarantee.Limit, warmup, maxLate time.Dur
 		s.Grants++
 		slots = append(slots, g.SlotTime())
 		starts = append(starts, g.Time())
-		tickets = append(tickets, g.Ticket)
+		if g.Retimes == 0 {
+			// A retimed caller missed its slot (it came back late) and was
+			// given a later one: counted under retimes, not as overtaken.
+			tickets = append(tickets, g.Ticket)
+			onSlots = append(onSlots, g.SlotTime())
+			onStarts = append(onStarts, g.Time())
+		}
 		late = append(late, g.Time().Sub(g.SlotTime()))
 		steady := g.Start-begin >= int64(warmup)
 		if steady {
@@ -360,8 +368,8 @@ func analyse(grants []loadgen.Grant, l guarantee.Limit, warmup, maxLate time.Dur
 	if s.Wait.P50 > 0 {
 		s.MaxOverMedian = float64(s.Wait.Max) / float64(s.Wait.P50)
 	}
-	s.OvertakenSlot = overtaken(tickets, slots, 0)
-	s.OvertakenStart = overtaken(tickets, starts, startTol)
+	s.OvertakenSlot = overtaken(tickets, onSlots, 0)
+	s.OvertakenStart = overtaken(tickets, onStarts, startTol)
 	s.PollsPerQueued = per(int64(polls), s.Queued)
 	s.Late = distOf(late)
 	s.LateSteady = distOf(lateSteady)

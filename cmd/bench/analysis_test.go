@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/guarantee"
-	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/bench/loadgen"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
 )
 
 var t0 = time.Unix(1_700_000_000, 0)

@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/faultproxy"
-	"github.com/sluicehq/sluice/internal/guarantee"
-	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/bench/loadgen"
+	"github.com/sluicehq/sluice/internal/testing/faultproxy"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
 )
 
 // The chaos soak (bench chaos): saturated callers in several worker processes,

@@ -17,10 +17,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/bench/loadgen"
+	"github.com/sluicehq/sluice/internal/bench/workers"
 	"github.com/sluicehq/sluice/internal/enterdetail"
-	"github.com/sluicehq/sluice/internal/guarantee"
-	"github.com/sluicehq/sluice/internal/loadgen"
-	"github.com/sluicehq/sluice/internal/workers"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
 )
 
 // Churn is a fleet of short-lived processes (cron jobs, serverless

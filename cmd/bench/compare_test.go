@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/guarantee"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
 )
 
 func TestOvertakenByStart(t *testing.T) {

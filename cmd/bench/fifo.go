@@ -4,7 +4,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/guarantee"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
 )
 
 // fifoGrants is when a perfect FIFO queue in front of a token bucket of l

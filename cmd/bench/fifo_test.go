@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/guarantee"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
 )
 
 // TestFIFOGrants on made-up arrivals: a full bucket grants its capacity

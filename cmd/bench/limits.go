@@ -18,8 +18,8 @@ import (
 	"gonum.org/v1/plot/vg"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/guarantee"
-	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/bench/loadgen"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
 )
 
 // Limits is a live change of the limit under saturated load: callers in

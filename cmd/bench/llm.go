@@ -18,8 +18,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/upstreamtest"
-	"github.com/sluicehq/sluice/internal/workers"
+	"github.com/sluicehq/sluice/internal/bench/workers"
+	"github.com/sluicehq/sluice/internal/testing/upstreamtest"
 	"github.com/sluicehq/sluice/transport"
 	"github.com/sluicehq/sluice/upstream"
 )

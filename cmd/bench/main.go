@@ -28,8 +28,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/loadgen"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/bench/loadgen"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
 )
 
 func main() {
@@ -302,7 +302,8 @@ Words in the report:
   scheduler step  one round in which a process assigns grant times to the callers at the
                   head of the queue; one process at a time holds the scheduler's lock, and
                   a step refused because another took it is "fenced".
-  overtaken       a caller granted (or started) after one that reached Redis after it.
+  overtaken       a caller granted (or started) after one that reached Redis after it
+                  (callers that missed their slot and were retimed are left out).
   steady state    Enters begun after the warm-up, once every caller has been through
                   the queue once.
   goal ...: NOT MET

@@ -12,8 +12,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/sluicehq/sluice/internal/loadgen"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/bench/loadgen"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
 )
 
 func TestMain(m *testing.M) {

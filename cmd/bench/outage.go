@@ -22,10 +22,10 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/groundwork"
-	"github.com/sluicehq/sluice/internal/guarantee"
-	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/internal/workers"
+	"github.com/sluicehq/sluice/internal/bench/workers"
+	"github.com/sluicehq/sluice/internal/rediscall"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
 )
 
 // Outage is Redis going away under load: callers in several worker
@@ -530,7 +530,7 @@ func outageErrKind(err error) string {
 		words = append(words, "connection refused")
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET):
 		words = append(words, "connection cut")
-	case errors.Is(err, groundwork.ErrNoAnswer):
+	case errors.Is(err, rediscall.ErrNoAnswer):
 		words = append(words, "no answer from Redis")
 	case errors.Is(err, sluice.ErrLimited):
 		words = append(words, "refused by the bucket")

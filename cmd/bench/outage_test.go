@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/groundwork"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/rediscall"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
 )
 
 // TestOutageScenario runs the outage scenario shortened (9 s a run, Redis
@@ -176,15 +176,15 @@ func TestOutageJudge(t *testing.T) {
 
 // TestOutageErrKind names the failures a user meets while Redis is away.
 func TestOutageErrKind(t *testing.T) {
-	refused := &groundwork.CallError{Prefix: "bucket", Err: syscall.ECONNREFUSED}
+	refused := &rediscall.CallError{Prefix: "bucket", Err: syscall.ECONNREFUSED}
 	for _, c := range []struct {
 		err  error
 		want string
 	}{
 		{refused, "connection refused"},
-		{&groundwork.CallError{Prefix: "bucket", Ctx: context.DeadlineExceeded, Err: syscall.ECONNREFUSED}, "deadline passed, connection refused"},
-		{&groundwork.CallError{Prefix: "bucket", Err: io.EOF}, "connection cut"},
-		{&groundwork.CallError{Prefix: "bucket", Within: time.Second, Err: groundwork.ErrNoAnswer}, "no answer from Redis"},
+		{&rediscall.CallError{Prefix: "bucket", Ctx: context.DeadlineExceeded, Err: syscall.ECONNREFUSED}, "deadline passed, connection refused"},
+		{&rediscall.CallError{Prefix: "bucket", Err: io.EOF}, "connection cut"},
+		{&rediscall.CallError{Prefix: "bucket", Within: time.Second, Err: rediscall.ErrNoAnswer}, "no answer from Redis"},
 		{fmt.Errorf("bucket: %w", context.DeadlineExceeded), "deadline passed"},
 		{errors.New("something else"), "other"},
 	} {

@@ -12,8 +12,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/bench/loadgen"
 	"github.com/sluicehq/sluice/internal/enterdetail"
-	"github.com/sluicehq/sluice/internal/loadgen"
 )
 
 // Overhead is what the bucket costs when it does not limit: one process,

@@ -8,8 +8,8 @@ import (
 	"runtime"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/guarantee"
-	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/bench/loadgen"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
 )
 
 // Overload is the saturated run on a starved host: the saturate

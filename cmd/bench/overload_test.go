@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
 )
 
 // TestOverloadScenario runs a short overload run in two worker processes,

@@ -18,8 +18,8 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 	"gonum.org/v1/plot/vg/vgsvg"
 
-	"github.com/sluicehq/sluice/internal/guarantee"
-	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/bench/loadgen"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
 )
 
 // The --plot figure of the saturated run, drawn with gonum.org/v1/plot:

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/loadgen"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/bench/loadgen"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
 )
 
 // TestQuotaScenario runs a short quota run in two worker processes and

@@ -16,8 +16,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/guarantee"
-	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/bench/loadgen"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
 )
 
 // Saturate is the saturated run: its set-up and the analysis of all its

@@ -4,11 +4,11 @@ import (
 	"context"
 	"flag"
 
-	"github.com/sluicehq/sluice/internal/semabench"
+	"github.com/sluicehq/sluice/internal/bench/semabench"
 )
 
 // Semaphore is the figures of the semaphore's benchmark
-// (internal/semabench) with the goals they are held to.
+// (internal/bench/semabench) with the goals they are held to.
 type Semaphore struct {
 	semabench.Result
 	OK   bool            `json:"ok"` // every goal met
@@ -31,7 +31,7 @@ func (*Semaphore) about() about {
 func (*Semaphore) flags(*flag.FlagSet) {}
 func (*Semaphore) check() error        { return nil }
 
-// run runs internal/semabench with its defaults (a burst of 100 in this
+// run runs internal/bench/semabench with its defaults (a burst of 100 in this
 // process, then 10 permits, 5 ms holds, 100 callers) with the saturated
 // run in semaphoreProcs OS processes: each its own runtime, connection
 // pool and Semaphore, as an application's processes would be.

@@ -14,9 +14,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/bench/loadgen"
 	"github.com/sluicehq/sluice/internal/enterdetail"
-	"github.com/sluicehq/sluice/internal/guarantee"
-	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
 	"github.com/sluicehq/sluice/semaphore"
 )
 

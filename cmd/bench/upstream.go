@@ -18,15 +18,15 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/guarantee"
-	"github.com/sluicehq/sluice/internal/upstreamtest"
-	"github.com/sluicehq/sluice/internal/workers"
+	"github.com/sluicehq/sluice/internal/bench/workers"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
+	"github.com/sluicehq/sluice/internal/testing/upstreamtest"
 	"github.com/sluicehq/sluice/transport"
 	"github.com/sluicehq/sluice/upstream"
 )
 
 // Upstream is issue 13's table: a strict HTTP upstream on loopback
-// (internal/upstreamtest: a token bucket judged at each request's
+// (internal/testing/upstreamtest: a token bucket judged at each request's
 // arrival, 429 with Retry-After in whole seconds rounded up,
 // X-RateLimit-Limit and -Remaining on every answer; or, in the -openai
 // cases, OpenAI's headers, whose reset until full says the upstream's

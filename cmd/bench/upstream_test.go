@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/guarantee"
-	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/internal/upstreamtest"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
+	"github.com/sluicehq/sluice/internal/testing/upstreamtest"
 )
 
 // TestUpstreamScenario runs the upstream scenario's plain cases briefly

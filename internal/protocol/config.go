@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/internal/scriptreply"
 )
 
 // The configuration in force of a bucket lives in its config key, whose
@@ -119,18 +119,18 @@ func ParseConfig(raw string) (Config, error) {
 	id, js, ok2 := strings.Cut(rest, " ")
 	format, err := strconv.Atoi(f)
 	if !ok || !ok2 || err != nil {
-		return Config{}, fmt.Errorf("%w: bucket config %q", groundwork.ErrReply, raw)
+		return Config{}, fmt.Errorf("%w: bucket config %q", scriptreply.ErrReply, raw)
 	}
 	if format > ConfigFormat {
-		return Config{}, fmt.Errorf("%w: the bucket config has format %d, this process knows up to %d: upgrade it", groundwork.ErrReply, format, ConfigFormat)
+		return Config{}, fmt.Errorf("%w: the bucket config has format %d, this process knows up to %d: upgrade it", scriptreply.ErrReply, format, ConfigFormat)
 	}
 	var j jsonConfig
 	if err := json.Unmarshal([]byte(js), &j); err != nil || len(j.Policies) == 0 {
-		return Config{}, fmt.Errorf("%w: bucket config %q", groundwork.ErrReply, raw)
+		return Config{}, fmt.Errorf("%w: bucket config %q", scriptreply.ErrReply, raw)
 	}
 	c := Config{Policies: fromJSON(j.Policies), Replaced: j.Replaced, Base: fromJSON(j.Base), Factor: j.Factor, DownAt: j.DownAt, UpAt: j.UpAt, Peak: j.Peak}
 	if c.ID() != id {
-		return Config{}, fmt.Errorf("%w: bucket config %q: id %s does not match its policies (%s)", groundwork.ErrReply, raw, id, c.ID())
+		return Config{}, fmt.Errorf("%w: bucket config %q: id %s does not match its policies (%s)", scriptreply.ErrReply, raw, id, c.ID())
 	}
 	return c, nil
 }

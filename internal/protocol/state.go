@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/internal/scriptreply"
 )
 
 // StateFormat is the version of the state's layout this code writes
@@ -91,12 +91,12 @@ func (s BucketState) String() string {
 func ParseState(raw string, n int) (BucketState, error) {
 	f := strings.Fields(raw)
 	if len(f) < 2+2*n {
-		return BucketState{}, fmt.Errorf("%w: state %q for %d policies", groundwork.ErrReply, raw, n)
+		return BucketState{}, fmt.Errorf("%w: state %q for %d policies", scriptreply.ErrReply, raw, n)
 	}
 	num := func(i int) (int64, error) {
 		x, err := strconv.ParseInt(f[i], 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("%w: state %q", groundwork.ErrReply, raw)
+			return 0, fmt.Errorf("%w: state %q", scriptreply.ErrReply, raw)
 		}
 		return x, nil
 	}
@@ -123,10 +123,10 @@ func ParseState(raw string, n int) (BucketState, error) {
 	at++
 	switch {
 	case s.Format > StateFormat:
-		return BucketState{}, fmt.Errorf("%w: the bucket state has format %d, this process knows up to %d: upgrade it", groundwork.ErrReply, s.Format, StateFormat)
+		return BucketState{}, fmt.Errorf("%w: the bucket state has format %d, this process knows up to %d: upgrade it", scriptreply.ErrReply, s.Format, StateFormat)
 	case s.Format == StateFormat:
 		if len(f) < at+3 {
-			return BucketState{}, fmt.Errorf("%w: state %q has no configuration id or hold", groundwork.ErrReply, raw)
+			return BucketState{}, fmt.Errorf("%w: state %q has no configuration id or hold", scriptreply.ErrReply, raw)
 		}
 		s.ID = f[at]
 		if s.Hold, err = num(at + 1); err != nil {

@@ -10,9 +10,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/guarantee"
 	"github.com/sluicehq/sluice/internal/protocol"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
 )
 
 // driver calls the pure functions of tokens.lua (the code the production

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/sluicehq/sluice/internal/testmain"
+	"github.com/sluicehq/sluice/internal/testing/testmain"
 )
 
 var exampleAddr string

@@ -15,8 +15,8 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
+	"github.com/sluicehq/sluice/internal/testing/testkit"
 	"github.com/sluicehq/sluice/metrics/sluiceprometheus"
 )
 

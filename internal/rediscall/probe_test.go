@@ -1,4 +1,4 @@
-package groundwork
+package rediscall
 
 import (
 	"context"

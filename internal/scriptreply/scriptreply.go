@@ -1,9 +1,15 @@
-package groundwork
+// Package scriptreply reads the replies of the module's scripts: lists of
+// integers, and the time units the scripts count in.
+package scriptreply
 
 import (
+	"errors"
 	"fmt"
 	"time"
 )
+
+// ErrReply reports a Redis reply of an unexpected shape.
+var ErrReply = errors.New("unexpected reply from Redis")
 
 // Ints checks that a script reply is a list of integers and returns them.
 func Ints(v any, err error) ([]int64, error) {

@@ -8,7 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
 )
 
 // TestSentinelFailover: a write acknowledged by the replica (WAIT) is

@@ -7,8 +7,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/internal/semabench"
+	"github.com/sluicehq/sluice/internal/bench/semabench"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
 )
 
 func TestOverlap(t *testing.T) {
@@ -58,7 +58,7 @@ func TestRun(t *testing.T) {
 // BenchmarkScenario runs the full scenario once per iteration and reports
 // its figures; compare runs with benchstat.
 //
-//	go test -run '^$' -bench Scenario -benchtime 1x ./internal/semabench/
+//	go test -run '^$' -bench Scenario -benchtime 1x ./internal/bench/semabench/
 func BenchmarkScenario(b *testing.B) {
 	srv := redistest.New(b)
 	var clients []redis.UniversalClient

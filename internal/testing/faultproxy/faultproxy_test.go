@@ -11,7 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/sluicehq/sluice/internal/faultproxy"
+	"github.com/sluicehq/sluice/internal/testing/faultproxy"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -1,4 +1,9 @@
-package groundwork
+// Package rediscall is how every limiter of this module calls Redis for a
+// caller: clients whose options would break deadlines are refused at
+// construction (CheckClient), each call is bounded (CallCtx, AnswerWithin)
+// and its error says what happened in words a user can act on (CallError,
+// RedisError), matching both the caller's ctx error and Redis's own.
+package rediscall
 
 import (
 	"context"
@@ -11,6 +16,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/configerr"
 )
 
 // CheckClient refuses, wrapping errConfig, a nil client and a client that
@@ -24,27 +31,27 @@ func CheckClient(errConfig error, rdb redis.UniversalClient) error {
 	var timeouts bool
 	switch c := rdb.(type) {
 	case nil:
-		return Invalid(errConfig, "nil redis client")
+		return configerr.Invalid(errConfig, "nil redis client")
 	case *redis.Client:
 		if c == nil {
-			return Invalid(errConfig, "nil redis client")
+			return configerr.Invalid(errConfig, "nil redis client")
 		}
 		timeouts = c.Options().ContextTimeoutEnabled
 	case *redis.ClusterClient:
 		if c == nil {
-			return Invalid(errConfig, "nil redis client")
+			return configerr.Invalid(errConfig, "nil redis client")
 		}
 		timeouts = c.Options().ContextTimeoutEnabled
 	case *redis.Ring:
 		if c == nil {
-			return Invalid(errConfig, "nil redis client")
+			return configerr.Invalid(errConfig, "nil redis client")
 		}
 		timeouts = c.Options().ContextTimeoutEnabled
 	default:
 		return nil
 	}
 	if !timeouts {
-		return Invalid(errConfig, "the redis client's options have ContextTimeoutEnabled false: go-redis would then ignore deadlines shorter than its ReadTimeout and WriteTimeout, and a caller's deadline would not hold while Redis is slow or frozen; set ContextTimeoutEnabled: true in redis.Options (or ClusterOptions, RingOptions, FailoverOptions, UniversalOptions)")
+		return configerr.Invalid(errConfig, "the redis client's options have ContextTimeoutEnabled false: go-redis would then ignore deadlines shorter than its ReadTimeout and WriteTimeout, and a caller's deadline would not hold while Redis is slow or frozen; set ContextTimeoutEnabled: true in redis.Options (or ClusterOptions, RingOptions, FailoverOptions, UniversalOptions)")
 	}
 	return nil
 }

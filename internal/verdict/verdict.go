@@ -1,4 +1,7 @@
-package groundwork
+// Package verdict turns what a limiter's call returned into an Event's
+// Result and Reason, and tallies the Events into Stats, the same way for
+// every limiter.
+package verdict
 
 import (
 	"context"
@@ -6,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/rediscall"
 )
 
 // Reason names why a call failed or was refused, for an Event (the
@@ -41,7 +45,7 @@ func Classify(ctx context.Context, err error, named ...Reason) (sluice.Result, s
 	case errors.Is(err, sluice.ErrConfig):
 		return sluice.Failed, "config"
 	}
-	var call *CallError
+	var call *rediscall.CallError
 	if errors.As(err, &call) {
 		return sluice.Failed, "redis"
 	}

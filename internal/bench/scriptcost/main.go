@@ -13,8 +13,8 @@
 // redis-server under valgrind, which counts instructions: repeatable. The
 // figures of docs/benchmarks.md ("Where a script's time goes") come from
 //
-//	bash internal/scriptcost/callgrind.sh internal/scriptcost/testdata/*.lua queue/lua/enqueue.lua
-//	FREE= bash internal/scriptcost/callgrind.sh queue/lua/enqueue.lua   # the queued path
+//	bash internal/bench/scriptcost/callgrind.sh internal/bench/scriptcost/testdata/*.lua queue/lua/enqueue.lua
+//	FREE= bash internal/bench/scriptcost/callgrind.sh queue/lua/enqueue.lua   # the queued path
 //
 // It is a measuring tool for this repository, not part of the product.
 package main

@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 N=${N:-1000}
 FREE=${FREE:--free}
-go build -o /tmp/scriptcost.$$ ./internal/scriptcost
+go build -o /tmp/scriptcost.$$ ./internal/bench/scriptcost
 trap 'rm -f /tmp/scriptcost.$$ /tmp/scriptcost.$$.cg.*' EXIT
 instr() { # instr FILE CALLS: total instructions of one server's life
   local port out pid

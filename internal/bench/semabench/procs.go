@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/internal/workers"
+	"github.com/sluicehq/sluice/internal/bench/workers"
 )
 
 // EnvWorker is the environment variable that makes a binary one of

@@ -1,7 +1,7 @@
 // Package loadgen drives callers through a bucket and records every grant,
 // in one process or in worker processes that re-exec the running binary.
 // Tests and cmd/bench share it, so both judge the same records with the
-// same checker (internal/guarantee).
+// same checker (internal/testing/guarantee).
 package loadgen
 
 import (

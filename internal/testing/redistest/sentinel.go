@@ -36,7 +36,7 @@ func NewReplica(t testing.TB, master *Server) *Server {
 }
 
 // NewReplicaVia is NewReplica for a replica that reaches master at addr,
-// a proxy in front of it (internal/faultproxy), so that a test can delay
+// a proxy in front of it (internal/testing/faultproxy), so that a test can delay
 // or cut replication alone.
 func NewReplicaVia(t testing.TB, master *Server, addr string) *Server {
 	t.Helper()

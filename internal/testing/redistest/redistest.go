@@ -28,7 +28,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/protocol"
 
-	"github.com/sluicehq/sluice/internal/groundwork"
+	"github.com/sluicehq/sluice/internal/rediskey"
 )
 
 // ErrNoRedisServer reports that redis-server is not on PATH.
@@ -285,7 +285,7 @@ func freePort() (int, error) {
 // that holds the bucket's hash slot.
 func Slots(ctx context.Context, rdb redis.Cmdable, slotPrefix string) (map[string]int64, error) {
 	out := map[string]int64{}
-	iter := rdb.Scan(ctx, 0, groundwork.GlobEscape(slotPrefix)+"*", 1000).Iterator()
+	iter := rdb.Scan(ctx, 0, rediskey.GlobEscape(slotPrefix)+"*", 1000).Iterator()
 	for iter.Next(ctx) {
 		key := iter.Val()
 		raw, err := rdb.Get(ctx, key).Result()

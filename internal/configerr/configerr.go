@@ -1,0 +1,32 @@
+// Package configerr is the convention every limiter of this module follows
+// for a configuration it refuses: each package's ErrConfig ("<pkg>: invalid
+// config") matches sluice.ErrConfig, and each refusal wraps it with words
+// that say what is wrong.
+package configerr
+
+import (
+	"fmt"
+
+	"github.com/sluicehq/sluice"
+)
+
+// sentinel is an error with its own message that also matches a parent.
+type sentinel struct {
+	msg    string
+	parent error
+}
+
+func (e *sentinel) Error() string { return e.msg }
+func (e *sentinel) Unwrap() error { return e.parent }
+
+// New returns pkg's ErrConfig: its message is "<pkg>: invalid config"
+// and it matches sluice.ErrConfig.
+func New(pkg string) error {
+	return &sentinel{msg: pkg + ": invalid config", parent: sluice.ErrConfig}
+}
+
+// Invalid returns an error wrapping errConfig (a package's ErrConfig) that
+// says what is wrong.
+func Invalid(errConfig error, format string, a ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{errConfig}, a...)...)
+}
