@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/bench/loadgen"
+	"github.com/sluicehq/sluice/internal/testing/buckettest"
 	"github.com/sluicehq/sluice/internal/testing/guarantee"
 	"github.com/sluicehq/sluice/internal/testing/testkit"
 	"github.com/sluicehq/sluice/internal/testing/testmain"
@@ -29,20 +30,8 @@ func TestMain(m *testing.M) {
 	os.Exit(testmain.Run(m, &exampleAddr))
 }
 
-// newBucket makes a bucket with a name unique to the test and closes it at
-// cleanup.
-func newBucket(t *testing.T, rdb redis.UniversalClient, cfg bucket.Config) *bucket.Bucket {
-	t.Helper()
-	if cfg.Name == "" {
-		cfg.Name = t.Name()
-	}
-	b, err := bucket.New(rdb, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	return b
-}
+// newBucket makes a bucket named after the test and closes it at cleanup.
+var newBucket = buckettest.New
 
 func limitOf(cfg bucket.Config) guarantee.Limit {
 	return guarantee.Limit{Capacity: cfg.Capacity, RefillAmount: cfg.RefillAmount, RefillFrequency: cfg.RefillFrequency}

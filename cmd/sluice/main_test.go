@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
-	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/testing/buckettest"
 	"github.com/sluicehq/sluice/internal/testing/redistest"
 	"github.com/sluicehq/sluice/internal/testing/testkit"
 )
@@ -61,20 +61,8 @@ func server(t *testing.T) (string, *redis.Client) {
 	return srv.URL(), rdb
 }
 
-// newBucket is a bucket named after t with cfg's policies, closed at
-// cleanup.
-func newBucket(t *testing.T, rdb redis.UniversalClient, cfg bucket.Config) *bucket.Bucket {
-	t.Helper()
-	if cfg.Name == "" {
-		cfg.Name = t.Name()
-	}
-	b, err := bucket.New(rdb, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	return b
-}
+// newBucket makes a bucket named after the test and closes it at cleanup.
+var newBucket = buckettest.New
 
 // decodeReport reads one --json inspection.
 func decodeReport(t *testing.T, line string) report {

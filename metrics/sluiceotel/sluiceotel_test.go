@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/testing/buckettest"
 	"github.com/sluicehq/sluice/internal/testing/redistest"
 	"github.com/sluicehq/sluice/internal/testing/testkit"
 	"github.com/sluicehq/sluice/metrics/sluiceotel"
@@ -134,12 +135,7 @@ func newBucket(t *testing.T, srv *redistest.Server, cfg bucket.Config) *bucket.B
 	t.Helper()
 	rdb := srv.Client()
 	t.Cleanup(func() { rdb.Close() })
-	b, err := bucket.New(rdb, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	return b
+	return buckettest.New(t, rdb, cfg)
 }
 
 // TestBucketMetrics: a bucket's grants, refusals and cancellations, its
