@@ -390,7 +390,7 @@ func (f *fallback) charge(ctx context.Context) bool {
 	f.mu.Unlock()
 
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rediscall.AnswerWithin)
-	_, err := f.b.q.Settle(cctx, id, 0, diffs)
+	err := f.b.q.Settle(cctx, id, 0, diffs)
 	cancel()
 	var cerr *queue.ConfigError
 	dropped := errors.As(err, &cerr) // the policies changed meanwhile: nothing to charge them with

@@ -159,7 +159,7 @@ func (b *Bucket) settle(ctx context.Context, slot int64, estimate, actual Cost) 
 		if !changes {
 			return nil
 		}
-		_, err := b.q.Settle(ctx, id, slot, diffs)
+		err := b.q.Settle(ctx, id, slot, diffs)
 		retry, serr := b.followInForce(ctx, err, settled)
 		switch {
 		case retry:

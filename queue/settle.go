@@ -14,13 +14,6 @@ var settleLua string
 
 var settleScript = protocol.Script(settleLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
 
-// Settled is what Settle did, in tokens summed over the policies.
-type Settled struct {
-	Back int64 // given back to the bucket
-	Lost int64 // not given back: the bucket was full
-	Debt int64 // taken beyond the estimate
-}
-
 // Settle corrects every policy at once by diffs, the true cost of a call
 // less the estimate it was granted with, one per policy in the order of
 // the configuration id names (lua/settle.lua): a negative difference goes
@@ -29,7 +22,10 @@ type Settled struct {
 // on the Redis clock, 0 if unknown), which a rolling window's give-back
 // needs. When the configuration in force is another, Settle changes
 // nothing and returns a *ConfigError. One round trip.
-func (q *Queue) Settle(ctx context.Context, id string, slot int64, diffs []int64) (Settled, error) {
+//
+// The script also replies with the tokens given back, lost at capacity
+// and taken as a debt; Settle only checks that reply's shape.
+func (q *Queue) Settle(ctx context.Context, id string, slot int64, diffs []int64) error {
 	reply, err := q.run(ctx, settleScript, q.keys.retime(), func(c *conf) ([]any, error) {
 		if c.id != id || len(diffs) != len(c.policies) {
 			return nil, &ConfigError{mine: id}
@@ -39,10 +35,10 @@ func (q *Queue) Settle(ctx context.Context, id string, slot int64, diffs []int64
 	})
 	v, err := scriptreply.Ints(reply, err)
 	if err != nil {
-		return Settled{}, err
+		return err
 	}
 	if len(v) != 3 || v[0] < 0 || v[1] < 0 || v[2] < 0 {
-		return Settled{}, fmt.Errorf("%w: settle %v", scriptreply.ErrReply, v)
+		return fmt.Errorf("%w: settle %v", scriptreply.ErrReply, v)
 	}
-	return Settled{Back: v[0], Lost: v[1], Debt: v[2]}, nil
+	return nil
 }
