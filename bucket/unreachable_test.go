@@ -68,53 +68,21 @@ func TestEnterRedisGoneWhileWaiting(t *testing.T) {
 				t.Fatal(err) // the one token: everyone else queues
 			}
 			const callers = 20
-			type result struct {
-				err error
-				at  time.Time
-			}
-			results := make(chan result, callers)
-			for range callers {
-				go func() {
-					err := b.Enter(context.Background())
-					results <- result{err, time.Now()}
-				}()
-			}
-			waitFor(t, 10*time.Second, "the callers to queue", func() bool {
-				in, err := b.Inspect(context.Background())
-				return err == nil && in.Queued == callers
-			})
-			var faultAt time.Time
-			if fault == testkit.Killed {
-				faultAt = time.Now()
-				if err := srv.Kill(); err != nil {
-					t.Fatal(err)
-				}
-			} else {
-				faultAt = time.Now()
-				if err := srv.Pause(); err != nil {
-					t.Fatal(err)
-				}
+			goAway := srv.Kill
+			if fault == testkit.Frozen {
+				goAway = srv.Pause
 				defer srv.Resume()
 			}
-			var worst time.Duration
-			timeout := time.After(unreachableBound + hangMargin + time.Second)
-			for i := range callers {
-				select {
-				case r := <-results:
-					took := r.at.Sub(faultAt)
-					worst = max(worst, took)
-					if took > unreachableBound+hangMargin {
-						t.Errorf("a caller returned %v after Redis was %s, want ≤ %v + %v", took, fault, unreachableBound, hangMargin)
-					}
-					if i == 0 {
-						t.Logf("first caller back after %v: %v", took.Round(time.Millisecond), r.err)
-					}
-					testkit.CheckUnreachable(t, "Enter", r.err, srv.Addr(), fault)
-				case <-timeout:
-					t.Fatalf("%d of %d callers still blocked %v after Redis was %s", callers-i, callers, unreachableBound+hangMargin+time.Second, fault)
-				}
-			}
-			t.Logf("Redis %s: all %d callers returned within %v", fault, callers, worst.Round(time.Millisecond))
+			testkit.CallersAway{
+				Op: "Enter", Callers: callers, Fault: fault, Addr: srv.Addr(),
+				Bound: unreachableBound + hangMargin,
+				Call:  func() error { return b.Enter(context.Background()) },
+				Queued: func() bool {
+					in, err := b.Inspect(context.Background())
+					return err == nil && in.Queued == callers
+				},
+				GoAway: goAway,
+			}.Check(t)
 		})
 	}
 }

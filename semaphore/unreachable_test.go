@@ -60,51 +60,24 @@ func TestAcquireRedisGoneWhileWaiting(t *testing.T) {
 			s := e.sem(t, Config{Name: t.Name(), Capacity: 1})
 			acquire(t, s, time.Second) // held: everyone else queues
 			const callers = 20
-			type result struct {
-				err error
-				at  time.Time
-			}
-			results := make(chan result, callers)
-			for range callers {
-				go func() {
-					p, err := s.Acquire(context.Background())
-					if p != nil {
-						err = errors.New("granted while the permit was held")
-					}
-					results <- result{err, time.Now()}
-				}()
-			}
-			waitFor(t, 10*time.Second, "the waiters to queue", func() bool { return queueLen(t, e.rdb, s) == callers })
-			faultAt := time.Now()
-			if fault == testkit.Killed {
-				if err := e.srv.Kill(); err != nil {
-					t.Fatal(err)
-				}
-			} else {
-				if err := e.srv.Pause(); err != nil {
-					t.Fatal(err)
-				}
+			goAway := e.srv.Kill
+			if fault == testkit.Frozen {
+				goAway = e.srv.Pause
 				defer e.srv.Resume()
 			}
-			var worst time.Duration
-			timeout := time.After(defaultBound + hangMargin + time.Second)
-			for i := range callers {
-				select {
-				case r := <-results:
-					took := r.at.Sub(faultAt)
-					worst = max(worst, took)
-					if took > defaultBound+hangMargin {
-						t.Errorf("a waiter returned %v after Redis was %s, want ≤ %v + %v", took, fault, defaultBound, hangMargin)
+			testkit.CallersAway{
+				Op: "Acquire", Callers: callers, Fault: fault, Addr: e.srv.Addr(),
+				Bound: defaultBound + hangMargin,
+				Call: func() error {
+					p, err := s.Acquire(context.Background())
+					if p != nil {
+						return errors.New("granted while the permit was held")
 					}
-					if i == 0 {
-						t.Logf("first waiter back after %v: %v", took.Round(time.Millisecond), r.err)
-					}
-					testkit.CheckUnreachable(t, "Acquire", r.err, e.srv.Addr(), fault)
-				case <-timeout:
-					t.Fatalf("%d of %d waiters still blocked %v after Redis was %s", callers-i, callers, defaultBound+hangMargin+time.Second, fault)
-				}
-			}
-			t.Logf("Redis %s: all %d waiters returned within %v", fault, callers, worst.Round(time.Millisecond))
+					return err
+				},
+				Queued: func() bool { return queueLen(t, e.rdb, s) == callers },
+				GoAway: goAway,
+			}.Check(t)
 		})
 	}
 }

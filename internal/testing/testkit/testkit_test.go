@@ -87,3 +87,43 @@ func TestCheckUnreachable(t *testing.T) {
 		}
 	}
 }
+
+// TestCallersAway: callers that come back with the cause once Redis goes
+// away pass; a caller still blocked a second after the bound fails the
+// test.
+func TestCallersAway(t *testing.T) {
+	const addr = "127.0.0.1:6379"
+	refused := fmt.Errorf("Redis at %s unreachable: connection refused: %w", addr, syscall.ECONNREFUSED)
+	scenario := func(hang bool, release <-chan struct{}) CallersAway {
+		var queued atomic.Int32
+		away := make(chan struct{})
+		return CallersAway{
+			Op: "Enter", Callers: 5, Fault: Killed, Addr: addr, Bound: 100 * time.Millisecond,
+			Call: func() error {
+				if queued.Add(1) == 1 && hang {
+					<-release
+				} else {
+					<-away
+				}
+				return refused
+			},
+			Queued: func() bool { return queued.Load() == 5 },
+			GoAway: func() error { close(away); return nil },
+		}
+	}
+
+	scenario(false, nil).Check(t)
+
+	release := make(chan struct{})
+	defer close(release)
+	et := &errorT{fatalT: fatalT{TB: t}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		scenario(true, release).Check(et)
+	}()
+	<-done
+	if !et.failed {
+		t.Error("CallersAway.Check with a caller still blocked did not fail")
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // unrounded matches a duration printed to the nanosecond ("1.333333332s").
@@ -46,4 +47,60 @@ func CheckUnreachable(t testing.TB, op string, err error, addr, fault string) {
 	case fault == Killed && !refused && !cut:
 		t.Errorf("%s with Redis killed: %q, want it to match and say connection refused, closed or reset", op, err)
 	}
+}
+
+// CallersAway is a fault: Callers callers wait in Redis's queue, without
+// a deadline, when Redis goes away.
+type CallersAway struct {
+	Op      string        // the call, for messages: "Enter", "Acquire"
+	Callers int           // how many call at once
+	Call    func() error  // one caller's call, without a deadline
+	Queued  func() bool   // whether all the callers wait in Redis's queue
+	GoAway  func() error  // kills or freezes Redis
+	Fault   string        // Killed or Frozen, as GoAway does
+	Addr    string        // Redis's address, which the errors name
+	Bound   time.Duration // how soon after GoAway each caller must return
+}
+
+// Check starts the callers, waits until they are queued, calls GoAway,
+// and fails t unless every caller returns within Bound of it with an
+// error CheckUnreachable accepts. It gives up on the callers still
+// blocked a second after Bound.
+func (c CallersAway) Check(t testing.TB) {
+	t.Helper()
+	type result struct {
+		err error
+		at  time.Time
+	}
+	results := make(chan result, c.Callers)
+	for range c.Callers {
+		go func() {
+			err := c.Call()
+			results <- result{err, time.Now()}
+		}()
+	}
+	WaitFor(t, 10*time.Second, "the callers to queue", c.Queued)
+	awayAt := time.Now()
+	if err := c.GoAway(); err != nil {
+		t.Fatal(err)
+	}
+	var worst time.Duration
+	timeout := time.After(c.Bound + time.Second)
+	for i := range c.Callers {
+		select {
+		case r := <-results:
+			took := r.at.Sub(awayAt)
+			worst = max(worst, took)
+			if took > c.Bound {
+				t.Errorf("a caller returned %v after Redis was %s, want ≤ %v", took, c.Fault, c.Bound)
+			}
+			if i == 0 {
+				t.Logf("first caller back after %v: %v", took.Round(time.Millisecond), r.err)
+			}
+			CheckUnreachable(t, c.Op, r.err, c.Addr, c.Fault)
+		case <-timeout:
+			t.Fatalf("%d of %d callers still blocked %v after Redis was %s", c.Callers-i, c.Callers, c.Bound+time.Second, c.Fault)
+		}
+	}
+	t.Logf("Redis %s: all %d callers returned within %v", c.Fault, c.Callers, worst.Round(time.Millisecond))
 }
