@@ -243,7 +243,7 @@ type Saturation struct {
 	Refunds int `json:"refunds"`
 
 	// Reentries sums Report.Reentries: the times a caller queued again at
-	// the back (its slot lost, or a live change of the limits).
+	// the back (its slot lost, or a live change of the policies).
 	Reentries      int `json:"reentries"`       // total
 	ReenteredCalls int `json:"reentered_calls"` // grants with at least one
 }
@@ -265,7 +265,7 @@ func (s Saturation) lateRows(row func(name, value, note string)) {
 		fmt.Sprintf("%.2f a grant; callers that came > MaxLateness (%s) after their grant time took the next one, ahead of the queue; %s of their missed tokens went back to the bucket, the rest stayed spent (giving them back could have broken the limit)",
 			per(int64(s.Retimes), s.Grants), dur(s.MaxLateness), commas(s.Refunds)))
 	row("queued again at the back (re-entries)", commas(s.Reentries),
-		fmt.Sprintf("%s of grants, %s callers at least once: their grant time was lost (e.g. Redis restarted) or the limit changed while they waited", pct(s.Reentries, s.Grants), commas(s.ReenteredCalls)))
+		fmt.Sprintf("%s of grants, %s callers at least once: their grant time was lost (e.g. Redis restarted) or the policies changed (SetPolicies) while they waited", pct(s.Reentries, s.Grants), commas(s.ReenteredCalls)))
 }
 
 // RoundTripsPerGrant is RoundTrips per successful Enter.

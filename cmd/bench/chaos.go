@@ -693,7 +693,7 @@ func (r *chaosRun) judge(c *Chaos, stopAt time.Time, lost []loadgen.Grant) {
 }
 
 func (c *Chaos) table(t *table, l Limit) {
-	t.title("CHAOS: seed %d, %v, %d callers in %d worker slots (%d behind a fault proxy), capacity %d, %d every %v = %s/s, deadline %v, LockTTL %v",
+	t.title("CHAOS: seed %d, %v, %d callers in %d worker processes (each replaced when killed; %d behind a fault proxy), capacity %d, %d every %v = %s/s, deadline %v, LockTTL %v",
 		c.Seed, c.Duration, c.Callers, c.Procs, c.Proxied, l.Capacity, l.RefillAmount, l.RefillFrequency, num(l.PerSecond), c.Deadline, c.LockTTL)
 	if !c.OwnServer {
 		fmt.Fprintln(t, "  (--redis: not our server, so no Redis kill, restart or pause)")

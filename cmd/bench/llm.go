@@ -329,7 +329,7 @@ func llmWorker(raw string) error {
 }
 
 func (l *LLM) table(t *table, _ Limit) {
-	t.title("LLM: an upstream limiting %s requests and %s tokens a second (bursts the same; a call takes prompt + max_tokens when it arrives, gets back what its output, 10–100 %% of max_tokens, did not use %v later), called through the transport by %d callers in %d processes sharing one bucket of the same limits (%.0f %% of the bursts)",
+	t.title("LLM: an upstream limiting %s requests and %s tokens a second (bursts the same; a call takes prompt + max_tokens when it arrives, gets back what its output, 10–100 %% of max_tokens, did not use %v later), called through the transport by %d callers in %d processes sharing one bucket with a policy for each limit (%.0f %% of the bursts)",
 		commas(l.Requests), commas(l.Tokens), l.Latency, l.Callers, l.Procs, 100*llmHeadroom)
 	t.row("each call charged", "tokens used / the upstream's token quota", "refused (429)", "tokens used", "quota", "")
 	for _, r := range l.Rows {

@@ -235,7 +235,7 @@ func usage(w io.Writer, list []scenario, chaos bool, sets []*flag.FlagSet) error
 			"Measures Sluice's distributed token bucket and semaphore on Redis, compares the\n"+
 			"bucket with other limiters, and prints a report; docs/benchmarks.md defines\n"+
 			"every figure. Unless --redis names a server, it starts a throwaway redis-server\n"+
-			"on a free loopback port; saturate and scale also start worker processes of this\n"+
+			"on a free loopback port; most scenarios also start worker processes of this\n"+
 			"same program. Everything it starts stops before it exits.\n\nScenarios (--scenario NAME,NAME or all):\n")
 		var all []string
 		for _, s := range list {
@@ -297,13 +297,14 @@ Words in the report:
                   back to the bucket (a refund) when that provably keeps the limit; else
                   it stays spent.
   re-entry        a caller that lost its grant time (e.g. Redis restarted) or met a
-                  change of the limit while queued queues again, at the back.
+                  change of the policies (SetPolicies) while queued queues again, at
+                  the back.
   poll            a queued caller asking Redis for its grant time.
   scheduler step  one round in which a process assigns grant times to the callers at the
                   head of the queue; one process at a time holds the scheduler's lock, and
                   a step refused because another took it is "fenced".
   overtaken       a caller granted (or started) after one that reached Redis after it
-                  (callers that missed their slot and were retimed are left out).
+                  (callers that missed their grant time and were retimed are left out).
   steady state    Enters begun after the warm-up, once every caller has been through
                   the queue once.
   goal ...: NOT MET

@@ -93,7 +93,7 @@ func TestHelp(t *testing.T) {
 				a := s.about()
 				want = append(want, a.name+" ", a.takes, a.what)
 			}
-			want = append(want, "all = overhead,scripts,saturate,semaphore,compare", "chaos [flags]", "-compare-callers int", "-scale-procs int", "-plot FILE",
+			want = append(want, "all = overhead,scripts,saturate,semaphore,compare", "chaos [flags]", "-compare-callers int", "-scale-procs int", "-plot FILE", "-change-carry RULE",
 				"-check", "Words in the report", "grant time", "retime", "re-entry", "utilization", "windows N longer")
 		}
 		for _, w := range want {
@@ -146,7 +146,7 @@ func TestAll(t *testing.T) {
 	args := []string{"--redis", srv.URL(), "--duration", "500ms", "--callers", "20", "--procs", "1",
 		"--quota-duration", "500ms", "--quota-callers", "20", "--quota-procs", "1",
 		"--compare-duration", "300ms", "--compare-callers", "20",
-		"--limits-phase", "300ms", "--limits-callers", "20", "--limits-procs", "1",
+		"--change-phase", "300ms", "--change-callers", "20", "--change-procs", "1",
 		"--tenants-buckets", "20", "--tenants-semaphores", "2", "--tenants-callers", "2", "--tenants-idle", "200ms",
 		"--overload-duration", "500ms", "--overload-callers", "20", "--overload-procs", "2",
 		"--churn-duration", "500ms", "--churn-cases", "calm-exit"}
@@ -184,7 +184,7 @@ func TestAll(t *testing.T) {
 	if err := writeJSON(&js, *rep); err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range []string{"OVERHEAD", "SCRIPTS", "SATURATE", "SEMAPHORE", "COMPARE", "QUOTA", "LIMITS", "TENANTS", "OVERLOAD", "CHURN",
+	for _, w := range []string{"OVERHEAD", "SCRIPTS", "SATURATE", "SEMAPHORE", "COMPARE", "QUOTA", "POLICY CHANGE", "TENANTS", "OVERLOAD", "CHURN",
 		"PING round trip", "utilization", "grants overtaken, by grant time", "one-line script, same pace",
 		"late callers given the next grant time (retimes)", "queued again at the back (re-entries)"} {
 		if !strings.Contains(table.String(), w) {
@@ -192,7 +192,7 @@ func TestAll(t *testing.T) {
 		}
 	}
 	for _, w := range []string{"BenchmarkOverhead/enter ", "BenchmarkScripts/poll-slot-found ", "BenchmarkSaturate ", "BenchmarkSemaphore/saturated ",
-		"BenchmarkCompare/sluice/saturated ", "BenchmarkCompare/redis_rate/uncontended ", "BenchmarkQuota ", "BenchmarkLimits/", "BenchmarkTenants/callers=2 ", "BenchmarkOverload ",
+		"BenchmarkCompare/sluice/saturated ", "BenchmarkCompare/redis_rate/uncontended ", "BenchmarkQuota ", "BenchmarkPolicyChange/", "BenchmarkTenants/callers=2 ", "BenchmarkOverload ",
 		"BenchmarkChurn/calm-exit ", " utilization ", " round-trips/op", " retimes "} {
 		if !strings.Contains(bench.String(), w) {
 			t.Errorf("the benchstat lines lack %q:\n%s", w, bench.String())

@@ -316,14 +316,14 @@ func (q *Quota) table(t *table, _ Limit) {
 			t.goal(p.ExcessStarts <= 0, "never over")+"; a start may come up to MaxLateness (and the reply's trip) after its grant time")
 	}
 	t.row("grants overtaken, by grant time", pct(q.OvertakenSlot, q.Grants),
-		fmt.Sprintf("%s; %d callers granted later than one that reached Redis after them, whatever the costs (callers late for their slots, retimed, left out)", t.goal(q.OvertakenSlot == 0, "0 %"), q.OvertakenSlot))
+		fmt.Sprintf("%s; %d callers granted later than one that reached Redis after them, whatever the costs (callers late for their grant times, retimed, left out)", t.goal(q.OvertakenSlot == 0, "0 %"), q.OvertakenSlot))
 	t.row("grants overtaken, by start time", pct(q.OvertakenStart, q.Grants),
 		fmt.Sprintf("no goal: %d callers that one reaching Redis after them started > %s before, which the processes' scheduling adds", q.OvertakenStart, dur(q.StartTol)))
 	t.row("polls per queued caller", fmt.Sprintf("%.3f", q.PollsPerQueued),
 		fmt.Sprintf("%s; times a queued caller asked Redis for its grant time; %s queued grants, max %d polls", t.goal(q.PollsPerQueued <= quotaPollsGoal, fmt.Sprintf("≤ %.2f", quotaPollsGoal)), commas(q.Queued), q.MaxPolls))
 	t.row("late callers given the next grant time (retimes)", commas(q.Retimes),
 		fmt.Sprintf("came > MaxLateness (%s) after their grant time and took the next one, ahead of the queue; %s gave their cost back to the bucket, the rest stayed spent", dur(q.MaxLateness), commas(q.Refunds)))
-	t.row("queued again at the back (re-entries)", commas(q.Reentries), "lost their grant time (e.g. Redis restarted) or met a change of the limits: their cost is spent")
+	t.row("queued again at the back (re-entries)", commas(q.Reentries), "lost their grant time (e.g. Redis restarted) or met a change of the policies (SetPolicies): their cost is spent")
 	t.row("wait of queued callers, p50 / p99 / max", fmt.Sprintf("%s / %s / %s", dur(q.Wait.P50), dur(q.Wait.P99), dur(q.Wait.Max)), "")
 }
 

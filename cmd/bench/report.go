@@ -20,11 +20,11 @@ type Report struct {
 }
 
 // MarshalJSON writes the report as one object: "machine", "redis",
-// "limit", then each scenario under its name.
+// "limit", then each scenario under its key.
 func (r Report) MarshalJSON() ([]byte, error) {
 	m := map[string]any{"machine": r.Machine, "redis": r.Redis, "limit": r.Limit}
 	for _, s := range r.Scenarios {
-		m[s.about().name] = s
+		m[s.about().key()] = s
 	}
 	return json.Marshal(m)
 }

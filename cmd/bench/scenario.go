@@ -30,15 +30,19 @@ type scenario interface {
 
 // about describes a scenario for --help.
 type about struct {
-	name  string // what --scenario calls it, and its JSON key
+	name  string // what --scenario calls it
 	what  string // what it measures, in a line
 	takes string // roughly how long it runs with the default flags
 	all   bool   // part of --scenario all
 }
 
+// key is the scenario's key in the JSON report: its name, with _ for -
+// ("policy-change" is "policy_change").
+func (a about) key() string { return strings.ReplaceAll(a.name, "-", "_") }
+
 // scenarios returns one of each scenario, in the order they run.
 func scenarios() []scenario {
-	return []scenario{&Overhead{}, &Scripts{}, &Saturate{}, &Semaphore{}, &Compare{}, &Scale{}, &Quota{}, &Limits{}, &Upstream{}, &LLM{}, &Tenants{}, &Overload{}, &Churn{}, &Outage{}}
+	return []scenario{&Overhead{}, &Scripts{}, &Saturate{}, &Semaphore{}, &Compare{}, &Scale{}, &Quota{}, &PolicyChange{}, &Upstream{}, &LLM{}, &Tenants{}, &Overload{}, &Churn{}, &Outage{}}
 }
 
 // env is what every scenario runs with.

@@ -524,7 +524,7 @@ func (t *Tenants) table(tb *table, _ Limit) {
 			errs += "; first: " + r.Err
 		}
 		tb.row("  granted", fmt.Sprintf("%s of %s", commas(r.Granted), commas(r.BucketCallers)), errs)
-		reNote := "of every caller, per grant: each lost its grant time (e.g. Redis restarted) or met a change of the limit, and queued again at the back"
+		reNote := "of every caller, per grant: each lost its grant time (e.g. Redis restarted) or met a change of the policies (SetPolicies), and queued again at the back"
 		if r.heavy() {
 			reNote = tb.goal(r.reentriesMet(), fmt.Sprintf("≤ %.0f %% of grants", 100*tenantsReentries)) + "; " + reNote
 		}

@@ -22,48 +22,55 @@ import (
 	"github.com/sluicehq/sluice/internal/testing/guarantee"
 )
 
-// Limits is a live change of the limit under saturated load: callers in
-// worker processes saturate one bucket while this process changes its
-// limit with SetPolicies, one step every Phase. Each phase's grants are
-// judged against its own limit: the slots before a change against the old
-// limit, those after it against the new one (a slot between the start and
-// the end of a change is judged against both, as it may belong to either).
-type Limits struct {
+// PolicyChange is a live change of the policies under saturated load:
+// callers in worker processes saturate one bucket while this process
+// changes its policy with SetPolicies, one step every Phase. Each phase's
+// grants are judged against its own policy: the slots before a change
+// against the old policy, those after it against the new one (a slot
+// between the start and the end of a change is judged against both, as it
+// may belong to either).
+type PolicyChange struct {
 	Callers int           `json:"callers"`
 	Procs   int           `json:"procs"`
 	Phase   time.Duration `json:"phase_ns"`
-	// Rates are the limits, per second, one per phase; each is 1 token
-	// every 1 s ÷ rate, with a burst (capacity) of 50 ms of it.
-	Rates  []int  `json:"rates_per_s"`
-	Tokens string `json:"tokens"` // how tokens carry over (bucket.Carry)
-	LimitsFigures
+	// Rates are the policies' rates, per second, one per phase; each
+	// policy is 1 token every 1 s ÷ rate, with a burst (capacity) of
+	// 50 ms of it.
+	Rates []int `json:"rates_per_s"`
+	// Carry is how free tokens carry over at a change (bucket.Carry), in
+	// the words of sluice set-policies --carry: proportional, as-is or
+	// fill.
+	Carry string `json:"carry"`
+	PolicyChangeFigures
 
-	rates  string // --limits-rates, parsed into Rates by check
-	plot   string // --limits-plot: the file to draw
-	tokens bucket.Carry
+	rates string // --change-rates, parsed into Rates by check
+	plot  string // --change-plot: the file to draw
+	carry bucket.Carry
 }
 
-// LimitsFigures is the judgement of every grant of a limits run.
-type LimitsFigures struct {
+// PolicyChangeFigures is the judgement of every grant of a policy-change
+// run.
+type PolicyChangeFigures struct {
 	Grants int    `json:"grants"` // successful Enters
 	Errors int    `json:"errors"` // failed Enters
 	Err    string `json:"first_error,omitempty"`
-	Phases []LimitsPhase
+	Phases []PolicyChangePhase
 }
 
-// LimitsPhase is one limit of the run and what was granted under it.
-type LimitsPhase struct {
+// PolicyChangePhase is one policy of the run and what was granted under
+// it.
+type PolicyChangePhase struct {
 	Capacity        int           `json:"capacity"`
 	RefillAmount    int           `json:"refill_amount"`
 	RefillFrequency time.Duration `json:"refill_frequency_ns"`
 
-	// Change is how long the SetPolicies call that put this limit in force
-	// took, from its call to its return (0 for the first phase: the
-	// limit the bucket started with).
+	// Change is how long the SetPolicies call that put this policy in
+	// force took, from its call to its return (0 for the first phase: the
+	// policy the bucket started with).
 	Change time.Duration `json:"change_ns"`
 	// Reach is, per worker process, the time from the SetPolicies call to
 	// the process's first grant (Enter returned) whose slot was assigned
-	// under the new limit: a slot more than the lookahead (20 ms) after
+	// under the new policy: a slot more than the lookahead (20 ms) after
 	// SetPolicies returned, since slots are handed out at most that far
 	// ahead (those handed out before the change keep their times).
 	// ReachMax is the largest, the time the change took to reach every
@@ -72,12 +79,12 @@ type LimitsPhase struct {
 	Reach    []time.Duration `json:"reach_ns,omitempty"`
 	ReachMax time.Duration   `json:"reach_max_ns"`
 
-	// Judged counts the slots judged against this limit: from the start
+	// Judged counts the slots judged against this policy: from the start
 	// of its change (the first slot for the first phase) to the end of
 	// the next change (the last slot for the last phase).
 	Judged int `json:"judged"`
 	// ExcessSlots is the busiest window of those slots: grants in it
-	// minus what the limit allows there (≤ 0: the promise held).
+	// minus what the policy allows there (≤ 0: the promise held).
 	// ExcessStarts is the same for the instants Enter returned, each
 	// window judged MaxLateness + 2 ms longer, as the bucket promises for
 	// starts.
@@ -85,101 +92,101 @@ type LimitsPhase struct {
 	ExcessStarts int `json:"excess_starts_slack"`
 	// Steady counts the slots in the middle half of the phase, away
 	// from the changes; Rate is them per second, Utilization Rate over
-	// the limit.
+	// the policy's rate.
 	Steady      int     `json:"steady"`
 	Rate        float64 `json:"rate_per_s"`
 	Utilization float64 `json:"utilization"`
 }
 
-func (p LimitsPhase) limit() guarantee.Limit {
+func (p PolicyChangePhase) limit() guarantee.Limit {
 	return guarantee.Limit{Capacity: p.Capacity, RefillAmount: p.RefillAmount, RefillFrequency: p.RefillFrequency}
 }
 
-func (p LimitsPhase) perSecond() float64 {
+func (p PolicyChangePhase) perSecond() float64 {
 	return float64(p.RefillAmount) / p.RefillFrequency.Seconds()
 }
 
-// limitsChange is one SetPolicies call as this process timed it: from its
+// changeCall is one SetPolicies call as this process timed it: from its
 // call to its return.
-type limitsChange struct{ from, to time.Time }
+type changeCall struct{ from, to time.Time }
 
 // The goal the run is held to, besides no excess.
-const limitsUtilizationGoal = 0.95
+const changeUtilizationGoal = 0.95
 
 // defaultLookahead is the bucket's, as its Config documents it.
 const defaultLookahead = 20 * time.Millisecond
 
-func (*Limits) about() about {
-	return about{name: "limits", takes: "~6 s", all: true,
-		what: "callers in several processes saturate one bucket while its limit is changed live (SetPolicies): each phase judged against its limit, the time a change takes to reach every process"}
+func (*PolicyChange) about() about {
+	return about{name: "policy-change", takes: "~6 s", all: true,
+		what: "callers in several processes saturate one bucket while its policy is changed live (SetPolicies): each phase judged against its own policy, the time a change takes to reach every process"}
 }
 
-func (l *Limits) flags(fs *flag.FlagSet) {
-	fs.IntVar(&l.Callers, "limits-callers", 60, "callers in total, spread over the processes")
-	fs.IntVar(&l.Procs, "limits-procs", 3, "worker processes (1: the callers run in this process)")
-	fs.DurationVar(&l.Phase, "limits-phase", 1500*time.Millisecond, "how long each limit stays in force before the next")
-	fs.StringVar(&l.rates, "limits-rates", "200,50,400", "the limits, in calls per second, in the order they are set (`LIST`); each has a burst of 50 ms of it")
-	fs.StringVar(&l.Tokens, "limits-tokens", "proportionally", "how tokens carry over at a change (bucket.Carry): proportionally, as-is or fill")
-	fs.StringVar(&l.plot, "limits-plot", "", "draw the grant rate over time against each phase's limit to `FILE` (.svg or .png)")
+func (c *PolicyChange) flags(fs *flag.FlagSet) {
+	fs.IntVar(&c.Callers, "change-callers", 60, "callers in total, spread over the processes")
+	fs.IntVar(&c.Procs, "change-procs", 3, "worker processes (1: the callers run in this process)")
+	fs.DurationVar(&c.Phase, "change-phase", 1500*time.Millisecond, "how long each policy stays in force before the next")
+	fs.StringVar(&c.rates, "change-rates", "200,50,400", "the policies' rates, in calls per second, in the order they are set (`LIST`); each has a burst of 50 ms of it")
+	fs.StringVar(&c.Carry, "change-carry", "proportional", "`RULE`: how the free tokens carry over at a change (bucket.Carry), as sluice set-policies --carry: proportional (scaled by new ÷ old capacity), as-is (kept, at most the new capacity) or fill (full)")
+	fs.StringVar(&c.plot, "change-plot", "", "draw the grant rate over time against each phase's policy to `FILE` (.svg or .png)")
 }
 
-func (l *Limits) check() error {
-	if l.Phase <= 0 {
-		return fmt.Errorf("--limits-phase %v: want > 0", l.Phase)
+func (c *PolicyChange) check() error {
+	if c.Phase <= 0 {
+		return fmt.Errorf("--change-phase %v: want > 0", c.Phase)
 	}
-	if err := checkLoad("limits-", l.Callers, l.Procs, l.Phase); err != nil {
+	if err := checkLoad("change-", c.Callers, c.Procs, c.Phase); err != nil {
 		return err
 	}
-	l.Rates = nil
-	for _, f := range strings.Split(l.rates, ",") {
+	c.Rates = nil
+	for _, f := range strings.Split(c.rates, ",") {
 		r, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || r < 1 || r > 1_000_000 {
-			return fmt.Errorf("--limits-rates %q: want calls per second between 1 and 1,000,000, separated by commas", l.rates)
+			return fmt.Errorf("--change-rates %q: want calls per second between 1 and 1,000,000, separated by commas", c.rates)
 		}
-		l.Rates = append(l.Rates, r)
+		c.Rates = append(c.Rates, r)
 	}
-	if len(l.Rates) < 2 {
-		return fmt.Errorf("--limits-rates %q: want at least two limits, to change from one to the next", l.rates)
+	if len(c.Rates) < 2 {
+		return fmt.Errorf("--change-rates %q: want at least two rates, to change from one policy to the next", c.rates)
 	}
-	switch l.Tokens {
-	case "proportionally":
-		l.tokens = bucket.Proportionally
+	switch c.Carry {
+	case "proportional":
+		c.carry = bucket.Proportionally
 	case "as-is":
-		l.tokens = bucket.AsIs
+		c.carry = bucket.AsIs
 	case "fill":
-		l.tokens = bucket.Fill
+		c.carry = bucket.Fill
 	default:
-		return fmt.Errorf("--limits-tokens %q: want proportionally, as-is or fill", l.Tokens)
+		return fmt.Errorf("--change-carry %q: want proportional, as-is or fill", c.Carry)
 	}
 	return nil
 }
 
-// limitsPolicy is the policy of rate calls per second: 1 token every
+// changePolicy is the policy of rate calls per second: 1 token every
 // 1 s ÷ rate (whole µs), a burst of 50 ms of it.
-func limitsPolicy(rate int) bucket.Policy {
+func changePolicy(rate int) bucket.Policy {
 	every := max(time.Second/time.Duration(rate), time.Microsecond).Truncate(time.Microsecond)
 	return bucket.Policy{Capacity: max(rate/20, 1), RefillAmount: 1, RefillFrequency: every}
 }
 
-// run has the callers saturate a bucket of the first limit for a phase
-// per limit, changes the limit from this process at the start of every
-// phase after the first, then judges every grant against the limit of its
-// phase.
-func (l *Limits) run(ctx context.Context, e *env) error {
-	ps := make([]bucket.Policy, len(l.Rates))
-	for i, r := range l.Rates {
-		ps[i] = limitsPolicy(r)
+// run has the callers saturate a bucket of the first policy for a phase
+// per policy, changes the policy from this process at the start of every
+// phase after the first, then judges every grant against the policy of
+// its phase.
+func (c *PolicyChange) run(ctx context.Context, e *env) error {
+	ps := make([]bucket.Policy, len(c.Rates))
+	for i, r := range c.Rates {
+		ps[i] = changePolicy(r)
 	}
 	cfg := bucket.Config{Name: e.name, Capacity: ps[0].Capacity, RefillAmount: ps[0].RefillAmount, RefillFrequency: ps[0].RefillFrequency}
-	until := time.Duration(len(ps)) * l.Phase
-	// Under the slowest limit a caller that re-enters waits for all the
+	until := time.Duration(len(ps)) * c.Phase
+	// Under the slowest policy a caller that re-enters waits for all the
 	// others; wait much longer before giving up on a stuck Enter.
-	slowest := slices.Min(l.Rates)
-	turn := time.Duration(float64(l.Callers) / float64(slowest) * float64(time.Second))
-	e.logf("limits: %d callers in %d process(es), the limit changed every %v: %s/s...", l.Callers, l.Procs, l.Phase, strings.ReplaceAll(l.rates, ",", "/s → "))
-	specs := make([]loadgen.Spec, l.Procs)
+	slowest := slices.Min(c.Rates)
+	turn := time.Duration(float64(c.Callers) / float64(slowest) * float64(time.Second))
+	e.logf("policy-change: %d callers in %d process(es), the policy changed every %v: %s/s...", c.Callers, c.Procs, c.Phase, strings.ReplaceAll(c.rates, ",", "/s → "))
+	specs := make([]loadgen.Spec, c.Procs)
 	for i := range specs {
-		specs[i] = loadgen.Spec{Proc: i, Addr: e.opt.Addr, URL: e.url, Bucket: cfg, Callers: share(l.Callers, l.Procs, i),
+		specs[i] = loadgen.Spec{Proc: i, Addr: e.opt.Addr, URL: e.url, Bucket: cfg, Callers: share(c.Callers, c.Procs, i),
 			Until: until, Timeout: 30*time.Second + 4*turn}
 	}
 	rdb := client(e.opt, 2)
@@ -196,19 +203,19 @@ func (l *Limits) run(ctx context.Context, e *env) error {
 		load    sync.WaitGroup
 	)
 	start := time.Now()
-	if l.Procs > 1 {
+	if c.Procs > 1 {
 		start = start.Add(workerStartup) // inWorkers starts the workers' callers together then
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	load.Go(func() {
-		if l.Procs == 1 {
+		if c.Procs == 1 {
 			grants, _, loadErr = inProcess(runCtx, e.opt, specs[0])
 		} else {
 			grants, _, loadErr = inWorkers(runCtx, specs, e.log)
 		}
 	})
-	changes, changeErr := l.change(runCtx, admin, ps, start)
+	changes, changeErr := c.change(runCtx, admin, ps, start)
 	if changeErr != nil {
 		cancel() // the load has no point now
 	}
@@ -219,23 +226,23 @@ func (l *Limits) run(ctx context.Context, e *env) error {
 	if loadErr != nil {
 		return loadErr
 	}
-	l.LimitsFigures = judgeLimits(grants, ps, changes, l.Phase, l.Procs, cmp.Or(cfg.Lookahead, defaultLookahead), cmp.Or(cfg.MaxLateness, defaultMaxLateness))
-	if l.plot != "" {
-		if err := writeLimitsPlot(l.plot, grants, l.Phases, changes); err != nil {
+	c.PolicyChangeFigures = judgePolicyChange(grants, ps, changes, c.Phase, c.Procs, cmp.Or(cfg.Lookahead, defaultLookahead), cmp.Or(cfg.MaxLateness, defaultMaxLateness))
+	if c.plot != "" {
+		if err := writePolicyChangePlot(c.plot, grants, c.Phases, changes); err != nil {
 			return err
 		}
-		e.logf("limits: plot written to %s", l.plot)
+		e.logf("policy-change: plot written to %s", c.plot)
 	}
 	return nil
 }
 
 // change sets ps[i] at start + i × Phase, for each i ≥ 1, and checks that
-// it is then the limit in force; it returns when each call was made and
+// it is then the policy in force; it returns when each call was made and
 // returned.
-func (l *Limits) change(ctx context.Context, admin *bucket.Bucket, ps []bucket.Policy, start time.Time) ([]limitsChange, error) {
-	changes := make([]limitsChange, 0, len(ps)-1)
+func (c *PolicyChange) change(ctx context.Context, admin *bucket.Bucket, ps []bucket.Policy, start time.Time) ([]changeCall, error) {
+	changes := make([]changeCall, 0, len(ps)-1)
 	for i, p := range ps[1:] {
-		t := time.NewTimer(time.Until(start.Add(time.Duration(i+1) * l.Phase)))
+		t := time.NewTimer(time.Until(start.Add(time.Duration(i+1) * c.Phase)))
 		select {
 		case <-t.C:
 		case <-ctx.Done():
@@ -243,27 +250,28 @@ func (l *Limits) change(ctx context.Context, admin *bucket.Bucket, ps []bucket.P
 			return nil, ctx.Err()
 		}
 		from := time.Now()
-		if err := admin.SetPolicies(ctx, l.tokens, p); err != nil {
+		if err := admin.SetPolicies(ctx, c.carry, p); err != nil {
 			return nil, fmt.Errorf("SetPolicies to %s/s: %w", num(1/p.RefillFrequency.Seconds()), err)
 		}
-		changes = append(changes, limitsChange{from: from, to: time.Now()})
+		changes = append(changes, changeCall{from: from, to: time.Now()})
 		got, err := admin.Policies(ctx)
 		if err != nil {
 			return nil, err
 		}
 		if len(got) != 1 || got[0] != p {
-			return nil, fmt.Errorf("after SetPolicies(%+v), the limits in force are %+v", p, got)
+			return nil, fmt.Errorf("after SetPolicies(%+v), the policies in force are %+v", p, got)
 		}
 	}
 	return changes, nil
 }
 
-// judgeLimits judges the grants of a limits run: phase i ran under ps[i]
+// judgePolicyChange judges the grants of a policy-change run: phase i ran
+// under ps[i]
 // for about phase, and changes[i-1] put it in force. procs is how many
 // processes entered (Grant.Proc from 0); lookahead and maxLate are the
 // bucket's Lookahead and MaxLateness.
-func judgeLimits(grants []loadgen.Grant, ps []bucket.Policy, changes []limitsChange, phase time.Duration, procs int, lookahead, maxLate time.Duration) LimitsFigures {
-	var lf LimitsFigures
+func judgePolicyChange(grants []loadgen.Grant, ps []bucket.Policy, changes []changeCall, phase time.Duration, procs int, lookahead, maxLate time.Duration) PolicyChangeFigures {
+	var lf PolicyChangeFigures
 	var ok []loadgen.Grant
 	for _, g := range grants {
 		if !g.OK() {
@@ -281,7 +289,7 @@ func judgeLimits(grants []loadgen.Grant, ps []bucket.Policy, changes []limitsCha
 	}
 	first := slices.MinFunc(ok, func(a, b loadgen.Grant) int { return cmp.Compare(a.Slot, b.Slot) }).SlotTime()
 	for i, p := range ps {
-		ph := LimitsPhase{Capacity: p.Capacity, RefillAmount: p.RefillAmount, RefillFrequency: p.RefillFrequency}
+		ph := PolicyChangePhase{Capacity: p.Capacity, RefillAmount: p.RefillAmount, RefillFrequency: p.RefillFrequency}
 		// The slots judged: from this phase's change to the end of the
 		// next one.
 		from, until, begin := time.Time{}, time.Time{}, first
@@ -324,7 +332,7 @@ func judgeLimits(grants []loadgen.Grant, ps []bucket.Policy, changes []limitsCha
 // first grant the process returned whose slot falls more than lookahead
 // after c returned (so was assigned after it), and the largest of them;
 // -1 for a process with none.
-func reach(grants []loadgen.Grant, c limitsChange, procs int, lookahead time.Duration) ([]time.Duration, time.Duration) {
+func reach(grants []loadgen.Grant, c changeCall, procs int, lookahead time.Duration) ([]time.Duration, time.Duration) {
 	firsts := make([]time.Time, procs)
 	after := c.to.Add(lookahead)
 	for _, g := range grants {
@@ -350,19 +358,19 @@ func reach(grants []loadgen.Grant, c limitsChange, procs int, lookahead time.Dur
 	return out, worst
 }
 
-func (l *Limits) table(t *table, _ Limit) {
-	rates := make([]string, len(l.Rates))
-	for i, r := range l.Rates {
+func (c *PolicyChange) table(t *table, _ Limit) {
+	rates := make([]string, len(c.Rates))
+	for i, r := range c.Rates {
 		rates[i] = commas(r) + "/s"
 	}
-	t.title("LIMITS: %d callers in %d process(es) saturate one bucket while this process changes its limit with SetPolicies every %v: %s (tokens carried over %s)",
-		l.Callers, l.Procs, l.Phase, strings.Join(rates, " → "), l.Tokens)
-	note := fmt.Sprintf("%d errors", l.Errors)
-	if l.Err != "" {
-		note += "; first: " + l.Err
+	t.title("POLICY CHANGE: %d callers in %d process(es) saturate one bucket while this process changes its policy with SetPolicies every %v: %s (free tokens carried over: %s)",
+		c.Callers, c.Procs, c.Phase, strings.Join(rates, " → "), c.Carry)
+	note := fmt.Sprintf("%d errors", c.Errors)
+	if c.Err != "" {
+		note += "; first: " + c.Err
 	}
-	t.row("grants", commas(l.Grants), note)
-	for i, p := range l.Phases {
+	t.row("grants", commas(c.Grants), note)
+	for i, p := range c.Phases {
 		t.row(fmt.Sprintf("phase %d: %s/s", i+1, num(p.perSecond())), "", fmt.Sprintf("capacity %s, %d every %v", commas(p.Capacity), p.RefillAmount, p.RefillFrequency))
 		if i > 0 {
 			t.row("  SetPolicies round trip", dur(p.Change), "from the call to its return, in this process")
@@ -378,39 +386,39 @@ func (l *Limits) table(t *table, _ Limit) {
 				}
 			}
 			t.row("  until every process had a grant under it", reach,
-				fmt.Sprintf("per process: %s, from the call to the return of its first Enter given its grant time under the new limit (> %s after the call: the bucket assigns grant times up to that far ahead); it includes the process's turn in the queue, at one grant every %s", strings.Join(per, ", "), dur(defaultLookahead), dur(p.RefillFrequency)))
+				fmt.Sprintf("per process: %s, from the call to the return of its first Enter given its grant time under the new policy (> %s after the call: the bucket assigns grant times up to that far ahead); it includes the process's turn in the queue, at one grant every %s", strings.Join(per, ", "), dur(defaultLookahead), dur(p.RefillFrequency)))
 		}
 		t.row("  grant rate, middle half of the phase", num(p.Rate)+"/s",
-			fmt.Sprintf("%s; %.1f %% of the limit, %d grants", t.goal(p.Utilization >= limitsUtilizationGoal, fmt.Sprintf("≥ %.0f %% of the limit", 100*limitsUtilizationGoal)), 100*p.Utilization, p.Steady))
+			fmt.Sprintf("%s; %.1f %% of the policy's rate, %d grants", t.goal(p.Utilization >= changeUtilizationGoal, fmt.Sprintf("≥ %.0f %% of the policy's rate", 100*changeUtilizationGoal)), 100*p.Utilization, p.Steady))
 		span := "from the first grant time"
 		if i > 0 {
 			span = "from its change"
 		}
-		if i+1 < len(l.Phases) {
+		if i+1 < len(c.Phases) {
 			span += " to the end of the next change"
 		} else {
 			span += " to the last grant time"
 		}
-		t.row("  busiest window, grant times", vsLimit(p.ExcessSlots), fmt.Sprintf("%s; %s grants %s, judged against this limit", t.goal(p.ExcessSlots <= 0, "never over"), commas(p.Judged), span))
+		t.row("  busiest window, grant times", vsLimit(p.ExcessSlots), fmt.Sprintf("%s; %s grants %s, judged against this policy", t.goal(p.ExcessSlots <= 0, "never over"), commas(p.Judged), span))
 		t.row(fmt.Sprintf("  busiest window, start times, windows %s longer", dur(defaultMaxLateness+startSlack)), vsLimit(p.ExcessStarts),
 			t.goal(p.ExcessStarts <= 0, "never over")+"; a start may come up to MaxLateness (and the reply's trip) after its grant time")
 	}
 }
 
-func (l *Limits) gobench(g *gobench) {
-	g.line("Limits", l.Grants, l.Errors, "errors")
-	for i, p := range l.Phases {
-		g.line(fmt.Sprintf("Limits/phase-%d-%s-per-s", i+1, num(p.perSecond())), p.Judged,
+func (c *PolicyChange) gobench(g *gobench) {
+	g.line("PolicyChange", c.Grants, c.Errors, "errors")
+	for i, p := range c.Phases {
+		g.line(fmt.Sprintf("PolicyChange/phase-%d-%s-per-s", i+1, num(p.perSecond())), p.Judged,
 			f(p.Rate), "grants/s", f(p.Utilization), "utilization",
 			p.ExcessSlots, "excess-slots", p.ExcessStarts, "excess-starts-slack",
 			ms(p.Change), "ms-change", ms(p.ReachMax), "ms-reach")
 	}
 }
 
-// writeLimitsPlot draws the limits run to path (.svg or .png): grants per
-// 100 ms, by slot and by start, as a rate, against the limit of each
-// phase, with the changes marked.
-func writeLimitsPlot(path string, grants []loadgen.Grant, phases []LimitsPhase, changes []limitsChange) error {
+// writePolicyChangePlot draws the policy-change run to path (.svg or
+// .png): grants per 100 ms, by grant time and by start time, as a rate,
+// against the policy of each phase, with the changes marked.
+func writePolicyChangePlot(path string, grants []loadgen.Grant, phases []PolicyChangePhase, changes []changeCall) error {
 	const bin = 100 * time.Millisecond
 	var slots, starts []time.Time
 	for _, g := range grants {
@@ -427,11 +435,11 @@ func writeLimitsPlot(path string, grants []loadgen.Grant, phases []LimitsPhase, 
 	sec := func(t time.Time) float64 { return t.Sub(t0).Seconds() }
 	end := math.Max(sec(slots[len(slots)-1]), sec(starts[len(starts)-1]))
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("Grant rate (grants per %v) as SetPolicies changes the limit", bin)
+	p.Title.Text = fmt.Sprintf("Grant rate (grants per %v) as SetPolicies changes the policy", bin)
 	p.X.Label.Text = "s since the first grant time"
 	p.Y.Label.Text = "grants/s"
 	p.Legend.Top = true
-	// The limit in force: a step at each change (drawn at its return).
+	// The policy in force: a step at each change (drawn at its return).
 	var lim plotter.XYs
 	top := 0.0
 	for i, ph := range phases {
@@ -453,7 +461,7 @@ func writeLimitsPlot(path string, grants []loadgen.Grant, phases []LimitsPhase, 
 			return err
 		}
 	}
-	if err := addLine(p, lim, colLimit, true, "limit in force", vg.Points(2)); err != nil {
+	if err := addLine(p, lim, colLimit, true, "policy in force", vg.Points(2)); err != nil {
 		return err
 	}
 	if err := addLine(p, binned(slots), colSlot, false, "grant times (Redis's clock)"); err != nil {

@@ -16,38 +16,38 @@ import (
 	"github.com/sluicehq/sluice/internal/testing/redistest"
 )
 
-// TestLimitsScenario runs a short limits run in two worker processes and
-// checks what must hold on any machine: no error, every phase within its
-// limit by slot and saturated at it, each change timed and seen by both
-// processes within a phase, and a plot drawn.
-func TestLimitsScenario(t *testing.T) {
+// TestPolicyChangeScenario runs a short policy-change run in two worker
+// processes and checks what must hold on any machine: no error, every
+// phase within its policy by grant time and saturated at it, each change
+// timed and seen by both processes within a phase, and a plot drawn.
+func TestPolicyChangeScenario(t *testing.T) {
 	srv := redistest.New(t)
 	srv.RequireReal(t)
-	plot := filepath.Join(t.TempDir(), "limits.svg")
+	plot := filepath.Join(t.TempDir(), "policy-change.svg")
 	var stdout, stderr bytes.Buffer
 	const phase = 800 * time.Millisecond
 	// 200/s → 100/s → 400/s: down to a burst of 5, which holds the 4 slots
 	// 200/s hands out within the 20 ms lookahead before a change. Down to
 	// 50/s (burst 2, the default), those 4 slots, which keep their times,
-	// are 1 more than the new limit allows in their 15 ms; docs/benchmarks.md,
-	// "Issue 12", has the run.
-	args := []string{"--redis", srv.URL(), "--scenario", "limits", "--limits-phase", phase.String(), "--limits-rates", "200,100,400",
-		"--limits-callers", "40", "--limits-procs", "2", "--limits-plot", plot, "--json"}
+	// are 1 more than the new policy allows in their 15 ms (docs/limits.md,
+	// "Changing the limit on purpose").
+	args := []string{"--redis", srv.URL(), "--scenario", "policy-change", "--change-phase", phase.String(), "--change-rates", "200,100,400",
+		"--change-callers", "40", "--change-procs", "2", "--change-plot", plot, "--json"}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a bound on a hang, not a speed goal
 	defer cancel()
 	if err := run(ctx, args, &stdout, &stderr); err != nil {
 		t.Fatalf("run: %v\n%s", err, stderr.String())
 	}
 	var rep struct {
-		Limits   *Limits   `json:"limits"`
-		Saturate *Saturate `json:"saturate"`
+		PolicyChange *PolicyChange `json:"policy_change"`
+		Saturate     *Saturate     `json:"saturate"`
 	}
 	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
 		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
 	}
-	l := rep.Limits
+	l := rep.PolicyChange
 	if l == nil || rep.Saturate != nil || len(l.Phases) != 3 {
-		t.Fatalf("want only the limits scenario, with 3 phases: %s", stdout.String())
+		t.Fatalf("want only the policy-change scenario, with 3 phases: %s", stdout.String())
 	}
 	// 200/s, 100/s then 400/s for 0.8 s each: some 560 grants.
 	if l.Grants < 300 || l.Errors != 0 {
@@ -57,14 +57,14 @@ func TestLimitsScenario(t *testing.T) {
 		if p.ExcessSlots > 0 || p.Judged == 0 {
 			t.Errorf("phase %d (%.0f/s): %d slots judged, busiest window %d over; want some and ≤ 0", i+1, p.perSecond(), p.Judged, p.ExcessSlots)
 		}
-		// As bucket.TestSetPoliciesUnderLoad: saturated at the limit in
+		// As bucket.TestSetPoliciesUnderLoad: saturated at the policy in
 		// force, with room for a slow machine.
 		if p.Utilization < 0.8 {
-			t.Errorf("phase %d (%.0f/s): %.0f grants/s in the middle half, want about the limit", i+1, p.perSecond(), p.Rate)
+			t.Errorf("phase %d (%.0f/s): %.0f grants/s in the middle half, want about the policy's rate", i+1, p.perSecond(), p.Rate)
 		}
 		if i == 0 {
 			if p.Change != 0 || p.Reach != nil {
-				t.Errorf("phase 1: change %v, reach %v; want none (the bucket's first limit)", p.Change, p.Reach)
+				t.Errorf("phase 1: change %v, reach %v; want none (the bucket's first policy)", p.Change, p.Reach)
 			}
 			continue
 		}
@@ -77,21 +77,22 @@ func TestLimitsScenario(t *testing.T) {
 	}
 }
 
-// TestLimitsFlags: the scenario's flags are checked before anything runs,
+// TestPolicyChangeFlags: the scenario's flags are checked before anything runs,
 // and are refused when the scenario is left out.
-func TestLimitsFlags(t *testing.T) {
+func TestPolicyChangeFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"--scenario", "limits", "--limits-callers", "0"}, "--limits-callers 0"},
-		{[]string{"--scenario", "limits", "--limits-procs", "5", "--limits-callers", "4"}, "--limits-procs 5"},
-		{[]string{"--scenario", "limits", "--limits-phase", "0s"}, "--limits-phase 0s"},
-		{[]string{"--scenario", "limits", "--limits-rates", "200"}, "at least two"},
-		{[]string{"--scenario", "limits", "--limits-rates", "200,0"}, `--limits-rates "200,0"`},
-		{[]string{"--scenario", "limits", "--limits-rates", "200,fast"}, `--limits-rates "200,fast"`},
-		{[]string{"--scenario", "limits", "--limits-tokens", "all"}, `--limits-tokens "all"`},
-		{[]string{"--scenario", "overhead", "--limits-plot", "x.svg"}, "--limits-plot is a flag of the limits scenario"},
+		{[]string{"--scenario", "policy-change", "--change-callers", "0"}, "--change-callers 0"},
+		{[]string{"--scenario", "policy-change", "--change-procs", "5", "--change-callers", "4"}, "--change-procs 5"},
+		{[]string{"--scenario", "policy-change", "--change-phase", "0s"}, "--change-phase 0s"},
+		{[]string{"--scenario", "policy-change", "--change-rates", "200"}, "at least two"},
+		{[]string{"--scenario", "policy-change", "--change-rates", "200,0"}, `--change-rates "200,0"`},
+		{[]string{"--scenario", "policy-change", "--change-rates", "200,fast"}, `--change-rates "200,fast"`},
+		{[]string{"--scenario", "policy-change", "--change-carry", "all"}, `--change-carry "all"`},
+		{[]string{"--scenario", "policy-change", "--change-carry", "proportionally"}, "want proportional, as-is or fill"},
+		{[]string{"--scenario", "overhead", "--change-plot", "x.svg"}, "--change-plot is a flag of the policy-change scenario"},
 	} {
 		var stdout, stderr bytes.Buffer
 		err := run(context.Background(), tc.args, &stdout, &stderr)
@@ -101,11 +102,11 @@ func TestLimitsFlags(t *testing.T) {
 	}
 }
 
-// TestJudgeLimits judges a handful of grants by hand: two phases, a slot
-// inside the change judged against both limits, an excess against the
-// new limit only, the rate of each phase's middle half, and how long the
-// change took to reach each process.
-func TestJudgeLimits(t *testing.T) {
+// TestJudgePolicyChange judges a handful of grants by hand: two phases, a
+// slot inside the change judged against both policies, an excess against
+// the new policy only, the rate of each phase's middle half, and how long
+// the change took to reach each process.
+func TestJudgePolicyChange(t *testing.T) {
 	base := time.Unix(1_700_000_000, 0)
 	at := func(ms float64) time.Time { return base.Add(time.Duration(ms * float64(time.Millisecond))) }
 	grant := func(proc int, slotMs, endMs float64) loadgen.Grant {
@@ -119,8 +120,8 @@ func TestJudgeLimits(t *testing.T) {
 	for k := range 40 {
 		grants = append(grants, grant(k%2, float64(10*k), float64(10*k)))
 	}
-	change := limitsChange{from: at(400), to: at(402)}
-	// Phase 2: a slot inside the change (judged under both limits), then
+	change := changeCall{from: at(400), to: at(402)}
+	// Phase 2: a slot inside the change (judged under both policies), then
 	// one within the lookahead after it (handed out before the change,
 	// for all we know), then one every 50 ms from 450 to 750 ms: process
 	// 1's first certainly after the change returns at 450 ms, process 0's
@@ -131,7 +132,7 @@ func TestJudgeLimits(t *testing.T) {
 	}
 	// Two more slots at 780 ms: 3 in 30 ms where 20/s allows 1 + 1.
 	grants = append(grants, grant(0, 780, 781), grant(1, 780, 781), loadgen.Grant{Err: "deadline"})
-	lf := judgeLimits(grants, []bucket.Policy{fast, slow}, []limitsChange{change}, phase, 2, 20*time.Millisecond, 25*time.Millisecond)
+	lf := judgePolicyChange(grants, []bucket.Policy{fast, slow}, []changeCall{change}, phase, 2, 20*time.Millisecond, 25*time.Millisecond)
 	if lf.Grants != 51 || lf.Errors != 1 || lf.Err != "deadline" || len(lf.Phases) != 2 {
 		t.Fatalf("%d grants, %d errors (%q), %d phases", lf.Grants, lf.Errors, lf.Err, len(lf.Phases))
 	}
@@ -158,7 +159,7 @@ func TestJudgeLimits(t *testing.T) {
 		t.Errorf("phase 2: %d steady slots, %.1f/s; want 4, 20/s", p2.Steady, p2.Rate)
 	}
 	// A process with no grant assigned after the change has no reach.
-	lf = judgeLimits(grants[:42], []bucket.Policy{fast, slow}, []limitsChange{change}, phase, 2, 20*time.Millisecond, 25*time.Millisecond)
+	lf = judgePolicyChange(grants[:42], []bucket.Policy{fast, slow}, []changeCall{change}, phase, 2, 20*time.Millisecond, 25*time.Millisecond)
 	if r := lf.Phases[1]; len(r.Reach) != 2 || r.Reach[0] != -1 || r.Reach[1] != -1 || r.ReachMax != -1 {
 		t.Errorf("no grant after the change: reach %v (max %v), want -1 for both", r.Reach, r.ReachMax)
 	}
