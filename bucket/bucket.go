@@ -23,7 +23,7 @@
 // process enforces the ones stored, and a process whose policies differ
 // fails with sluice.ErrConfigMismatch (or follows them: Config.Adopt). SetPolicies
 // changes them for every process at once, re-timing the callers queued;
-// Limits reads them. See docs/limits.md.
+// Policies reads them. See docs/limits.md.
 //
 // The upstream has the last word: Feedback (an upstream.Receiver, which
 // package transport calls after every response), Hold and Sync apply its
@@ -678,7 +678,7 @@ func windows(ps []Policy, lookahead time.Duration, where string) error {
 }
 
 // Config returns this process's configuration with defaults filled in.
-// Its policies are the ones this process started with; Limits reads the
+// Its policies are the ones this process started with; Policies reads the
 // ones in force, which this process may follow instead (SetPolicies, Adopt).
 func (b *Bucket) Config() Config { return b.cfg }
 

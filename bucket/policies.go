@@ -35,7 +35,7 @@ const (
 	Fill
 )
 
-// Limits returns the policies in force for every process, as stored in
+// Policies returns the policies in force for every process, as stored in
 // Redis: the first is the one counting calls when Config.Capacity set it.
 // When none are stored yet, this process's are stored (as its first Enter
 // would). It does not fail when they differ from this process's own
