@@ -135,9 +135,16 @@ func TestInspect(t *testing.T) {
 	if in.SchedulerTTL <= 0 || in.Wait <= 0 || len(in.Levels) != 1 || in.Levels[0].Tokens > 0 || !in.Stored || in.Format != 2 {
 		t.Errorf("inspection under load %+v", in)
 	}
-	waitFor(t, 5*time.Second, "the bucket to go idle and full", func() bool {
-		in, err := b.Inspect(ctx)
-		return err == nil && in.Queued == 0 && in.Levels[0].Tokens == 3 && in.Wait == 0 && in.Scheduler == ""
+	var last bucket.Inspection
+	var lastErr error
+	defer func() {
+		if t.Failed() {
+			t.Logf("last inspection: %+v, err %v", last, lastErr)
+		}
+	}()
+	waitFor(t, 15*time.Second, "the bucket to go idle and full", func() bool {
+		last, lastErr = b.Inspect(ctx)
+		return lastErr == nil && last.Queued == 0 && last.Levels[0].Tokens == 3 && last.Wait == 0 && last.Scheduler == ""
 	})
 }
 
