@@ -33,9 +33,10 @@ var ErrWaitTooLong = fmt.Errorf("wait too long: %w", ErrLimited)
 // Close, including those that were waiting when Close came.
 var ErrClosed = errors.New("closed")
 
-// ErrConfig is the parent of every package's ErrConfig (bucket.ErrConfig,
-// semaphore.ErrConfig, local.ErrConfig): a constructor refused its
-// configuration or its Redis client. It does not match ErrLimited: a bad
+// ErrConfig is matched by every error a constructor of bucket, semaphore,
+// local or transport returns when it refuses its configuration or its
+// Redis client; the message names the package and what is wrong ("bucket:
+// invalid config: Capacity 0, want ≥ 1"). It does not match ErrLimited: a bad
 // configuration is a bug to fix, not a refusal to back off from.
 var ErrConfig = errors.New("sluice: invalid config")
 

@@ -66,7 +66,7 @@ import (
 
 // Errors. Refusals (matching sluice.ErrQueueFull or sluice.ErrWaitTooLong)
 // consume nothing and match sluice.ErrLimited; calls after Close match
-// sluice.ErrClosed; ErrConfig matches sluice.ErrConfig. A cost above a
+// sluice.ErrClosed; a refused configuration, sluice.ErrConfig. A cost above a
 // policy's Capacity can never be granted: it is refused at once with an
 // error matching sluice.ErrCostExceedsCapacity, not sluice.ErrLimited. A
 // process whose policies are not the ones in force in Redis (see
@@ -78,7 +78,7 @@ var (
 	errClosed      = fmt.Errorf("bucket: %w", sluice.ErrClosed)
 	errQueueFull   = fmt.Errorf("bucket: %w", sluice.ErrQueueFull)
 	errWaitTooLong = fmt.Errorf("bucket: %w", sluice.ErrWaitTooLong)
-	ErrConfig      = configerr.New("bucket")
+	errConfig      = configerr.New("bucket")
 	// ErrNotReplicated: with Config.ReplicaAcks, the writes of the
 	// caller's grant were not acknowledged by that many replicas in time.
 	// The caller must not start; its token is spent.
@@ -414,7 +414,7 @@ func (b *Bucket) newID() string {
 // deadlines shorter than its read timeout, and a caller's deadline would
 // not hold while Redis is slow.
 func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
-	if err := rediscall.CheckClient(ErrConfig, rdb); err != nil {
+	if err := rediscall.CheckClient(errConfig, rdb); err != nil {
 		return nil, err
 	}
 	cfg, err := cfg.withDefaults()
@@ -422,7 +422,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 		return nil, err
 	}
 	if _, ok := rdb.(*redis.Client); cfg.ReplicaAcks > 0 && !ok {
-		return nil, configerr.Invalid(ErrConfig, "ReplicaAcks %d needs a client of one master (*redis.Client, as redis.NewClient and redis.NewFailoverClient return), not %T: WAIT must follow the grant on its connection", cfg.ReplicaAcks, rdb)
+		return nil, configerr.Invalid(errConfig, "ReplicaAcks %d needs a client of one master (*redis.Client, as redis.NewClient and redis.NewFailoverClient return), not %T: WAIT must follow the grant on its connection", cfg.ReplicaAcks, rdb)
 	}
 	policies := cfg.Policies
 	if cfg.Capacity != 0 {
@@ -489,7 +489,7 @@ func grace(cfg Config) time.Duration {
 
 func (c Config) withDefaults() (Config, error) {
 	bad := func(format string, a ...any) (Config, error) {
-		return c, configerr.Invalid(ErrConfig, format, a...)
+		return c, configerr.Invalid(errConfig, format, a...)
 	}
 	if c.Name == "" {
 		return bad("empty Name")
@@ -508,7 +508,7 @@ func (c Config) withDefaults() (Config, error) {
 	if c.KeyPrefix == "" {
 		c.KeyPrefix = rediskey.DefaultPrefix
 	}
-	if err := rediskey.CheckPrefix(ErrConfig, c.KeyPrefix); err != nil {
+	if err := rediskey.CheckPrefix(errConfig, c.KeyPrefix); err != nil {
 		return c, err
 	}
 	switch {
@@ -567,7 +567,7 @@ func (c Config) withDefaults() (Config, error) {
 // checkPolicy validates one policy; where prefixes its fields' names.
 func checkPolicy(p Policy, where string) error {
 	bad := func(format string, a ...any) error {
-		return configerr.Invalid(ErrConfig, where+format, a...)
+		return configerr.Invalid(errConfig, where+format, a...)
 	}
 	const maxCount = 1 << 40 // Lua numbers are doubles: keep every sum exact
 	if p.Kind != TokenBucket {
@@ -671,7 +671,7 @@ func windows(ps []Policy, lookahead time.Duration, where string) error {
 		}
 		p.RefillAmount = p.Capacity
 		if p.Kind == RollingWindow && p.RefillFrequency <= lookahead {
-			return configerr.Invalid(ErrConfig, "%s[%d]: a rolling window of %v, want one longer than Lookahead (%v)", where, i, p.RefillFrequency, lookahead)
+			return configerr.Invalid(errConfig, "%s[%d]: a rolling window of %v, want one longer than Lookahead (%v)", where, i, p.RefillFrequency, lookahead)
 		}
 	}
 	return nil

@@ -56,7 +56,7 @@ func TestNewRejectsBadInput(t *testing.T) {
 				b.Close()
 				t.Fatal("New accepted it")
 			}
-			if !errors.Is(err, bucket.ErrConfig) || !contains(err.Error(), tc.want) {
+			if !errors.Is(err, sluice.ErrConfig) || !contains(err.Error(), tc.want) {
 				t.Fatalf("error %q, want ErrConfig mentioning %q", err, tc.want)
 			}
 		})
@@ -132,7 +132,7 @@ func TestNewRejectsClientIgnoringDeadlines(t *testing.T) {
 	} {
 		_, err := bucket.New(rdb, valid())
 		rdb.Close()
-		if !errors.Is(err, bucket.ErrConfig) || !errors.Is(err, sluice.ErrConfig) || !contains(err.Error(), "ContextTimeoutEnabled") {
+		if !errors.Is(err, sluice.ErrConfig) || !errors.Is(err, sluice.ErrConfig) || !contains(err.Error(), "ContextTimeoutEnabled") {
 			t.Errorf("%s: New = %v, want ErrConfig naming ContextTimeoutEnabled", name, err)
 		}
 	}

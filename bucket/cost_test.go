@@ -316,7 +316,7 @@ func TestNewRejectsBadPolicies(t *testing.T) {
 		{bucket.Config{Name: "n", RefillAmount: 1, Policies: []bucket.Policy{ok}}, "Capacity 0"},
 	} {
 		_, err := bucket.New(rdb, tc.cfg)
-		if !errors.Is(err, bucket.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+		if !errors.Is(err, sluice.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("New(%+v) = %v, want ErrConfig saying %q", tc.cfg, err, tc.want)
 		}
 	}
@@ -431,7 +431,7 @@ func TestRate(t *testing.T) {
 	} {
 		// A user who wrote Rate learns which of its arguments is wrong.
 		_, err := bucket.New(rdb, bucket.Config{Name: "n", Policies: []bucket.Policy{tc.p}})
-		if !errors.Is(err, bucket.ErrConfig) || !strings.Contains(err.Error(), "Rate(n, period, burst): "+tc.words+")") {
+		if !errors.Is(err, sluice.ErrConfig) || !strings.Contains(err.Error(), "Rate(n, period, burst): "+tc.words+")") {
 			t.Errorf("New with %+v: %v, want ErrConfig naming Rate's %s", tc.p, err, tc.words)
 		}
 	}

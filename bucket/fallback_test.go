@@ -208,7 +208,7 @@ func TestLocalShareConfig(t *testing.T) {
 			Policies: []bucket.Policy{bucket.Rolling(100, time.Minute)}}, "Policies[0] a RollingWindow"},
 	} {
 		_, err := bucket.New(rdb, c.cfg)
-		if !errors.Is(err, bucket.ErrConfig) || !contains(err.Error(), c.want) {
+		if !errors.Is(err, sluice.ErrConfig) || !contains(err.Error(), c.want) {
 			t.Errorf("New(%+v): %v, want ErrConfig saying %q", c.cfg, err, c.want)
 		}
 	}

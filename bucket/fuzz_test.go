@@ -59,7 +59,7 @@ func FuzzConfig(f *testing.F) {
 			MaxLateness: time.Duration(late), MaxQueue: maxQueue, MaxWait: time.Duration(maxWait)}
 		b, err := bucket.New(rdb, cfg)
 		if err != nil {
-			if !errors.Is(err, bucket.ErrConfig) {
+			if !errors.Is(err, sluice.ErrConfig) {
 				t.Fatalf("New(%+v): %v, want ErrConfig or a bucket", cfg, err)
 			}
 			return

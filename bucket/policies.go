@@ -77,7 +77,7 @@ func (b *Bucket) Policies(ctx context.Context) ([]Policy, error) {
 // counting calls), each valid as in Config.
 func (b *Bucket) SetPolicies(ctx context.Context, carry Carry, policies ...Policy) error {
 	if len(policies) == 0 {
-		return configerr.Invalid(ErrConfig, "SetPolicies with no policy")
+		return configerr.Invalid(errConfig, "SetPolicies with no policy")
 	}
 	for i, p := range policies {
 		if err := checkPolicy(p, fmt.Sprintf("policies[%d] ", i)); err != nil {
@@ -89,7 +89,7 @@ func (b *Bucket) SetPolicies(ctx context.Context, carry Carry, policies ...Polic
 		return err
 	}
 	if carry < Proportionally || carry > Fill {
-		return configerr.Invalid(ErrConfig, "Carry %d, want Proportionally, AsIs or Fill", carry)
+		return configerr.Invalid(errConfig, "Carry %d, want Proportionally, AsIs or Fill", carry)
 	}
 	ps := toQueue(policies)
 	r, err := b.q.Change(ctx, int(carry), func(queue.Config, time.Time) (queue.Config, bool) {

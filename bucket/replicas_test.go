@@ -3,6 +3,7 @@ package bucket_test
 import (
 	"context"
 	"errors"
+	"github.com/sluicehq/sluice"
 	"strconv"
 	"strings"
 	"testing"
@@ -102,7 +103,7 @@ func TestReplicaAcksNeedsOneMaster(t *testing.T) {
 	} {
 		cfg := base
 		tc.edit(&cfg)
-		if _, err := bucket.New(tc.rdb, cfg); !errors.Is(err, bucket.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+		if _, err := bucket.New(tc.rdb, cfg); !errors.Is(err, sluice.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("New(%T, %+v) = %v, want ErrConfig naming %q", tc.rdb, cfg, err, tc.want)
 		}
 	}

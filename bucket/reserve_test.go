@@ -3,6 +3,7 @@ package bucket_test
 import (
 	"context"
 	"errors"
+	"github.com/sluicehq/sluice"
 	"sync"
 	"syscall"
 	"testing"
@@ -225,7 +226,7 @@ func TestSettleErrors(t *testing.T) {
 		t.Fatalf("Settle past ReservationTTL: %v", err)
 	}
 	wantLevels(t, b2, "after a settle past the TTL", 80)
-	if _, err := bucket.New(clientOf(t, srv), bucket.Config{Name: "x", Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second, ReservationTTL: -time.Second}); !errors.Is(err, bucket.ErrConfig) {
+	if _, err := bucket.New(clientOf(t, srv), bucket.Config{Name: "x", Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second, ReservationTTL: -time.Second}); !errors.Is(err, sluice.ErrConfig) {
 		t.Fatalf("negative ReservationTTL: %v", err)
 	}
 }

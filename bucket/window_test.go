@@ -3,6 +3,7 @@ package bucket_test
 import (
 	"context"
 	"errors"
+	"github.com/sluicehq/sluice"
 	"sync"
 	"testing"
 	"time"
@@ -194,7 +195,7 @@ func TestWindowConfig(t *testing.T) {
 		{Capacity: 10, RefillAmount: 3, RefillFrequency: time.Second, Kind: bucket.RollingWindow},
 		{Capacity: 10, RefillAmount: 10, RefillFrequency: time.Second, Kind: 7},
 	} {
-		if _, err := bucket.New(clientOf(t, srv), bucket.Config{Name: "x", Policies: []bucket.Policy{p}}); !errors.Is(err, bucket.ErrConfig) {
+		if _, err := bucket.New(clientOf(t, srv), bucket.Config{Name: "x", Policies: []bucket.Policy{p}}); !errors.Is(err, sluice.ErrConfig) {
 			t.Errorf("%+v: %v, want ErrConfig", p, err)
 		} else {
 			t.Log(err)
@@ -218,7 +219,7 @@ func TestWindowConfig(t *testing.T) {
 	if err := b.Enter(short); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("an 11th call within the hour: %v", err)
 	}
-	if err := b.SetPolicies(ctx, bucket.AsIs, bucket.Rolling(10, 10*time.Millisecond)); !errors.Is(err, bucket.ErrConfig) {
+	if err := b.SetPolicies(ctx, bucket.AsIs, bucket.Rolling(10, 10*time.Millisecond)); !errors.Is(err, sluice.ErrConfig) {
 		t.Fatalf("SetPolicies to a window shorter than the lookahead: %v", err)
 	}
 }

@@ -60,7 +60,7 @@ type Concurrency struct {
 }
 
 // NewConcurrency returns a Concurrency configured by cfg, or an error
-// wrapping ErrConfig if cfg is out of range.
+// wrapping sluice.ErrConfig if cfg is out of range.
 func NewConcurrency(cfg ConcurrencyConfig) (*Concurrency, error) {
 	switch {
 	case cfg.Limit < 1:

@@ -28,7 +28,7 @@ func TestNewConcurrencyValidates(t *testing.T) {
 	}
 	for _, tt := range tests {
 		c, err := NewConcurrency(tt.cfg)
-		if tt.ok != (err == nil) || tt.ok != (c != nil) || (!tt.ok && !errors.Is(err, ErrConfig)) {
+		if tt.ok != (err == nil) || tt.ok != (c != nil) || (!tt.ok && !errors.Is(err, errConfig)) {
 			t.Errorf("NewConcurrency(%+v) = %v, %v; want ok %v", tt.cfg, c, err, tt.ok)
 		}
 	}

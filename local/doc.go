@@ -50,7 +50,7 @@
 // sluice.ErrLimited: waiting would not help. When the caller's context ends first, the limiters return
 // an error that matches ctx.Err() with errors.Is, and whatever the caller had
 // reserved is given back. Constructors return errors wrapping
-// ErrConfig and never panic.
+// sluice.ErrConfig and never panic.
 //
 // Rate, Concurrency and Spacer count their calls for Stats (a
 // sluice.StatsReader) and tell the Observer of their config, if any, of

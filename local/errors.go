@@ -45,14 +45,12 @@ func checkCost(n int, name string, capacity int) error {
 	return nil
 }
 
-// ErrConfig is wrapped by every error a constructor returns; it matches
-// sluice.ErrConfig, as bucket.ErrConfig and semaphore.ErrConfig do. It does
-// not match sluice.ErrLimited: a bad configuration is a bug to fix, not a
-// refusal to back off from.
-var ErrConfig = configerr.New("local")
+// errConfig is wrapped by every error a constructor returns; it matches
+// sluice.ErrConfig.
+var errConfig = configerr.New("local")
 
 func invalid(format string, args ...any) error {
-	return configerr.Invalid(ErrConfig, format, args...)
+	return configerr.Invalid(errConfig, format, args...)
 }
 
 // negativeCost is the error for a negative cost: a bug in the caller, so

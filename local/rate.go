@@ -72,7 +72,7 @@ type Rate struct {
 }
 
 // NewRate returns a Rate configured by cfg, or an error wrapping
-// ErrConfig if cfg is out of range.
+// sluice.ErrConfig if cfg is out of range.
 func NewRate(cfg RateConfig) (*Rate, error) {
 	switch {
 	case cfg.Rate < 1:

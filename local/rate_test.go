@@ -39,8 +39,8 @@ func TestNewRateValidates(t *testing.T) {
 			if tt.ok && (err != nil || r == nil) {
 				t.Fatalf("NewRate(%+v) = %v, %v; want a limiter", tt.cfg, r, err)
 			}
-			if !tt.ok && (!errors.Is(err, ErrConfig) || r != nil) {
-				t.Fatalf("NewRate(%+v) = %v, %v; want ErrConfig", tt.cfg, r, err)
+			if !tt.ok && (!errors.Is(err, errConfig) || r != nil) {
+				t.Fatalf("NewRate(%+v) = %v, %v; want errConfig", tt.cfg, r, err)
 			}
 			if !tt.ok && errors.Is(err, sluice.ErrLimited) {
 				t.Fatalf("config error %v must not look like a refusal", err)

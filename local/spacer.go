@@ -41,7 +41,7 @@ type Spacer struct {
 }
 
 // NewSpacer returns a Spacer configured by cfg, or an error wrapping
-// ErrConfig if Space is not positive.
+// sluice.ErrConfig if Space is not positive.
 func NewSpacer(cfg SpacerConfig) (*Spacer, error) {
 	if cfg.Space <= 0 {
 		return nil, invalid("Space is %v, must be positive", cfg.Space)

@@ -21,7 +21,7 @@ func TestNewSpacerValidates(t *testing.T) {
 	}
 	for _, tt := range tests {
 		s, err := NewSpacer(tt.cfg)
-		if tt.ok != (err == nil) || tt.ok != (s != nil) || (!tt.ok && !errors.Is(err, ErrConfig)) {
+		if tt.ok != (err == nil) || tt.ok != (s != nil) || (!tt.ok && !errors.Is(err, errConfig)) {
 			t.Errorf("NewSpacer(%+v) = %v, %v; want ok %v", tt.cfg, s, err, tt.ok)
 		}
 	}

@@ -628,8 +628,8 @@ func TestStoredConfig(t *testing.T) {
 	if n, err := s.Capacity(ctx); err != nil || n != 7 {
 		t.Fatalf("Capacity: %d, %v; want 7", n, err)
 	}
-	if err := s.SetCapacity(ctx, 0); !errors.Is(err, ErrConfig) {
-		t.Fatalf("SetCapacity(0): %v, want ErrConfig", err)
+	if err := s.SetCapacity(ctx, 0); !errors.Is(err, errConfig) {
+		t.Fatalf("SetCapacity(0): %v, want errConfig", err)
 	}
 	for _, tc := range []struct {
 		format, capacity interface{}

@@ -131,13 +131,13 @@ const LocalShare Fallback = 1
 // withDefaults validates c and fills in the defaults.
 func (c Config) withDefaults() (Config, error) {
 	if c.Name == "" {
-		return c, configerr.Invalid(ErrConfig, "empty Name")
+		return c, configerr.Invalid(errConfig, "empty Name")
 	}
 	if c.Capacity < 1 {
-		return c, configerr.Invalid(ErrConfig, "Capacity %d, want at least 1", c.Capacity)
+		return c, configerr.Invalid(errConfig, "Capacity %d, want at least 1", c.Capacity)
 	}
 	if c.MaxQueue < 0 {
-		return c, configerr.Invalid(ErrConfig, "MaxQueue %d, want 0 (no bound) or more", c.MaxQueue)
+		return c, configerr.Invalid(errConfig, "MaxQueue %d, want 0 (no bound) or more", c.MaxQueue)
 	}
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = DefaultLeaseTTL
@@ -150,16 +150,16 @@ func (c Config) withDefaults() (Config, error) {
 		v    time.Duration
 	}{{"LeaseTTL", c.LeaseTTL}, {"QueueTTL", c.QueueTTL}} {
 		if d.v < minTTL || d.v > maxTTL {
-			return c, configerr.Invalid(ErrConfig, "%s %v, want 0 (default) or between %v and %v", d.name, d.v, minTTL, maxTTL)
+			return c, configerr.Invalid(errConfig, "%s %v, want 0 (default) or between %v and %v", d.name, d.v, minTTL, maxTTL)
 		}
 	}
 	if c.Fallback != 0 && c.Fallback != LocalShare {
-		return c, configerr.Invalid(ErrConfig, "Fallback %d, want 0 (fail while Redis is unreachable) or LocalShare", c.Fallback)
+		return c, configerr.Invalid(errConfig, "Fallback %d, want 0 (fail while Redis is unreachable) or LocalShare", c.Fallback)
 	}
 	if c.KeyPrefix == "" {
 		c.KeyPrefix = rediskey.DefaultPrefix
 	}
-	return c, rediskey.CheckPrefix(ErrConfig, c.KeyPrefix)
+	return c, rediskey.CheckPrefix(errConfig, c.KeyPrefix)
 }
 
 // beat is the renewal and refresh period: a third of the shorter TTL, so

@@ -341,8 +341,8 @@ func TestFallbackErrorReply(t *testing.T) {
 func TestFallbackConfig(t *testing.T) {
 	e := newEnv(t)
 	_, err := New(e.rdb, Config{Name: "x", Capacity: 1, Fallback: 2})
-	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "Fallback 2") {
-		t.Fatalf("New with Fallback 2: %v, want ErrConfig naming Fallback", err)
+	if !errors.Is(err, errConfig) || !strings.Contains(err.Error(), "Fallback 2") {
+		t.Fatalf("New with Fallback 2: %v, want errConfig naming Fallback", err)
 	}
 }
 

@@ -33,9 +33,9 @@ var (
 	// already wait: sluice.ErrQueueFull, which wraps sluice.ErrLimited.
 	errQueueFull = fmt.Errorf("semaphore: %w", sluice.ErrQueueFull)
 
-	// ErrConfig is wrapped by every error New returns; it matches
+	// errConfig is wrapped by every error New returns; it matches
 	// sluice.ErrConfig.
-	ErrConfig = configerr.New("semaphore")
+	errConfig = configerr.New("semaphore")
 
 	// ErrLeaseLost reports that a permit's lease ended before it was
 	// released: it could not be renewed in time (the process stalled or
@@ -147,11 +147,11 @@ type leaveOp struct {
 // starts the Semaphore's goroutines; it does not talk to Redis, so it
 // succeeds while Redis is down. The caller must call Close.
 //
-// rdb must have ContextTimeoutEnabled set, or New refuses it (ErrConfig):
+// rdb must have ContextTimeoutEnabled set, or New refuses it (sluice.ErrConfig):
 // go-redis would otherwise ignore context deadlines shorter than its
 // ReadTimeout, and a frozen Redis could hold a call for that long.
 func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
-	if err := rediscall.CheckClient(ErrConfig, rdb); err != nil {
+	if err := rediscall.CheckClient(errConfig, rdb); err != nil {
 		return nil, err
 	}
 	cfg, err := cfg.withDefaults()
@@ -470,13 +470,13 @@ func (s *Semaphore) Do(ctx context.Context, fn func(ctx context.Context) error) 
 // capacity stays stored while the semaphore is used, and for a week
 // after its last use.
 //
-// n must be at least 1 (else ErrConfig). It returns sluice.ErrClosed after Close,
+// n must be at least 1 (else sluice.ErrConfig). It returns sluice.ErrClosed after Close,
 // an error naming the format for state written by a newer version, and
 // an error wrapping Redis's (matching ctx.Err() when ctx ended first) when
 // Redis did not answer; the change may then have happened or not.
 func (s *Semaphore) SetCapacity(ctx context.Context, n int) error {
 	if n < 1 {
-		return configerr.Invalid(ErrConfig, "capacity %d, want at least 1", n)
+		return configerr.Invalid(errConfig, "capacity %d, want at least 1", n)
 	}
 	s.mu.Lock()
 	closed := s.closed

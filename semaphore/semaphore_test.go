@@ -41,8 +41,8 @@ func TestNewValidates(t *testing.T) {
 				s.Close()
 				t.Fatal("New accepted it")
 			}
-			if !errors.Is(err, ErrConfig) || !errors.Is(err, sluice.ErrConfig) {
-				t.Fatalf("%v: not ErrConfig", err)
+			if !errors.Is(err, errConfig) || !errors.Is(err, sluice.ErrConfig) {
+				t.Fatalf("%v: not errConfig", err)
 			}
 			t.Log(err)
 		})

@@ -82,7 +82,7 @@ type Usage func(doc []byte, seen bucket.Cost) bool
 //
 // Always read the body to its end or close it: a body neither read to
 // its end nor closed never settles. RoundTrip refuses a limiter without
-// Reserve with an error matching ErrConfig. WithReserve overrides
+// Reserve with an error matching sluice.ErrConfig. WithReserve overrides
 // WithEnter and WithCost. A nil estimate reserves one call, as Enter
 // would; a nil usage reads nothing: every call keeps its estimate.
 func WithReserve(estimate func(req *http.Request) bucket.Cost, usage Usage) Option {
@@ -107,7 +107,7 @@ func (t *Transport) sendReserved(ctx context.Context, r *http.Request) (*http.Re
 	rv, ok := t.lim.(reserver)
 	if !ok {
 		closeBody(r)
-		return nil, nil, configerr.Invalid(ErrConfig, "WithReserve for a limiter (%T) with no Reserve", t.lim)
+		return nil, nil, configerr.Invalid(errConfig, "WithReserve for a limiter (%T) with no Reserve", t.lim)
 	}
 	var estimate bucket.Cost // nil: Enter's cost
 	if t.reserve.estimate != nil {

@@ -31,10 +31,10 @@ import (
 	"github.com/sluicehq/sluice/upstream"
 )
 
-// ErrConfig is returned by RoundTrip when the options ask what the limiter
+// errConfig is returned by RoundTrip when the options ask what the limiter
 // cannot do: a cost other than 0 or 1 for a limiter with no EnterN. It
 // matches sluice.ErrConfig.
-var ErrConfig = configerr.New("transport")
+var errConfig = configerr.New("transport")
 
 // defaultRetries is how many times a refused request is sent again unless
 // WithRetries says otherwise.
@@ -73,7 +73,7 @@ type Option func(*Transport)
 // with EnterN(ctx, cost(req)) when the limiter has EnterN (bucket.Bucket,
 // local.Rate and local.Noop have it). A cost of 0 enters nothing. A
 // limiter without EnterN takes only costs 0 and 1; RoundTrip refuses any
-// other with an error matching ErrConfig. Without WithCost every request
+// other with an error matching sluice.ErrConfig. Without WithCost every request
 // costs one call. cost is called once per attempt, with the request as it
 // is sent.
 func WithCost(cost func(req *http.Request) int) Option {
@@ -266,7 +266,7 @@ func (t *Transport) enterCost(ctx context.Context, n int) error {
 	case n == 1:
 		return errUseDo
 	}
-	return configerr.Invalid(ErrConfig, "cost %d for a limiter (%T) with no EnterN: only 0 and 1 can be entered", n, t.lim)
+	return configerr.Invalid(errConfig, "cost %d for a limiter (%T) with no EnterN: only 0 and 1 can be entered", n, t.lim)
 }
 
 // sendInDo sends r inside the limiter's Do, for a limiter with nothing

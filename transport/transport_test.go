@@ -180,7 +180,7 @@ func TestEntering(t *testing.T) {
 		{"Enter only, cost 0 enters nothing", func(l *limiter) sluice.Limiter { return enterOnly{l} }, cost(0), 0, 0, nil, nil, 1},
 		{"Enter only, cost 3 is a config error", func(l *limiter) sluice.Limiter { return enterOnly{l} }, cost(3), 0, 0, nil, sluice.ErrConfig, 0},
 		{"Do only", func(l *limiter) sluice.Limiter { return doOnly{l} }, nil, 0, 1, nil, nil, 1},
-		{"Do only, cost 2 is a config error", func(l *limiter) sluice.Limiter { return doOnly{l} }, cost(2), 0, 0, nil, ErrConfig, 0},
+		{"Do only, cost 2 is a config error", func(l *limiter) sluice.Limiter { return doOnly{l} }, cost(2), 0, 0, nil, errConfig, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

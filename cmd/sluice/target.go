@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	sl "github.com/sluicehq/sluice"
 	"io"
 	"strings"
 	"time"
@@ -94,7 +95,7 @@ func (t *target) open(name string, own []bucket.Policy) (*redis.Client, *bucket.
 	b, err := bucket.New(rdb, bucket.Config{Name: name, KeyPrefix: t.prefix, Policies: own, Adopt: true})
 	if err != nil {
 		rdb.Close()
-		if errors.Is(err, bucket.ErrConfig) {
+		if errors.Is(err, sl.ErrConfig) {
 			return nil, nil, usagef("bucket %q with --prefix %q: %v", name, t.prefix, err)
 		}
 		return nil, nil, err
