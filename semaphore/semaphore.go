@@ -61,6 +61,22 @@ var (
 // Semaphore is safe for concurrent use; use one per process and semaphore
 // name.
 type Semaphore struct {
+	setup
+	counts
+	runner
+
+	// mu guards the groups below it (and every waiter's and Permit's
+	// mutable fields); it is taken before runner.dmu, never after it.
+	mu sync.Mutex
+	callers
+	outbox
+	heard
+	fallbackState
+}
+
+// setup is what New fixes and nothing changes after it: read by every
+// goroutine without a lock.
+type setup struct {
 	rdb         redis.UniversalClient
 	cfg         Config
 	keys        []string // leases, queue, seq, weights, config: the KEYS of sync.lua
@@ -70,41 +86,69 @@ type Semaphore struct {
 	callTimeout time.Duration
 	hub         *hub.Hub       // the Pub/Sub shared by every handle on rdb
 	scripts     redis.Scripter // rdb, its script calls sharing round trips with every handle's (hub.Client)
-	nextID      atomic.Uint64
-	kickCh      chan struct{}
-	poke        *time.Timer       // asks for a beat when the first lease ends
-	bg          *background.Group // the dispatcher, while it has work
-	dispatching bool              // the dispatcher runs; guarded by dmu
-	dmu         sync.Mutex        // taken after mu, never before it
-	stopListen  func()            // stops the grant notifications; nil while none is wanted (under mu)
+	// trace is this process's presence in Redis, which divides the
+	// capacity at a switch to the local share: nil without
+	// Config.Fallback (fallback.go). It is safe for concurrent use.
+	trace *presence.Trace
+}
 
-	mu           sync.Mutex
-	closed       bool
-	beatDue      bool
-	waiters      map[string]*waiter // waiting, by id
-	holders      map[string]*Permit // held, by id
-	pendAcquire  []*waiter          // not yet sent to Redis
-	pendRelease  []releaseOp        // to send at the next exchange (the dispatcher's, or a lone arrival's)
-	sending      bool               // this process's exchange is in flight (one at a time)
-	sent         chan struct{}      // closed when the exchange in flight ends, if someone waits (flush)
-	pendLeave    []leaveOp          // to send at the next exchange
-	retryRelease []releaseOp        // failed; sent again at the next beat
-	retryLeave   []leaveOp          // failed; sent again at the next beat
-	lastErr      error              // why the last exchange failed; nil once one succeeds
-	capacity     int                // in force, as last heard from Redis; cfg.Capacity before
-	accepted     bool               // Redis ran a call under capacity: follow its changes
+// counts are atomics, read without a lock: the ids of arrivals and the
+// figures of Stats and the Observer. held and leasesLost are written
+// under mu, beside the holders they follow; Stats reads them without it.
+type counts struct {
+	nextID     atomic.Uint64 // the last arrival's sequence number in this process
+	tally      verdict.Tally // the calls; its names are set by New
+	held       atomic.Int64  // the weight held by this process's permits now
+	leasesLost atomic.Int64  // the leases lost while held
+}
 
-	// For Stats and the Observer: the calls (tally), the weight held by
-	// this process's permits now, and the leases lost while held.
-	tally      verdict.Tally
-	held       atomic.Int64
-	leasesLost atomic.Int64
+// runner starts and wakes the dispatcher. Its fields are set by New;
+// only dispatching changes, under dmu.
+type runner struct {
+	bg          *background.Group // the dispatcher while it has work, a trace being sent, a call to a Redis that may be away
+	kickCh      chan struct{}     // wakes the dispatcher (buffered: one wake-up pending at most)
+	poke        *time.Timer       // asks for a beat when the first lease ends; reset by exchange
+	dmu         sync.Mutex
+	dispatching bool // the dispatcher runs; guarded by dmu
+}
 
-	mismatchSaid int64 // the capacity in force last logged as refusing ours; guarded by mu
+// callers are this process's callers, waiting and holding; guarded by mu.
+// Written by the callers themselves (Acquire, Release, Close), by the
+// exchanges' replies, by wake (the Hub's goroutine) and by lease timers.
+type callers struct {
+	closed     bool
+	waiters    map[string]*waiter // waiting, by id
+	holders    map[string]*Permit // held, by id
+	stopListen func()             // stops the grant notifications; nil while none is wanted
+}
 
-	// Config.Fallback (fallback.go): trace is nil without one; the rest
-	// is guarded by mu.
-	trace    *presence.Trace
+// outbox is what the next exchange with Redis carries, and the exchange
+// in flight; guarded by mu. Callers (Acquire, Release, Close) and the
+// reply of the last exchange add to it; take empties it into a batch.
+type outbox struct {
+	pendAcquire  []*waiter     // not yet sent to Redis
+	pendRelease  []releaseOp   // to send at the next exchange (the dispatcher's, or a lone arrival's)
+	pendLeave    []leaveOp     // to send at the next exchange
+	retryRelease []releaseOp   // failed; sent again at the next beat
+	retryLeave   []leaveOp     // failed; sent again at the next beat
+	beatDue      bool          // the next exchange renews, refreshes and retries
+	sending      bool          // this process's exchange is in flight (one at a time)
+	sent         chan struct{} // closed when the exchange in flight ends, if someone waits (flush)
+}
+
+// heard is what this process last heard from Redis; guarded by mu.
+// Written by the exchanges' replies and failures (and by a switch to or
+// from the local share), read by callers.
+type heard struct {
+	lastErr      error // why the last exchange failed; nil once one succeeds
+	capacity     int   // in force, as last heard from Redis; cfg.Capacity before
+	accepted     bool  // Redis ran a call under capacity: follow its changes
+	mismatchSaid int64 // the capacity in force last logged as refusing ours
+}
+
+// fallbackState is Config.Fallback's switch to the local share and back
+// (fallback.go); guarded by mu. It stays at onRedis without a fallback.
+type fallbackState struct {
 	mode     fallbackMode
 	share    int       // weight this process may hold while local
 	procs    int       // the count the share divided by
@@ -164,17 +208,17 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 	}
 	base := keyBase(cfg.KeyPrefix, cfg.Name)
 	s := &Semaphore{
-		rdb:         rdb,
-		cfg:         cfg,
-		keys:        []string{base + suffixLeases, base + suffixQueue, base + suffixSeq, base + suffixWeights, base + suffixConfig},
-		chanPrefix:  base + suffixWake + ":",
-		proc:        hex.EncodeToString(raw[:]),
-		callTimeout: max(2*cfg.beat(), 100*time.Millisecond),
-		kickCh:      make(chan struct{}, 1),
-		waiters:     make(map[string]*waiter),
-		holders:     make(map[string]*Permit),
-		capacity:    cfg.Capacity,
-		accepted:    cfg.Adopt,
+		setup: setup{
+			rdb:         rdb,
+			cfg:         cfg,
+			keys:        []string{base + suffixLeases, base + suffixQueue, base + suffixSeq, base + suffixWeights, base + suffixConfig},
+			chanPrefix:  base + suffixWake + ":",
+			proc:        hex.EncodeToString(raw[:]),
+			callTimeout: max(2*cfg.beat(), 100*time.Millisecond),
+		},
+		runner:  runner{kickCh: make(chan struct{}, 1)},
+		callers: callers{waiters: make(map[string]*waiter), holders: make(map[string]*Permit)},
+		heard:   heard{capacity: cfg.Capacity, accepted: cfg.Adopt},
 	}
 	s.fixedArgs = []any{scriptreply.Micros(cfg.LeaseTTL), scriptreply.Micros(cfg.QueueTTL), cfg.MaxQueue, s.chanPrefix, s.proc,
 		storeFormat, keepConfig.Milliseconds()}
