@@ -182,6 +182,33 @@ func (s *Semaphore) take() (b batch, closed, busy bool) {
 // (s.sending); SetCapacity's may run beside either. Each is one script
 // call, and the reply is applied under s.mu.
 func (s *Semaphore) exchange(ctx context.Context, b batch) {
+	args := s.syncArgs(b)
+	tctx, cancel := context.WithTimeout(ctx, s.callTimeout)
+	defer cancel()
+	sent := time.Now()
+	v, runErr := s.runSync(tctx, args)
+	var r reply
+	err := runErr
+	if err == nil {
+		r, err = parseReply(v, &b)
+	}
+	if err != nil {
+		s.exchangeFailed(ctx, tctx, b, err, runErr, sent)
+		return
+	}
+	if s.applyRefusal(b, r) {
+		return
+	}
+	if d, ok := s.apply(b, r, sent); ok {
+		// When the first lease ends while this process waits, so a dead
+		// holder's place is handed on at once rather than at the next beat.
+		s.poke.Reset(d)
+	}
+}
+
+// syncArgs is sync.lua's ARGV for b (see its header): the counts and
+// modes first, then the ids of each list in the order of the counts.
+func (s *Semaphore) syncArgs(b batch) []interface{} {
 	s.mu.Lock()
 	wantWait := 0
 	if b.wantWait && len(s.waiters) > 0 {
@@ -222,58 +249,58 @@ func (s *Semaphore) exchange(ctx context.Context, b batch) {
 	for _, w := range b.acquires {
 		args = append(args, w.id)
 	}
+	return args
+}
 
-	tctx, cancel := context.WithTimeout(ctx, s.callTimeout)
-	defer cancel()
-	sent := time.Now()
-	var v interface{}
-	var runErr error
+// runSync runs sync.lua with args: through runAway while a switch to the
+// local share is possible (this process knows a share), else directly.
+func (s *Semaphore) runSync(ctx context.Context, args []interface{}) (interface{}, error) {
 	if s.trace != nil && s.trace.Count() > 0 {
-		v, runErr = s.runAway(tctx, args)
-	} else {
-		v, runErr = syncScript.Run(tctx, s.scripts, s.keys, args...).Result()
+		return s.runAway(ctx, args)
 	}
-	var r reply
-	err := runErr
-	if err == nil {
-		r, err = parseReply(v, &b)
-	}
-	if err != nil {
-		// A direct arrival's caller's ctx ended (go-redis may report its
-		// deadline as a socket timeout a moment early): Acquire gives
-		// the place up and returns ctx's error, as when it ends in the
-		// queue. Otherwise only this exchange's own time limit makes it
-		// "no answer".
-		if dl, ok := ctx.Deadline(); ctx.Err() != nil || (ok && time.Until(dl) < time.Millisecond) {
-			s.failed(b, err, true)
-			return
-		}
-		byAway := errors.Is(runErr, errAway)
-		timedOut := !byAway && tctx.Err() != nil && ctx.Err() == nil
-		if s.trace != nil && runErr != nil {
-			if cause, away := s.awayCause(runErr, byAway, timedOut, sent); away {
-				s.goLocal(b, cause)
-				return
-			}
-		}
-		s.failed(b, s.cause(err, timedOut), false)
+	return syncScript.Run(ctx, s.scripts, s.keys, args...).Result()
+}
+
+// exchangeFailed handles an exchange of b that got no usable reply: err
+// is the call's error (runErr) or, when the call succeeded, the reply's.
+// ctx is the exchange's caller's, tctx the exchange's own, with its time
+// limit; sent is when the call left.
+func (s *Semaphore) exchangeFailed(ctx, tctx context.Context, b batch, err, runErr error, sent time.Time) {
+	// A direct arrival's caller's ctx ended (go-redis may report its
+	// deadline as a socket timeout a moment early): Acquire gives
+	// the place up and returns ctx's error, as when it ends in the
+	// queue. Otherwise only this exchange's own time limit makes it
+	// "no answer".
+	if dl, ok := ctx.Deadline(); ctx.Err() != nil || (ok && time.Until(dl) < time.Millisecond) {
+		s.failed(b, err, true)
 		return
 	}
+	byAway := errors.Is(runErr, errAway)
+	timedOut := !byAway && tctx.Err() != nil && ctx.Err() == nil
+	if s.trace != nil && runErr != nil {
+		if cause, away := s.awayCause(runErr, byAway, timedOut, sent); away {
+			s.goLocal(b, cause)
+			return
+		}
+	}
+	s.failed(b, s.cause(err, timedOut), false)
+}
+
+// applyRefusal handles r when it is a refusal rather than a reply (Redis
+// wrote nothing): state in a format this code does not know, or a
+// capacity other than the one in force. It reports whether r was one.
+func (s *Semaphore) applyRefusal(b batch, r reply) bool {
 	switch r.refusal {
 	case "format":
 		s.failed(b, s.unknownFormat(r.refused), false)
-		return
 	case "mismatch":
 		stored, _ := strconv.ParseInt(r.refused, 10, 64)
 		s.logMismatch(stored)
 		s.refuse(b, s.mismatch(stored))
-		return
+	default:
+		return false
 	}
-	if d, ok := s.apply(b, r, sent); ok {
-		// When the first lease ends while this process waits, so a dead
-		// holder's place is handed on at once rather than at the next beat.
-		s.poke.Reset(d)
-	}
+	return true
 }
 
 // errAway is runAway's error when Redis was marked away during the call.
@@ -475,7 +502,8 @@ func (s *Semaphore) failedLocked(b batch, cause error, callerEnded bool) {
 }
 
 // apply applies a reply to the local state. sent is when the batch left:
-// a lease of d reported by Redis lasts at least until sent+d.
+// a lease of d reported by Redis lasts at least until sent+d. It returns
+// when the first lease ends, for the poke timer, if callers wait.
 func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -489,6 +517,21 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 	if b.set != nil {
 		b.set.done <- nil
 	}
+	s.applyPermitsLocked(b, r, sent)
+	s.applyWaitersLocked(b, r, sent)
+	if s.beatDue || len(s.pendRelease) > 0 {
+		s.kick()
+	}
+	if r.wait >= 0 && len(s.waiters) > 0 {
+		return time.Duration(r.wait)*time.Microsecond + time.Millisecond, true
+	}
+	return 0, false
+}
+
+// applyPermitsLocked takes in what r says of this process's permits: the
+// releases Redis no longer had, the leases renewed or gone, and the
+// permits held while Redis was away, registered now.
+func (s *Semaphore) applyPermitsLocked(b batch, r reply, sent time.Time) {
 	for i, op := range b.releases {
 		if op.asked && r.released[i] != 1 {
 			// Its holder released it in good faith: the lease had ended
@@ -511,6 +554,13 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 			s.loseLocked(p, "gone from Redis (expired there, or Redis lost it)")
 		}
 	}
+	s.applyRegistersLocked(b, sent)
+}
+
+// applyRegistersLocked gives the permits b registered (held while Redis
+// was away) the lease Redis gave them, and starts the settling when b
+// was the first exchange since Redis answered again.
+func (s *Semaphore) applyRegistersLocked(b batch, sent time.Time) {
 	for _, p := range b.registers {
 		s.registeredLocked(p)
 		if p.state != held {
@@ -531,6 +581,13 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 	if b.returning && s.mode == registering {
 		s.settleLocked(len(b.registers))
 	}
+}
+
+// applyWaitersLocked takes in what r says of this process's waiters, and
+// wakes those it decides: the queued ones refreshed (or granted, or too
+// heavy now), the arrivals (granted, queued with a ticket, or refused),
+// and the waiters granted by this call, whoever made it.
+func (s *Semaphore) applyWaitersLocked(b batch, r reply, sent time.Time) {
 	for i, w := range b.refresh {
 		if w.done || w.local {
 			continue
@@ -574,13 +631,6 @@ func (s *Semaphore) apply(b batch, r reply, sent time.Time) (time.Duration, bool
 			s.grantLocked(w, sent.Add(time.Duration(g.us)*time.Microsecond))
 		}
 	}
-	if s.beatDue || len(s.pendRelease) > 0 {
-		s.kick()
-	}
-	if r.wait >= 0 && len(s.waiters) > 0 {
-		return time.Duration(r.wait)*time.Microsecond + time.Millisecond, true
-	}
-	return 0, false
 }
 
 // logChanges tells l, before apply takes r in, of Redis answering again
