@@ -187,9 +187,10 @@ type leaveOp struct {
 	until time.Time
 }
 
-// New returns a Semaphore on rdb described by cfg. It validates cfg and
-// starts the Semaphore's goroutines; it does not talk to Redis, so it
-// succeeds while Redis is down. The caller must call Close.
+// New returns a Semaphore on rdb described by cfg. It validates cfg; it
+// starts no goroutine (one runs only while callers wait) and does not
+// talk to Redis, so it succeeds while Redis is down. The caller must call
+// Close.
 //
 // rdb must have ContextTimeoutEnabled set, or New refuses it (sluice.ErrConfig):
 // go-redis would otherwise ignore context deadlines shorter than its
