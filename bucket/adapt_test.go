@@ -114,6 +114,7 @@ func TestAdaptSaidRateUnderLoad(t *testing.T) {
 			for run.Err() == nil {
 				start := time.Now()
 				rep, err := enterReport(run, b)
+				back := time.Now() // before mu, which every caller shares
 				if err != nil {
 					if run.Err() == nil {
 						mu.Lock()
@@ -123,7 +124,7 @@ func TestAdaptSaidRateUnderLoad(t *testing.T) {
 					return
 				}
 				mu.Lock()
-				grants = append(grants, loadgen.Grant{Start: start.UnixNano(), End: time.Now().UnixNano(), Slot: rep.Slot.UnixMicro(), Ticket: rep.Ticket})
+				grants = append(grants, loadgen.Grant{Start: start.UnixNano(), End: back.UnixNano(), Slot: rep.Slot.UnixMicro(), Ticket: rep.Ticket})
 				mu.Unlock()
 				req, _ := http.NewRequestWithContext(ctx, "GET", up.URL(), nil)
 				resp, err := client.Do(req)

@@ -397,12 +397,13 @@ func TestSchedulerDiesWithManyBuckets(t *testing.T) {
 				defer wg.Done()
 				for time.Now().Before(until) {
 					rep, err := enterReport(ctx, b)
+					end := time.Now() // before mu, which every caller shares
 					if err != nil {
 						t.Errorf("bucket %d: %v", i, err)
 						return
 					}
 					mu.Lock()
-					grants[i] = append(grants[i], loadgen.Grant{Ticket: rep.Ticket, Slot: rep.Slot.UnixMicro(), End: time.Now().UnixNano(), Late: int64(rep.Late)})
+					grants[i] = append(grants[i], loadgen.Grant{Ticket: rep.Ticket, Slot: rep.Slot.UnixMicro(), End: end.UnixNano(), Late: int64(rep.Late)})
 					mu.Unlock()
 				}
 			}()

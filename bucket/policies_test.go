@@ -34,11 +34,12 @@ func saturate(ctx context.Context, b *bucket.Bucket, callers int) (grants []load
 				c, cancel := context.WithTimeout(ctx, 2*time.Second)
 				start := time.Now()
 				rep, err := enterReport(c, b)
+				back := time.Now() // before mu, which every caller shares
 				cancel()
 				mu.Lock()
 				switch {
 				case err == nil:
-					grants = append(grants, loadgen.Grant{Start: start.UnixNano(), End: time.Now().UnixNano(), Slot: rep.Slot.UnixMicro(), Ticket: rep.Ticket})
+					grants = append(grants, loadgen.Grant{Start: start.UnixNano(), End: back.UnixNano(), Slot: rep.Slot.UnixMicro(), Ticket: rep.Ticket})
 				case ctx.Err() == nil && time.Until(end) > 100*time.Millisecond:
 					errs = append(errs, err)
 				}
