@@ -38,6 +38,23 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	return sorted[min(max(k, 1), len(sorted))-1]
 }
 
+// overtakenInOrder counts, among the successful grants not retimed, those
+// some later ticket's slot preceded (bySlot, no tolerance) and those some
+// later ticket's start preceded by more than startTol (byStart). A
+// retimed caller missed its slot (it came back later than MaxLateness)
+// and took a later one by design: retimes are counted on their own.
+func overtakenInOrder(grants []loadgen.Grant, startTol time.Duration) (bySlot, byStart int) {
+	var tickets []int64
+	var slots, starts []time.Time
+	for _, g := range grants {
+		if g.OK() && g.Retimes == 0 {
+			tickets = append(tickets, g.Ticket)
+			slots, starts = append(slots, g.SlotTime()), append(starts, g.Time())
+		}
+	}
+	return overtaken(tickets, slots, 0), overtaken(tickets, starts, startTol)
+}
+
 // overtaken counts the grants that some grant with a later ticket (a caller
 // that arrived at Redis later) preceded by more than tol. Each grant counts
 // once however many overtook it. tickets and at are parallel.
@@ -299,14 +316,12 @@ func analyse(grants []loadgen.Grant, l guarantee.Limit, warmup, maxLate time.Dur
 	const startTol = time.Millisecond
 	s := Saturation{Warmup: warmup, StartTol: startTol, RoundTrips: roundTrips, MaxLateness: maxLate}
 	var (
-		slots, starts     []time.Time
-		onSlots, onStarts []time.Time // not retimed, beside tickets
-		tickets           []int64
-		waits, late       []time.Duration
-		lateSteady        []time.Duration
-		lateInTime        []time.Duration
-		polls             int
-		begin             int64 = math.MaxInt64
+		slots, starts []time.Time
+		waits, late   []time.Duration
+		lateSteady    []time.Duration
+		lateInTime    []time.Duration
+		polls         int
+		begin         int64 = math.MaxInt64
 	)
 	for _, g := range grants {
 		begin = min(begin, g.Start)
@@ -323,13 +338,6 @@ func analyse(grants []loadgen.Grant, l guarantee.Limit, warmup, maxLate time.Dur
 		s.Grants++
 		slots = append(slots, g.SlotTime())
 		starts = append(starts, g.Time())
-		if g.Retimes == 0 {
-			// A retimed caller missed its slot (it came back late) and was
-			// given a later one: counted under retimes, not as overtaken.
-			tickets = append(tickets, g.Ticket)
-			onSlots = append(onSlots, g.SlotTime())
-			onStarts = append(onStarts, g.Time())
-		}
 		late = append(late, g.Time().Sub(g.SlotTime()))
 		steady := g.Start-begin >= int64(warmup)
 		if steady {
@@ -368,8 +376,7 @@ func analyse(grants []loadgen.Grant, l guarantee.Limit, warmup, maxLate time.Dur
 	if s.Wait.P50 > 0 {
 		s.MaxOverMedian = float64(s.Wait.Max) / float64(s.Wait.P50)
 	}
-	s.OvertakenSlot = overtaken(tickets, onSlots, 0)
-	s.OvertakenStart = overtaken(tickets, onStarts, startTol)
+	s.OvertakenSlot, s.OvertakenStart = overtakenInOrder(grants, startTol)
 	s.PollsPerQueued = per(int64(polls), s.Queued)
 	s.Late = distOf(late)
 	s.LateSteady = distOf(lateSteady)

@@ -194,7 +194,6 @@ func judgeQuota(grants []loadgen.Grant, ps []QuotaPolicy, maxLate time.Duration)
 	const startTol = time.Millisecond
 	qf := QuotaFigures{StartTol: startTol, MaxLateness: maxLate}
 	var (
-		onTime        []loadgen.Grant // not retimed
 		slots, starts []time.Time
 		waits         []time.Duration
 		polls         int
@@ -212,12 +211,6 @@ func judgeQuota(grants []loadgen.Grant, ps []QuotaPolicy, maxLate time.Duration)
 		}
 		qf.Grants++
 		slots, starts = append(slots, g.SlotTime()), append(starts, g.Time())
-		if g.Retimes == 0 {
-			// A caller later than MaxLateness took a later slot by
-			// design (retimes, counted on their own): the others keep
-			// arrival order.
-			onTime = append(onTime, g)
-		}
 		for i, p := range ps {
 			c := p.cost(g)
 			ps[i].Units += c
@@ -256,13 +249,7 @@ func judgeQuota(grants []loadgen.Grant, ps []QuotaPolicy, maxLate time.Duration)
 		}
 	}
 	qf.Policies = ps
-	tickets := make([]int64, len(onTime))
-	onSlots, onStarts := make([]time.Time, len(onTime)), make([]time.Time, len(onTime))
-	for i, g := range onTime {
-		tickets[i], onSlots[i], onStarts[i] = g.Ticket, g.SlotTime(), g.Time()
-	}
-	qf.OvertakenSlot = overtaken(tickets, onSlots, 0)
-	qf.OvertakenStart = overtaken(tickets, onStarts, startTol)
+	qf.OvertakenSlot, qf.OvertakenStart = overtakenInOrder(grants, startTol)
 	qf.PollsPerQueued = per(int64(polls), qf.Queued)
 	qf.Wait = distOf(waits)
 	return qf

@@ -1,7 +1,7 @@
 // Package configerr is the convention every limiter of this module follows
-// for a configuration it refuses: each package's ErrConfig ("<pkg>: invalid
-// config") matches sluice.ErrConfig, and each refusal wraps it with words
-// that say what is wrong.
+// for a configuration it refuses: each package's unexported errConfig
+// ("<pkg>: invalid config") matches sluice.ErrConfig, and each refusal
+// wraps it with words that say what is wrong.
 package configerr
 
 import (
@@ -19,13 +19,13 @@ type sentinel struct {
 func (e *sentinel) Error() string { return e.msg }
 func (e *sentinel) Unwrap() error { return e.parent }
 
-// New returns pkg's ErrConfig: its message is "<pkg>: invalid config"
+// New returns pkg's config error: its message is "<pkg>: invalid config"
 // and it matches sluice.ErrConfig.
 func New(pkg string) error {
 	return &sentinel{msg: pkg + ": invalid config", parent: sluice.ErrConfig}
 }
 
-// Invalid returns an error wrapping errConfig (a package's ErrConfig) that
+// Invalid returns an error wrapping errConfig (a package's New) that
 // says what is wrong.
 func Invalid(errConfig error, format string, a ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{errConfig}, a...)...)
