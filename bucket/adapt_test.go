@@ -116,7 +116,9 @@ func TestAdaptSaidRateUnderLoad(t *testing.T) {
 				rep, err := enterReport(run, b)
 				back := time.Now() // before mu, which every caller shares
 				if err != nil {
-					if run.Err() == nil {
+					// Failures at the run's end are its deadline's, which a
+					// loaded machine may report a moment late (as saturate).
+					if end, _ := run.Deadline(); run.Err() == nil && time.Until(end) > 100*time.Millisecond {
 						mu.Lock()
 						failures = append(failures, err)
 						mu.Unlock()
