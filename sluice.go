@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // ErrLimited is the parent of every refusal a limiter makes without waiting
@@ -28,6 +29,44 @@ var ErrQueueFull = fmt.Errorf("queue full: %w", ErrLimited)
 // wait is longer than its MaxWait (bucket, local Rate). It wraps
 // ErrLimited; the error returned names the estimate.
 var ErrWaitTooLong = fmt.Errorf("wait too long: %w", ErrLimited)
+
+// WaitTooLongError is the refusal of a caller that cannot be served in
+// time: the earliest it could start (Wait from the refusal, a lower bound
+// while the callers ahead of it stay) is after its ctx's deadline
+// (Deadline) or beyond the limiter's MaxWait. The caller took no place and
+// no token. Read it with errors.As; it matches ErrWaitTooLong and
+// ErrLimited, and context.DeadlineExceeded when its deadline was the
+// bound, as x/time/rate's Wait refuses at once a wait its ctx's deadline
+// cannot cover.
+type WaitTooLongError struct {
+	Limiter, Name string        // "bucket" and its Config.Name
+	Wait          time.Duration // the estimated wait until its turn
+	Limit         time.Duration // what it could wait: until its deadline, or MaxWait
+	Deadline      bool          // Limit was the ctx's deadline, not MaxWait
+	// Err is the limiter's own refusal, which wraps ErrWaitTooLong.
+	Err error
+}
+
+func (e *WaitTooLongError) Error() string {
+	bound := "MaxWait"
+	if e.Deadline {
+		bound = "its deadline"
+	}
+	return fmt.Sprintf("%s %q: wait too long: estimated %v, %s in %v", e.Limiter, e.Name, e.Wait.Round(time.Microsecond), bound, e.Limit.Round(time.Microsecond))
+}
+
+// Unwrap returns the limiter's refusal, and context.DeadlineExceeded when
+// the bound was the ctx's deadline.
+func (e *WaitTooLongError) Unwrap() []error {
+	err := e.Err
+	if err == nil {
+		err = ErrWaitTooLong
+	}
+	if e.Deadline {
+		return []error{err, context.DeadlineExceeded}
+	}
+	return []error{err}
+}
 
 // ErrClosed is what a bucket's or a semaphore's calls return after its
 // Close, including those that were waiting when Close came.

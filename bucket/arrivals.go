@@ -22,8 +22,9 @@ import (
 // Callers who give up leave the queue the same way, in the background: a
 // caller whose ctx ended returns at once, whatever Redis is doing, and a
 // storm of 1000 cancellations costs a few round trips, not 1000. Until a
-// cancel lands the scheduler may still give that caller a slot, which
-// nobody collects: one token wasted, never an excess.
+// cancel lands the scheduler may still give that caller a slot: the cancel
+// then passes its tokens on (queue.Cancel), as it does for a caller that
+// leaves after its poll read its slot.
 
 // maxBatch is the most callers in one arrival or cancel call.
 const maxBatch = 512
@@ -32,6 +33,7 @@ const maxBatch = 512
 type arrival struct {
 	id    string
 	costs []int64       // per policy; nil: each policy's Call
+	wait  time.Duration // the longest it may wait (its ctx's deadline); 0: none of its own
 	done  chan struct{} // closed when reply/err are set
 	sent  time.Time     // when its batch left for Redis
 	reply queue.Arrival
@@ -44,7 +46,7 @@ type comings struct {
 	q       *queue.Queue
 	now     func() time.Time
 	arr     *background.Batcher[*arrival]
-	left    *background.Batcher[string]
+	left    *background.Batcher[*queue.Leaver]
 	handoff sync.Mutex // between a batch's replies and callers who give up
 }
 
@@ -54,25 +56,35 @@ func (c *comings) init(g *background.Group, q *queue.Queue, arriveTimeout, leave
 	c.q, c.now = q, now
 	c.arr = background.NewBatcher(g, background.BatcherConfig[*arrival]{Send: c.sendArrivals, Max: maxBatch, Timeout: arriveTimeout})
 	// Cancels drain on Close: each one left unsent wastes a token.
-	c.left = background.NewBatcher(g, background.BatcherConfig[string]{
-		Send:    func(ctx context.Context, entries []string) { _ = q.Cancel(ctx, entries...) },
+	c.left = background.NewBatcher(g, background.BatcherConfig[*queue.Leaver]{
+		Send: func(ctx context.Context, ls []*queue.Leaver) {
+			all := make([]queue.Leaver, len(ls))
+			for i, l := range ls {
+				all[i] = *l
+			}
+			_ = q.Cancel(ctx, all...)
+		},
 		Max:     maxBatch,
 		Timeout: leaveTimeout,
 		Drain:   true,
 	})
 }
 
-// enqueue makes caller id, of costs (nil: each policy's Call), arrive,
-// alone or in a batch. It also returns when the call carrying it left for
-// Redis.
-func (c *comings) enqueue(ctx context.Context, id string, costs []int64) (queue.Arrival, time.Time, error) {
+// enqueue makes caller id, of costs (nil: each policy's Call), that may
+// wait at most wait (0: no bound of its own) arrive, alone or in a batch.
+// It also returns when the call carrying it left for Redis.
+func (c *comings) enqueue(ctx context.Context, id string, costs []int64, wait time.Duration) (queue.Arrival, time.Time, error) {
 	if c.arr.Claim() {
 		sentFn, left := c.sentAt(ctx)
 		var cs [][]int64
 		if costs != nil {
 			cs = [][]int64{costs}
 		}
-		rs, err := c.q.Enqueue(left, []string{id}, cs)
+		var ws []time.Duration
+		if wait > 0 {
+			ws = []time.Duration{wait}
+		}
+		rs, err := c.q.Enqueue(left, []string{id}, cs, ws)
 		c.arr.Release()
 		if err != nil {
 			// Not sentFn: a shared pipeline the call left early (its ctx
@@ -82,7 +94,7 @@ func (c *comings) enqueue(ctx context.Context, id string, costs []int64) (queue.
 		sent := sentFn()
 		return rs[0], sent, nil
 	}
-	ar := &arrival{id: id, costs: costs, done: make(chan struct{})}
+	ar := &arrival{id: id, costs: costs, wait: wait, done: make(chan struct{})}
 	c.arr.Add(ar)
 	select {
 	case <-ar.done:
@@ -107,19 +119,26 @@ func (c *comings) enqueue(ctx context.Context, id string, costs []int64) (queue.
 func (c *comings) sendArrivals(ctx context.Context, batch []*arrival) {
 	ids := make([]string, len(batch))
 	var costs [][]int64
+	var waits []time.Duration
 	for i, ar := range batch {
 		ids[i] = ar.id
 		if ar.costs != nil && costs == nil {
 			costs = make([][]int64, len(batch))
 		}
+		if ar.wait > 0 && waits == nil {
+			waits = make([]time.Duration, len(batch))
+		}
 	}
-	if costs != nil {
-		for i, ar := range batch {
+	for i, ar := range batch {
+		if costs != nil {
 			costs[i] = ar.costs
+		}
+		if waits != nil {
+			waits[i] = ar.wait
 		}
 	}
 	sentFn, left := c.sentAt(ctx)
-	replies, err := c.q.Enqueue(left, ids, costs)
+	replies, err := c.q.Enqueue(left, ids, costs, waits)
 	sent := sentFn()
 	var abandoned []string
 	c.handoff.Lock()
@@ -137,7 +156,7 @@ func (c *comings) sendArrivals(ctx context.Context, batch []*arrival) {
 	}
 	c.handoff.Unlock()
 	for _, entry := range abandoned {
-		c.leave(entry)
+		c.leave(queue.Leaver{Entry: entry})
 	}
 }
 
@@ -162,8 +181,9 @@ func sentAt(ctx context.Context, now func() time.Time) (func() time.Time, contex
 }
 
 // leave takes a caller that gave up out of the queue, by its entry or, if
-// it never learned it, by its ID, in the background.
-func (c *comings) leave(entry string) { c.left.Add(entry) }
+// it never learned it, by its ID, in the background; with the room of the
+// slot its poll read, if any, so that its tokens pass on.
+func (c *comings) leave(l queue.Leaver) { c.left.Add(&l) }
 
 // roundTrip tracks the shortest recent round trip to Redis: what a reply
 // costs when nothing is wrong. It follows a slower network up slowly

@@ -464,8 +464,9 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep entered, err error) {
 // that a slow Redis is waited for and a frozen one is not.
 func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, limit *time.Duration) (again bool, err error) {
 	id := b.newID()
+	own := b.ownWait(ctx)
 	cctx, done, within := rediscall.CallCtx(ctx, *limit)
-	er, sent, err := b.comings.enqueue(cctx, id, costs)
+	er, sent, err := b.comings.enqueue(cctx, id, costs, own)
 	done()
 	received := b.now()
 	rep.RoundTrips++
@@ -491,10 +492,10 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, lim
 	case errors.Is(er.Err, queue.ErrQueueFull):
 		return false, fmt.Errorf("%w (%d waiting)", errQueueFull, er.Position)
 	case errors.Is(er.Err, queue.ErrWaitTooLong):
-		return false, fmt.Errorf("%w (estimated %v, MaxWait %v)", errWaitTooLong, er.Delay, b.cfg.MaxWait)
+		return false, b.tooLong(er.Delay, own)
 	case er.Entry == "": // its slot at once
 		rep.Slot = time.UnixMicro(er.Slot)
-		return b.sleepToSlot(ctx, sent, received, er.Delay, rep, costs, "")
+		return b.sleepToSlot(ctx, sent, received, er.Delay, rep, costs, "", "")
 	}
 	// The first caller of this process to queue makes sure a scheduler
 	// runs even when the reply says one does: it may be this process's,
@@ -607,17 +608,29 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 			return false, b.callErr(ctx, err, within)
 		}
 		b.rtt.observe(received.Sub(sent))
+		own := b.ownWait(ctx)
 		switch {
+		case pr.Found && own > 0 && pr.Delay > own:
+			// Its slot comes after its deadline: leave now, and pass
+			// the slot on rather than sleep it out.
+			dequeued()
+			b.leave(queue.Leaver{Entry: entry, Room: pr.Room, Costs: costs})
+			return false, b.tooLong(pr.Delay, own)
 		case pr.Found:
 			dequeued()
 			rep.Slot = time.UnixMicro(pr.Slot)
-			return b.sleepToSlot(ctx, sent, received, pr.Delay, rep, costs, pr.Room)
+			return b.sleepToSlot(ctx, sent, received, pr.Delay, rep, costs, entry, pr.Room)
 		case pr.Stale:
 			// The poll itself came too late for the slot: keep the place.
 			dequeued()
-			return b.retime(ctx, rep, costs, pr.Room)
+			return b.retime(ctx, rep, costs, entry, pr.Room)
 		case pr.Lost:
 			return true, nil
+		case own > 0 && pr.Delay > own:
+			// Still queued, and its turn now estimated past its deadline
+			// (callers ahead took longer, or late ones took slots first).
+			b.cancel(entry)
+			return false, b.tooLong(pr.Delay, own)
 		}
 		rep.Position = pr.Position
 		if pr.LockTTL < 0 {
@@ -654,29 +667,45 @@ func (b *Bucket) leadNow() time.Duration {
 // lateness from sent+delay, less the round trip the network always takes,
 // so that a reply that sat unread (a starved or frozen process) counts too.
 // A caller later than MaxLateness keeps its place (retime): costs and room
-// are what that needs.
-func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, delay time.Duration, rep *entered, costs []int64, room string) (bool, error) {
+// are what that needs. A caller whose ctx ends before its slot, or whose
+// new slot comes after its deadline, leaves (entry: its queue entry, ""
+// for one given its slot at arrival) and passes its slot on.
+func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, delay time.Duration, rep *entered, costs []int64, entry, room string) (bool, error) {
 	for {
 		late, err := b.sleepLate(ctx, sent, received, delay, rep)
-		if err != nil || !late {
+		if err != nil {
+			if room != "" && !errors.Is(err, errClosed) {
+				b.leave(queue.Leaver{Entry: entry, Room: room, Costs: costs})
+			}
 			return false, err
+		}
+		if !late {
+			return false, nil
 		}
 		var r queue.Retimed
 		if sent, received, r, err = b.retimeOnce(ctx, rep, costs, room); err != nil {
 			return b.retimeFailed(ctx, err)
 		}
 		delay, room = r.Delay, r.Room
+		if own := b.ownWait(ctx); own > 0 && delay > own {
+			b.leave(queue.Leaver{Entry: entry, Room: room, Costs: costs})
+			return false, b.tooLong(delay, own)
+		}
 	}
 }
 
 // retime gives a caller too late for its slot the next one (retimeOnce),
 // then sleeps to it as sleepToSlot does.
-func (b *Bucket) retime(ctx context.Context, rep *entered, costs []int64, room string) (bool, error) {
+func (b *Bucket) retime(ctx context.Context, rep *entered, costs []int64, entry, room string) (bool, error) {
 	sent, received, r, err := b.retimeOnce(ctx, rep, costs, room)
 	if err != nil {
 		return b.retimeFailed(ctx, err)
 	}
-	return b.sleepToSlot(ctx, sent, received, r.Delay, rep, costs, r.Room)
+	if own := b.ownWait(ctx); own > 0 && r.Delay > own {
+		b.leave(queue.Leaver{Entry: entry, Room: r.Room, Costs: costs})
+		return false, b.tooLong(r.Delay, own)
+	}
+	return b.sleepToSlot(ctx, sent, received, r.Delay, rep, costs, entry, r.Room)
 }
 
 // retimeOnce asks Redis for the next slot of a caller too late for its own
@@ -745,7 +774,7 @@ func (b *Bucket) sleepLate(ctx context.Context, sent, received time.Time, delay 
 		if errors.Is(err, hub.ErrStopped) {
 			err = errClosed
 		}
-		return false, err // the slot's token is spent; nobody else gets it
+		return false, err // sleepToSlot passes the slot on
 	}
 	rep.Late = max(0, b.now().Sub(sent.Add(delay))-b.rtt.min())
 	if b.cfg.MaxLateness >= 0 && rep.Late > b.cfg.MaxLateness {
@@ -783,7 +812,32 @@ func (b *Bucket) sleep(ctx context.Context, d time.Duration, hints <-chan int64,
 // cancel takes a caller that gives up out of the queue, by its entry or,
 // if it never learned it, by its ID, in the background: the caller returns
 // at once even if Redis hangs.
-func (b *Bucket) cancel(entry string) { b.comings.leave(entry) }
+func (b *Bucket) cancel(entry string) { b.comings.leave(queue.Leaver{Entry: entry}) }
+
+// leave is cancel for a caller that read its slot: its tokens pass on.
+func (b *Bucket) leave(l queue.Leaver) { b.comings.leave(l) }
+
+// ownWait is the longest a caller may wait for its slot: until its ctx's
+// deadline, less the trip a reply takes (a slot at the deadline would
+// find the caller gone), and at least 1 µs (with nothing left, only a
+// token free at once serves it). 0: no deadline.
+func (b *Bucket) ownWait(ctx context.Context) time.Duration {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return 0
+	}
+	return max(dl.Sub(b.now())-b.rtt.min(), time.Microsecond)
+}
+
+// tooLong is the refusal of a caller whose estimated wait est passes what
+// it may wait: own (ownWait; 0: none) or MaxWait, whichever is shorter.
+func (b *Bucket) tooLong(est, own time.Duration) error {
+	e := &sluice.WaitTooLongError{Limiter: "bucket", Name: b.cfg.Name, Wait: est, Limit: b.cfg.MaxWait, Err: errWaitTooLong}
+	if own > 0 && (b.cfg.MaxWait <= 0 || own < b.cfg.MaxWait) {
+		e.Limit, e.Deadline = own, true
+	}
+	return e
+}
 
 // answerWithin bounds each call to Redis made for a caller whose ctx has
 // no earlier deadline: rediscall.AnswerWithin, plus 4 × ReplicaTimeout

@@ -32,21 +32,15 @@ var changeScript = protocol.Script(changeLua, protocol.TokensLua, protocol.State
 type conf struct {
 	id       string
 	policies []Policy
-	args     []any  // protocol.PolicyArgs
-	calls    string // each policy's Call, as protocol.Costs formats them
-	pushable bool   // one policy, counting calls: the push lane may serve
+	args     []any // protocol.PolicyArgs
+	pushable bool  // one policy, counting calls: the push lane may serve
 }
 
 func newConf(ps []Policy) *conf {
-	calls := make([]int64, len(ps))
-	for i, p := range ps {
-		calls[i] = p.Call()
-	}
 	return &conf{
 		id:       protocol.ConfigID(ps),
 		policies: slices.Clone(ps),
 		args:     protocol.PolicyArgs(ps),
-		calls:    protocol.Costs(calls),
 		pushable: len(ps) == 1 && ps[0].Unit == "",
 	}
 }

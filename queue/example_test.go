@@ -24,7 +24,7 @@ func Example() {
 		Grace:     10 * time.Second,
 	})
 	ctx := context.Background()
-	arrivals, err := q.Enqueue(ctx, []string{"caller-1", "caller-2"}, nil)
+	arrivals, err := q.Enqueue(ctx, []string{"caller-1", "caller-2"}, nil, nil)
 	if err != nil {
 		fmt.Println(err)
 		return

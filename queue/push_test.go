@@ -54,7 +54,7 @@ func TestPushMatchesEnqueue(t *testing.T) {
 			}
 		}
 		ids := []string{"a", "b", "c"}[:1+rng.IntN(3)]
-		want, err := viaScript.enqueueScript(ctx, ids, nil)
+		want, err := viaScript.enqueueScript(ctx, ids, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -146,21 +146,24 @@ func (a Arrival) queued() bool { return a.Err == nil && a.Entry != "" }
 // or MaxWait refuse it. costs, when not nil, holds each caller's costs,
 // one per policy (nil for a caller taking each policy's Call); a caller's
 // slot is the latest its policies allow after the callers ahead of it, so
-// none overtakes another. Callers without costs arriving while others
-// surely wait take the push lane (push.go), which Redis runs for a fifth of
-// the script's cost.
-func (q *Queue) Enqueue(ctx context.Context, ids []string, costs [][]int64) ([]Arrival, error) {
+// none overtakes another. waits, when not nil, holds the longest each
+// caller may wait (0: no bound of its own, only MaxWait): a caller whose
+// slot is estimated further off is refused with ErrWaitTooLong, taking
+// nothing. Callers without costs or waits of their own arriving while
+// others surely wait take the push lane (push.go), which Redis runs for a
+// fifth of the script's cost.
+func (q *Queue) Enqueue(ctx context.Context, ids []string, costs [][]int64, waits []time.Duration) ([]Arrival, error) {
 	var (
 		rs  []Arrival
 		err error
 	)
-	if costs == nil && q.lane.open(q) {
+	if costs == nil && waits == nil && q.lane.open(q) {
 		rs, err = q.push(ctx, ids)
 		if errors.Is(err, errNoPush) {
-			rs, err = q.enqueueScript(ctx, ids, costs)
+			rs, err = q.enqueueScript(ctx, ids, costs, waits)
 		}
 	} else {
-		rs, err = q.enqueueScript(ctx, ids, costs)
+		rs, err = q.enqueueScript(ctx, ids, costs, waits)
 	}
 	if err == nil {
 		q.lane.note(q, rs[len(rs)-1])
@@ -168,7 +171,7 @@ func (q *Queue) Enqueue(ctx context.Context, ids []string, costs [][]int64) ([]A
 	return rs, err
 }
 
-func (q *Queue) enqueueScript(ctx context.Context, ids []string, costs [][]int64) ([]Arrival, error) {
+func (q *Queue) enqueueScript(ctx context.Context, ids []string, costs [][]int64, waits []time.Duration) ([]Arrival, error) {
 	cs := make([]string, len(ids))
 	for i := range ids {
 		if costs != nil {
@@ -179,12 +182,16 @@ func (q *Queue) enqueueScript(ctx context.Context, ids []string, costs [][]int64
 		if costs != nil && len(costs[0]) != len(c.policies) {
 			return nil, &ConfigError{mine: c.id} // costs of a configuration Follow replaced
 		}
-		args := make([]any, 0, 4+len(c.args)+1+2*len(ids))
+		args := make([]any, 0, 4+len(c.args)+1+3*len(ids))
 		args = append(args, us(q.opt.Lookahead), q.opt.MaxQueue, us(q.opt.MaxWait), us(q.opt.Grace))
 		args = append(args, c.args...)
 		args = append(args, len(ids))
 		for i, id := range ids {
-			args = append(args, id, cs[i])
+			var w int64
+			if waits != nil && waits[i] > 0 {
+				w = max(us(waits[i]), 1) // under a µs is still a bound
+			}
+			args = append(args, id, cs[i], w)
 		}
 		return args, nil
 	})
@@ -368,12 +375,23 @@ func (q *Queue) Estimate(ctx context.Context, costs []int64) (time.Duration, int
 	return dur(v[1], time.Microsecond), int(v[2]), nil
 }
 
-// Cancel takes callers that gave up out of the bucket, in one round trip,
-// each by its entry or, if it never learned it, by its bare ID. A caller
-// still queued leaves without spending a token; one whose slot was written
-// spends it (nobody else gets it).
-func (q *Queue) Cancel(ctx context.Context, entries ...string) error {
-	_, err := q.cancel(ctx, entries)
+// Leaver is a caller that gives up: its Entry (or, if it never learned
+// it, its bare ID; "" for a caller given its slot at arrival) and, when it
+// read its slot, the slot's Room (PollReply.Room, Retimed.Room; "" for
+// none), with its Costs, one per policy (nil: those its entry names, or
+// each policy's Call).
+type Leaver struct {
+	Entry, Room string
+	Costs       []int64
+}
+
+// Cancel takes callers that gave up out of the bucket, in one round trip.
+// A caller still queued leaves without spending a token; one whose slot
+// was written passes its tokens on: they go back to the bucket when that
+// is exact (as Retime's do), and the next step hands them to the next
+// caller in line; otherwise they stay spent (never an excess).
+func (q *Queue) Cancel(ctx context.Context, leavers ...Leaver) error {
+	_, err := q.cancel(ctx, leavers)
 	return err
 }
 
@@ -382,22 +400,28 @@ type cancelResult int
 
 const (
 	removed  cancelResult = 0 // left the queue before it had a slot: no token spent
-	forfeit  cancelResult = 1 // it had a slot: that token is spent
+	forfeit  cancelResult = 1 // it had a slot: its tokens stay spent
 	notFound cancelResult = 2 // unknown ID
+	passedOn cancelResult = 3 // it had a slot: its tokens went back to the bucket
 )
 
 // cancel runs under the configuration in force: callers that queued
 // before a live change leave under the new one.
-func (q *Queue) cancel(ctx context.Context, entries []string) ([]cancelResult, error) {
-	reply, err := q.runInForce(ctx, cancelScript, []string{q.keys.Queue, q.keys.Slot, q.keys.state, q.keys.config}, func(c *conf) ([]any, error) {
-		args := make([]any, 2, 2+len(entries))
-		args[0], args[1] = c.id, c.calls
-		for _, e := range entries {
-			args = append(args, e)
+func (q *Queue) cancel(ctx context.Context, leavers []Leaver) ([]cancelResult, error) {
+	keys := []string{q.keys.Queue, q.keys.Slot, q.keys.state, q.keys.config, q.keys.refunds}
+	reply, err := q.runInForce(ctx, cancelScript, keys, func(c *conf) ([]any, error) {
+		args := make([]any, 0, 1+len(c.args)+3*len(leavers))
+		args = append(args, us(q.opt.Grace))
+		args = append(args, c.args...)
+		for _, l := range leavers {
+			if l.Costs != nil && len(l.Costs) != len(c.policies) {
+				l.Room, l.Costs = "", nil // costs of a configuration replaced since: its tokens stay spent
+			}
+			args = append(args, l.Entry, l.Room, protocol.Costs(l.Costs))
 		}
 		return args, nil
 	})
-	return parseCancel(len(entries), reply, err)
+	return parseCancel(len(leavers), reply, err)
 }
 
 // parseCancel checks a cancel reply for n callers.
@@ -411,7 +435,7 @@ func parseCancel(n int, reply any, err error) ([]cancelResult, error) {
 	}
 	out := make([]cancelResult, n)
 	for i, x := range v {
-		if x < 0 || x > 2 {
+		if x < 0 || x > 3 {
 			return nil, fmt.Errorf("%w: cancel %v", scriptreply.ErrReply, v)
 		}
 		out[i] = cancelResult(x)

@@ -17,12 +17,14 @@ var (
 	estimateLua string
 	//go:embed lua/retime.lua
 	retimeLua string
+	//go:embed lua/refund.lua
+	refundLua string
 )
 
 var (
 	enqueueScript  = protocol.Script(enqueueLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
 	pollScript     = protocol.Script(pollLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
-	cancelScript   = protocol.Script(cancelLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
+	cancelScript   = protocol.Script(cancelLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, refundLua)
 	estimateScript = protocol.Script(estimateLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
-	retimeScript   = protocol.Script(retimeLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
+	retimeScript   = protocol.Script(retimeLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, refundLua)
 )

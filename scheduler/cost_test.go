@@ -36,7 +36,7 @@ func TestTicketsUnique(t *testing.T) {
 			for i := range ids {
 				ids[i] = fmt.Sprintf("c%d-%d", round, i)
 			}
-			rs, err := q.Enqueue(ctx, ids, nil)
+			rs, err := q.Enqueue(ctx, ids, nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -64,14 +64,15 @@ func TestTicketsUnique(t *testing.T) {
 			}
 			k := 1 + rng.IntN(min(3, len(queued)))
 			idx := rng.Perm(len(queued))[:k]
-			var leave []string
+			var leave []queue.Leaver
 			for _, i := range idx {
-				leave = append(leave, queued[i])
+				leave = append(leave, queue.Leaver{Entry: queued[i]})
 			}
 			if err := q.Cancel(ctx, leave...); err != nil {
 				t.Fatal(err)
 			}
-			for _, e := range leave {
+			for _, l := range leave {
+				e := l.Entry
 				for i, x := range queued {
 					if x == e {
 						queued = append(queued[:i], queued[i+1:]...)

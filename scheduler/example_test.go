@@ -25,7 +25,7 @@ func Example() {
 		MaxLateness: time.Second,
 	})
 	ctx := context.Background()
-	arrivals, err := q.Enqueue(ctx, []string{"first", "second"}, nil) // first: granted; second: queued
+	arrivals, err := q.Enqueue(ctx, []string{"first", "second"}, nil, nil) // first: granted; second: queued
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -22,7 +22,7 @@ func stateKey(q *queue.Queue) string {
 
 // enqueueOne makes one caller arrive.
 func enqueueOne(q *queue.Queue, id string) (queue.Arrival, error) {
-	rs, err := q.Enqueue(context.Background(), []string{id}, nil)
+	rs, err := q.Enqueue(context.Background(), []string{id}, nil, nil)
 	if err != nil {
 		return queue.Arrival{}, err
 	}

@@ -422,7 +422,7 @@ func TestEarlySlotsArePublished(t *testing.T) {
 	}
 	entries := enqueueN(t, rdb, q, 40) // estimates 10 ms apart, up to 400 ms out
 	for _, e := range entries[:30] {   // the first 30 give up
-		if err := q.Cancel(ctx, e); err != nil {
+		if err := q.Cancel(ctx, queue.Leaver{Entry: e}); err != nil {
 			t.Fatalf("cancel: %v", err)
 		}
 		// Removed before it had a slot: out of the queue, no slot key.

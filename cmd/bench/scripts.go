@@ -122,7 +122,7 @@ func (out *Scripts) run(ctx context.Context, e *env) error {
 	defer sched.Close()
 	const perStep = 10
 	enqueue := func(ctx context.Context, q *queue.Queue, id string, costs ...[]int64) (queue.Arrival, error) {
-		rs, err := q.Enqueue(ctx, []string{id}, costs)
+		rs, err := q.Enqueue(ctx, []string{id}, costs, nil)
 		if err != nil {
 			return queue.Arrival{}, err
 		}

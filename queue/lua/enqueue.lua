@@ -16,8 +16,11 @@
 -- ARGV[4] grace µs added to every key's TTL
 -- ARGV[5..] policies: configuration id, n, then cap, amount, freq µs, call, kind for each
 -- ARGV[after policies] m, then for each of m callers its ID (fresh per
---         Enter) and its costs, "c1,c2,..." one per policy, or "" to take
---         each policy's call (entry.lua)
+--         Enter), its costs, "c1,c2,..." one per policy, or "" to take
+--         each policy's call (entry.lua), and the longest it may wait, µs
+--         (0: only the bucket's max wait bounds it; its ctx's deadline
+--         otherwise, so that a caller who cannot be served in time is
+--         refused at once, taking no place and no token)
 --
 -- A queued caller is stored as its entry (entry.lua), "<id>|<estimated slot µs>[|<costs>]": the
 -- scheduler compares the slot it assigns with the estimate the caller sleeps
@@ -26,7 +29,8 @@
 -- per caller, {kind, delay µs, position}:
 --   kind 0 granted now; 1 slot given directly, start after delay;
 --   2 queued, delay = estimate of the slot; 3 queue full; 4 wait too long
---   (delay = the estimate). Refusals change nothing.
+--   (delay = the estimate: the bucket's max wait or the caller's own was
+--   shorter). Refusals change nothing.
 -- Tickets (arrival order at Redis) go to granted and queued callers in
 -- order, from the first ticket up. now + delay is the slot (kinds 0, 1)
 -- or the estimate stored in the caller's entry (kind 2).
@@ -58,8 +62,10 @@ local out, n = {now, 0, first}, 3
 -- function call, no # operator, unless it has costs of its own or waits
 -- behind one that has): a batch may hold hundreds of callers.
 for c = 1, m do
-  local id, cs = ARGV[i + 2 * c - 1], ARGV[i + 2 * c]
+  local id, cs, mine = ARGV[i + 3 * c - 2], ARGV[i + 3 * c - 1], tonumber(ARGV[i + 3 * c])
   local costs = parse_costs(cs)
+  local limit = max_wait
+  if mine > 0 and (limit == 0 or mine < limit) then limit = mine end
   local slot
   if unit and not costs and st.costed == 0 then
     slot = slot_all(st, ps, now, qlen + 1)
@@ -70,7 +76,7 @@ for c = 1, m do
   end
   if qlen == 0 and slot - now <= lookahead then
     -- Nobody waits: a slot due within the lookahead is this caller's at once.
-    if max_wait > 0 and slot - now > max_wait then
+    if limit > 0 and slot - now > limit then
       out[n + 1], out[n + 2], out[n + 3], n = 4, slot - now, 0, n + 3
     else
       take_at(st, ps, slot, costs, now) -- nobody queued: no extras, costs or each one's call
@@ -81,7 +87,7 @@ for c = 1, m do
     end
   elseif max_queue > 0 and qlen >= max_queue then
     out[n + 1], out[n + 2], out[n + 3], n = 3, 0, qlen, n + 3
-  elseif max_wait > 0 and slot - now > max_wait then
+  elseif limit > 0 and slot - now > limit then
     out[n + 1], out[n + 2], out[n + 3], n = 4, slot - now, qlen + 1, n + 3
   else
     qlen = qlen + 1

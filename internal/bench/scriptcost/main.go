@@ -127,7 +127,7 @@ func enqueueArgs(free bool, i, batch int) []any {
 		args = []any{20000, 0, 0, 1000000, 1, int64(1) << 40, int64(1) << 30, 1000, batch}
 	}
 	for k := range batch {
-		args = append(args, fmt.Sprintf("id%d.%d", i, k))
+		args = append(args, fmt.Sprintf("id%d.%d", i, k), "", 0) // no costs or wait of its own
 	}
 	return args
 }
