@@ -273,6 +273,15 @@ var reasons = []verdict.Reason{
 // It returns an error matching ctx.Err() when ctx ends first, sluice.ErrQueueFull
 // or sluice.ErrWaitTooLong when refused, sluice.ErrClosed after Close, or a Redis error.
 //
+// Deadlines: as x/time/rate's Wait, Enter refuses at once a wait its
+// ctx's deadline cannot cover. A caller whose turn is estimated after its
+// deadline (the estimate counts the callers queued ahead of it, so it is
+// the earliest it could start while they stay) returns at once with a
+// *sluice.WaitTooLongError that carries the estimate and matches both
+// sluice.ErrWaitTooLong and context.DeadlineExceeded; it took no place and
+// no token. The same holds while it waits: when a later poll finds its
+// turn past the deadline, it leaves then, not at the deadline.
+//
 // While Redis is unreachable (it refuses connections, or does not answer)
 // Enter fails within 3 s whatever its ctx (plus 4 ×
 // Config.ReplicaTimeout with ReplicaAcks), or at its ctx's deadline if that comes first: each
@@ -286,7 +295,10 @@ var reasons = []verdict.Reason{
 //
 // Cancellation: a caller still in the queue leaves it and spends no token;
 // one whose slot was already assigned (its token due within the lookahead)
-// spends that token, which nobody else then uses.
+// passes its token on: it goes back to the bucket, for the next caller in
+// line, whenever that cannot exceed the limit (docs/design.md, "A place
+// given up"). Only a slot given at arrival, with nobody queued, stays
+// spent when its caller leaves.
 func (b *Bucket) Enter(ctx context.Context) error {
 	_, err := b.enter(ctx, nil)
 	return err
@@ -307,8 +319,8 @@ func (b *Bucket) EnterN(ctx context.Context, n int) error {
 // a negative cost, or one in a unit no policy counts, is an error.
 //
 // Cancellation gives the whole cost back while the caller is still queued;
-// once its slot was assigned (its tokens due within the lookahead) they are
-// spent.
+// once its slot was assigned (its tokens due within the lookahead) they
+// pass on as Enter's do.
 func (b *Bucket) EnterCost(ctx context.Context, c Cost) error {
 	_, err := b.EnterReport(ctx, c)
 	return err

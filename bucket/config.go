@@ -66,12 +66,14 @@ type Config struct {
 	MaxQueue int
 	// MaxWait refuses Enter with sluice.ErrWaitTooLong when the estimated wait is
 	// longer; the estimate counts the costs of the callers ahead and the
-	// caller's own. 0 means unbounded.
+	// caller's own. 0 means unbounded. Whatever MaxWait, a caller whose ctx
+	// has a deadline is refused the same way when its estimated wait
+	// passes that deadline (see Enter).
 	MaxWait time.Duration
 	// Lookahead is how far ahead slots are handed out: a caller whose token
 	// is due within it gets it without queueing, and the scheduler assigns
 	// slots this far ahead. A caller that cancels after its slot was
-	// assigned spends that token. 0 means 20 ms; otherwise at least 1 ms
+	// assigned passes its token on (see Enter). 0 means 20 ms; otherwise at least 1 ms
 	// and at most LockTTL/2.
 	Lookahead time.Duration
 	// Adopt makes this process enforce the policies in force in Redis when
