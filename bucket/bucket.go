@@ -509,6 +509,11 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, lim
 		rep.Slot = time.UnixMicro(er.Slot)
 		return b.sleepToSlot(ctx, sent, received, er.Delay, rep, costs, "", "")
 	}
+	if own > 0 && er.Delay > own {
+		// Pushed (queue.Enqueue's push lane cannot refuse): leave at once.
+		b.cancel(er.Entry)
+		return false, b.tooLong(er.Delay, own)
+	}
 	// The first caller of this process to queue makes sure a scheduler
 	// runs even when the reply says one does: it may be this process's,
 	// handing the lock over because it had no caller queued (its last

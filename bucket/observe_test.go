@@ -61,7 +61,9 @@ func TestObserverAndStats(t *testing.T) {
 	if err := s.Enter(ctx); err != nil {
 		t.Fatal(err)
 	}
-	gone, cancel := context.WithCancel(ctx)
+	// Without a deadline: one of 10 s would see its turn an hour off and
+	// be refused at once.
+	gone, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 2)
 	for range 2 {
 		go func() { done <- s.Enter(gone) }()

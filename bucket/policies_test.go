@@ -19,6 +19,13 @@ import (
 // saturate runs callers goroutines entering b until ctx ends, and returns
 // the grants and the errors (but those of calls cut short by ctx's end:
 // go-redis may time the socket out a moment before ctx.Err() is set).
+// refusedForDeadline reports that err is Enter's refusal of a caller
+// whose turn comes after its ctx's deadline.
+func refusedForDeadline(err error) bool {
+	var wt *sluice.WaitTooLongError
+	return errors.As(err, &wt) && wt.Deadline
+}
+
 func saturate(ctx context.Context, b *bucket.Bucket, callers int) (grants []loadgen.Grant, errs []error) {
 	end, ok := ctx.Deadline()
 	if !ok {
@@ -40,6 +47,9 @@ func saturate(ctx context.Context, b *bucket.Bucket, callers int) (grants []load
 				switch {
 				case err == nil:
 					grants = append(grants, loadgen.Grant{Start: start.UnixNano(), End: back.UnixNano(), Slot: rep.Slot.UnixMicro(), Ticket: rep.Ticket})
+				case refusedForDeadline(err) && end.Before(start.Add(2*time.Second)):
+					// Its turn comes after the run's end: refused at once
+					// for the run's deadline, as Enter promises.
 				case ctx.Err() == nil && time.Until(end) > 100*time.Millisecond:
 					errs = append(errs, err)
 				}

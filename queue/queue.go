@@ -149,15 +149,17 @@ func (a Arrival) queued() bool { return a.Err == nil && a.Entry != "" }
 // none overtakes another. waits, when not nil, holds the longest each
 // caller may wait (0: no bound of its own, only MaxWait): a caller whose
 // slot is estimated further off is refused with ErrWaitTooLong, taking
-// nothing. Callers without costs or waits of their own arriving while
-// others surely wait take the push lane (push.go), which Redis runs for a
-// fifth of the script's cost.
+// nothing. Callers without costs of their own arriving while others
+// surely wait take the push lane (push.go), which Redis runs for a fifth
+// of the script's cost; the lane cannot refuse, so a pushed caller whose
+// estimate (Delay) passes its wait is queued all the same, and its caller
+// must Cancel it.
 func (q *Queue) Enqueue(ctx context.Context, ids []string, costs [][]int64, waits []time.Duration) ([]Arrival, error) {
 	var (
 		rs  []Arrival
 		err error
 	)
-	if costs == nil && waits == nil && q.lane.open(q) {
+	if costs == nil && q.lane.open(q) {
 		rs, err = q.push(ctx, ids)
 		if errors.Is(err, errNoPush) {
 			rs, err = q.enqueueScript(ctx, ids, costs, waits)
