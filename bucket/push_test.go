@@ -19,7 +19,8 @@ import (
 // TestPushLaneSaturated: two Buckets (two processes' handles) hammer one
 // bucket, so that callers arrive while others wait and take the push lane
 // (MULTI/EXEC instead of enqueue.lua). The guarantee holds over every
-// grant, slots follow tickets (FIFO across both lanes), callers poll about
+// grant, slots follow tickets (FIFO across both lanes, among the callers
+// that came on time for their slots), callers poll about
 // once, and the lane was used: most arrivals were transactions, not
 // scripts.
 func TestPushLaneSaturated(t *testing.T) {
@@ -52,12 +53,19 @@ func TestPushLaneSaturated(t *testing.T) {
 	ok := slices.DeleteFunc(slices.Clone(grants), func(g loadgen.Grant) bool { return !g.OK() })
 	slices.SortFunc(ok, func(x, y loadgen.Grant) int { return int(x.Ticket - y.Ticket) })
 	polls, queued := 0, 0
+	var prev *loadgen.Grant // the last caller served on its own slot
 	for i, g := range ok {
 		if i > 0 && g.Ticket == ok[i-1].Ticket {
 			t.Fatalf("ticket %d given twice", g.Ticket)
 		}
-		if i > 0 && g.Slot < ok[i-1].Slot {
-			t.Fatalf("ticket %d has slot %d, before ticket %d's %d: not FIFO", g.Ticket, g.Slot, ok[i-1].Ticket, ok[i-1].Slot)
+		// A caller that woke too late for its slot took the next one,
+		// behind later tickets (design.md, "Overload"): order is judged
+		// among the others, as the bench's analyses judge it.
+		if g.Retimes == 0 {
+			if prev != nil && g.Slot < prev.Slot {
+				t.Fatalf("ticket %d has slot %d, before ticket %d's %d: not FIFO", g.Ticket, g.Slot, prev.Ticket, prev.Slot)
+			}
+			prev = &ok[i]
 		}
 		if g.Position > 0 {
 			queued++
