@@ -13,7 +13,8 @@ import (
 const StateFormat = 2
 
 // BucketState is the state key of a bucket (load and save in state.lua):
-// "done until level1 anchor1 ... format id hold held [costed extra1 ...]",
+// "done until level1 anchor1 ... format id hold held [costed extra1 ...
+// [e0 e1 p0₁ p1₁ ...]]",
 // integers separated by spaces but for id. Done counts the tickets no longer
 // queued; Until is the Redis instant (µs) to which the scheduler's lock
 // was last renewed, 0 once released; then each policy's level (may be
@@ -37,6 +38,11 @@ type BucketState struct {
 	// when Costed is 0).
 	Costed int64
 	Extra  []int64
+	// Epochs are the peaks' epochs (state.lua): the older one's start,
+	// then the newer one's (µs, Redis clock); zero when the state has no
+	// peaks (written by an earlier version). Each Level's Peaks are its
+	// highest level in the older epoch and in the newer one.
+	Epochs [2]int64
 }
 
 // Holds reports whether the state's hold keeps policy i's slots at now.
@@ -47,6 +53,7 @@ func (s BucketState) Holds(i int, now int64) bool {
 // Level is one policy's part of the state.
 type Level struct {
 	Level, Anchor int64
+	Peaks         [2]int64 // with BucketState.Epochs
 }
 
 // String is the state as state.lua writes it in s.Format (2, 1 or 0).
@@ -73,13 +80,33 @@ func (s BucketState) String() string {
 		b.WriteByte(' ')
 		b.WriteString(strconv.FormatInt(s.Held, 10))
 	}
-	if s.Costed > 0 {
+	peaks := s.Epochs[1] != 0
+	if s.Costed > 0 || peaks {
 		b.WriteByte(' ')
 		b.WriteString(strconv.FormatInt(s.Costed, 10))
 	}
-	for _, x := range s.Extra {
+	for i := range s.Levels {
+		if s.Extra == nil && !peaks {
+			break
+		}
+		var x int64
+		if i < len(s.Extra) {
+			x = s.Extra[i]
+		}
 		b.WriteByte(' ')
 		b.WriteString(strconv.FormatInt(x, 10))
+	}
+	if peaks {
+		for _, e := range s.Epochs {
+			b.WriteByte(' ')
+			b.WriteString(strconv.FormatInt(e, 10))
+		}
+		for _, l := range s.Levels {
+			for _, p := range l.Peaks {
+				b.WriteByte(' ')
+				b.WriteString(strconv.FormatInt(p, 10))
+			}
+		}
 	}
 	return b.String()
 }
@@ -144,7 +171,23 @@ func ParseState(raw string, n int) (BucketState, error) {
 				return BucketState{}, err
 			}
 		}
-		s.Costed, s.Extra = x[0], x[1:]
+		s.Costed = x[0]
+		if s.Costed > 0 {
+			s.Extra = x[1:]
+		}
+		at += 1 + n
+	}
+	if s.Format == StateFormat && len(f) >= at+2+2*n {
+		v := make([]int64, 2+2*n)
+		for i := range v {
+			if v[i], err = num(at + i); err != nil {
+				return BucketState{}, err
+			}
+		}
+		s.Epochs = [2]int64{v[0], v[1]}
+		for i := range s.Levels {
+			s.Levels[i].Peaks = [2]int64{v[2+2*i], v[3+2*i]}
+		}
 	}
 	return s, nil
 }
