@@ -149,7 +149,9 @@ func TestAll(t *testing.T) {
 		"--change-phase", "300ms", "--change-callers", "20", "--change-procs", "1",
 		"--tenants-buckets", "20", "--tenants-semaphores", "2", "--tenants-callers", "2", "--tenants-idle", "200ms",
 		"--overload-duration", "500ms", "--overload-callers", "20", "--overload-procs", "2",
-		"--churn-duration", "500ms", "--churn-cases", "calm-exit"}
+		"--churn-duration", "500ms", "--churn-cases", "calm-exit",
+		"--impatient-duration", "500ms", "--impatient-callers", "20", "--impatient-procs", "1",
+		"--pods-duration", "500ms", "--pods-callers", "8", "--pods-procs", "1"}
 	var stdout, stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute) // a bound on a hang, not a speed goal
 	rep, com, err := measure(ctx, args, &stdout, &stderr)
