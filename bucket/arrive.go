@@ -1,0 +1,164 @@
+// The arrival: a caller's entry (enter, the loop over its arrivals) and
+// each arrival at Redis (enterOnce), bounded by what the caller may wait.
+
+package bucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/enterdetail"
+	"github.com/sluicehq/sluice/internal/rediscall"
+	"github.com/sluicehq/sluice/internal/verdict"
+	"github.com/sluicehq/sluice/queue"
+)
+
+// enter enters a caller of cost c (nil: Enter's). Its costs per policy are
+// taken anew for each arrival: a live change may have changed the
+// policies in force meanwhile.
+func (b *Bucket) enter(ctx context.Context, c Cost) (rep entered, err error) {
+	start := b.now()
+	b.tally.Begin()
+	defer func() {
+		res, why := verdict.Classify(ctx, err, reasons...)
+		b.tally.End(sluice.Event{Result: res, Reason: why, Wait: b.now().Sub(start), Queued: rep.Position > 0 && res != sluice.Refused, Late: rep.Late, Reentries: rep.Reentries, Local: rep.Local})
+		if d := enterdetail.From(ctx); d != nil {
+			*d = rep.Detail
+		}
+	}()
+	if b.fb != nil {
+		defer b.fb.begin()()
+	}
+	limit := b.answerWithin()
+	for settled := 0; ; {
+		select {
+		case <-b.bg.Done():
+			return rep, errClosed
+		default:
+		}
+		var costs []int64
+		if c != nil {
+			var zero bool
+			var err error
+			if costs, zero, err = b.costs(c); err != nil || zero {
+				if err == nil {
+					err = ctx.Err()
+				}
+				return rep, err
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+		if b.fb != nil && b.fb.serving() {
+			if err := b.fb.admit(ctx, "", costs, &rep.Report); err != errBack {
+				rep.Wait = b.now().Sub(start)
+				return rep, err
+			}
+		}
+		again, err := b.enterOnce(ctx, costs, &rep, &limit)
+		var gone goneLocal
+		if errors.As(err, &gone) {
+			if err = b.fb.admit(ctx, gone.entry, costs, &rep.Report); err == errBack {
+				continue // back on Redis before this caller booked
+			}
+			rep.Wait = b.now().Sub(start)
+			return rep, err
+		}
+		if retry, serr := b.followInForce(ctx, err, settled); retry {
+			settled++
+			continue
+		} else if serr != nil {
+			err = serr
+		}
+		if !again {
+			rep.Wait = b.now().Sub(start)
+			if err == nil && b.cfg.Adapt {
+				b.maybeAdaptUp()
+			}
+			return rep, err
+		}
+		rep.Reentries++
+	}
+}
+
+// enterOnce makes one arrival with a fresh ID. It reports again when the
+// caller must arrive anew (its slot went stale or was lost).
+//
+// limit bounds each of its calls to Redis (rediscall.CallCtx): it doubles
+// each time a call runs out of it while Redis answers a PING (busy), so
+// that a slow Redis is waited for and a frozen one is not.
+func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, limit *time.Duration) (again bool, err error) {
+	id := b.newID()
+	own := b.ownWait(ctx)
+	cctx, done, within := rediscall.CallCtx(ctx, *limit)
+	er, sent, err := b.comings.enqueue(cctx, id, costs, own)
+	done()
+	received := b.now()
+	rep.RoundTrips++
+	if errors.As(err, new(*queue.ConfigError)) {
+		return false, err // nothing was written: settle it
+	}
+	if err != nil {
+		if ctx.Err() != nil || errors.Is(cctx.Err(), context.DeadlineExceeded) || errors.Is(err, queue.ErrNotReplicated) {
+			b.cancel(id) // it may have arrived before the caller gave up
+		}
+		if b.busy(ctx, cctx, within, err) {
+			*limit = min(2**limit, time.Minute)
+			return true, nil // arrive again
+		}
+		if b.fb != nil && b.fb.away(ctx, err) {
+			return false, goneLocal{}
+		}
+		return false, b.callErr(ctx, err, within)
+	}
+	b.rtt.observe(received.Sub(sent)) // only replies: a failed call says nothing of the network
+	rep.Ticket, rep.Position = er.Ticket, er.Position
+	switch {
+	case errors.Is(er.Err, queue.ErrQueueFull):
+		return false, fmt.Errorf("%w (%d waiting)", errQueueFull, er.Position)
+	case errors.Is(er.Err, queue.ErrWaitTooLong):
+		return false, b.tooLong(er.Delay, own)
+	case er.Entry == "": // its slot at once
+		rep.Slot = time.UnixMicro(er.Slot)
+		return b.sleepToSlot(ctx, sent, received, er.Delay, rep, costs, "", "")
+	}
+	if own > 0 && er.Delay > own {
+		// Pushed (queue.Enqueue's push lane cannot refuse): leave at once.
+		b.cancel(er.Entry)
+		return false, b.tooLong(er.Delay, own)
+	}
+	// The first caller of this process to queue makes sure a scheduler
+	// runs even when the reply says one does: it may be this process's,
+	// handing the lock over because it had no caller queued (its last
+	// step and this arrival crossed).
+	if b.queued.Add(1) == 1 || !er.SchedulerRunning {
+		b.sched.Ensure()
+	}
+	return b.awaitSlot(ctx, er, received, rep, costs, limit)
+}
+
+// ownWait is the longest a caller may wait for its slot: until its ctx's
+// deadline, less the trip a reply takes (a slot at the deadline would
+// find the caller gone), and at least 1 µs (with nothing left, only a
+// token free at once serves it). 0: no deadline.
+func (b *Bucket) ownWait(ctx context.Context) time.Duration {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return 0
+	}
+	return max(dl.Sub(b.now())-b.rtt.min(), time.Microsecond)
+}
+
+// tooLong is the refusal of a caller whose estimated wait est passes what
+// it may wait: own (ownWait; 0: none) or MaxWait, whichever is shorter.
+func (b *Bucket) tooLong(est, own time.Duration) error {
+	e := &sluice.WaitTooLongError{Limiter: "bucket", Name: b.cfg.Name, Wait: est, Limit: b.cfg.MaxWait, Err: errWaitTooLong}
+	if own > 0 && (b.cfg.MaxWait <= 0 || own < b.cfg.MaxWait) {
+		e.Limit, e.Deadline = own, true
+	}
+	return e
+}

@@ -1,0 +1,137 @@
+// The start: the final sleep to the slot, the caller's lateness, and the
+// retimes of a caller too late for its slot.
+
+package bucket
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/hub"
+	"github.com/sluicehq/sluice/internal/rediscall"
+	"github.com/sluicehq/sluice/queue"
+)
+
+// sleepToSlot sleeps until the slot, then checks that the caller is not so
+// late that its start would bunch with later ones. The reply said "delay
+// from Redis's now", and Redis's now lies between sent and received: the
+// caller sleeps until received+delay, never before the slot, and judges its
+// lateness from sent+delay, less the round trip the network always takes,
+// so that a reply that sat unread (a starved or frozen process) counts too.
+// A caller later than MaxLateness keeps its place (retime): costs and room
+// are what that needs. A caller whose ctx ends before its slot, or whose
+// new slot comes after its deadline, leaves (entry: its queue entry, ""
+// for one given its slot at arrival) and passes its slot on.
+func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, delay time.Duration, rep *entered, costs []int64, entry, room string) (bool, error) {
+	for {
+		late, err := b.sleepLate(ctx, sent, received, delay, rep)
+		if err != nil {
+			if room != "" && !errors.Is(err, errClosed) {
+				b.leave(queue.Leaver{Entry: entry, Room: room, Costs: costs})
+			}
+			return false, err
+		}
+		if !late {
+			return false, nil
+		}
+		var r queue.Retimed
+		if sent, received, r, err = b.retimeOnce(ctx, rep, costs, room); err != nil {
+			return b.retimeFailed(ctx, err)
+		}
+		delay, room = r.Delay, r.Room
+		if own := b.ownWait(ctx); own > 0 && delay > own {
+			b.leave(queue.Leaver{Entry: entry, Room: room, Costs: costs})
+			return false, b.tooLong(delay, own)
+		}
+	}
+}
+
+// retime gives a caller too late for its slot the next one (retimeOnce),
+// then sleeps to it as sleepToSlot does.
+func (b *Bucket) retime(ctx context.Context, rep *entered, costs []int64, entry, room string) (bool, error) {
+	sent, received, r, err := b.retimeOnce(ctx, rep, costs, room)
+	if err != nil {
+		return b.retimeFailed(ctx, err)
+	}
+	if own := b.ownWait(ctx); own > 0 && r.Delay > own {
+		b.leave(queue.Leaver{Entry: entry, Room: r.Room, Costs: costs})
+		return false, b.tooLong(r.Delay, own)
+	}
+	return b.sleepToSlot(ctx, sent, received, r.Delay, rep, costs, entry, r.Room)
+}
+
+// retimeOnce asks Redis for the next slot of a caller too late for its own
+// (queue.Retime): it keeps its place ahead of the callers queued, and the
+// missed slot's tokens go back to the bucket when that is exact. A late
+// caller thus throws nothing away and adds no arrival, so that a starved
+// host cannot feed its own overload (docs/design.md, "Overload").
+//
+// Its call to Redis is bounded as enterOnce's are: when it runs out of its
+// limit while Redis answers a PING (slow, not away), it is made again with
+// twice the limit; a slot the lost reply held is then spent, never
+// granted twice.
+func (b *Bucket) retimeOnce(ctx context.Context, rep *entered, costs []int64, room string) (sent, received time.Time, r queue.Retimed, err error) {
+	for limit := b.answerWithin(); ; limit = min(2*limit, time.Minute) {
+		cctx, done, within := rediscall.CallCtx(ctx, limit)
+		sentFn, rctx := sentAt(cctx, b.now)
+		r, err = b.q.Retime(rctx, room, costs)
+		done()
+		received = b.now()
+		rep.RoundTrips++
+		if err != nil && b.busy(ctx, cctx, within, err) {
+			continue
+		}
+		if err != nil && b.fb != nil && b.fb.away(ctx, err) {
+			return sent, received, r, goneLocal{} // the missed slot stays spent
+		}
+		if err != nil {
+			if !errors.As(err, new(*queue.ConfigError)) && !errors.Is(err, queue.ErrNotReplicated) {
+				err = b.callErr(ctx, err, within) // retimeFailed reads the others
+			}
+			return sent, received, r, err
+		}
+		sent = sentFn() // only now: a failed call may still be stamping it
+		break
+	}
+	b.rtt.observe(received.Sub(sent))
+	rep.Retimes++
+	if r.Refunded {
+		rep.Refunds++
+	}
+	rep.Slot = time.UnixMicro(r.Slot)
+	return sent, received, r, nil
+}
+
+// retimeFailed: a Retime that failed leaves the missed slot's tokens spent;
+// the caller enters again, unless its ctx ended or Redis failed it.
+func (b *Bucket) retimeFailed(ctx context.Context, err error) (bool, error) {
+	if errors.As(err, new(goneLocal)) {
+		return false, err // enter admits it from the local share
+	}
+	if ctx.Err() != nil || errors.Is(err, queue.ErrNotReplicated) {
+		return false, b.redisErr(ctx, err)
+	}
+	var cerr *queue.ConfigError
+	if errors.As(err, &cerr) {
+		return true, nil // a live change: enter again under the policies in force
+	}
+	return false, b.redisErr(ctx, err)
+}
+
+// sleepLate sleeps until the slot and reports whether the caller is later
+// than MaxLateness.
+func (b *Bucket) sleepLate(ctx context.Context, sent, received time.Time, delay time.Duration, rep *entered) (bool, error) {
+	rep.Margin = sent.Add(delay).Sub(received)
+	if err := b.hub.Sleep(ctx, received.Add(delay).Sub(b.now()), b.bg.Done()); err != nil {
+		if errors.Is(err, hub.ErrStopped) {
+			err = errClosed
+		}
+		return false, err // sleepToSlot passes the slot on
+	}
+	rep.Late = max(0, b.now().Sub(sent.Add(delay))-b.rtt.min())
+	if b.cfg.MaxLateness >= 0 && rep.Late > b.cfg.MaxLateness {
+		return true, nil
+	}
+	return false, nil
+}
