@@ -13,8 +13,7 @@ import (
 const StateFormat = 2
 
 // BucketState is the state key of a bucket (load and save in state.lua):
-// "done until level1 anchor1 ... format id hold held [costed extra1 ...
-// [e0 e1 p0₁ p1₁ ...]]",
+// "done until level1 anchor1 ... format id hold held [costed extra1 ...]",
 // integers separated by spaces but for id. Done counts the tickets no longer
 // queued; Until is the Redis instant (µs) to which the scheduler's lock
 // was last renewed, 0 once released; then each policy's level (may be
@@ -38,11 +37,6 @@ type BucketState struct {
 	// when Costed is 0).
 	Costed int64
 	Extra  []int64
-	// Epochs are the peaks' epochs (state.lua): the older one's start,
-	// then the newer one's (µs, Redis clock); zero when the state has no
-	// peaks (written by an earlier version). Each Level's Peaks are its
-	// highest level in the older epoch and in the newer one.
-	Epochs [2]int64
 }
 
 // Holds reports whether the state's hold keeps policy i's slots at now.
@@ -53,7 +47,6 @@ func (s BucketState) Holds(i int, now int64) bool {
 // Level is one policy's part of the state.
 type Level struct {
 	Level, Anchor int64
-	Peaks         [2]int64 // with BucketState.Epochs
 }
 
 // String is the state as state.lua writes it in s.Format (2, 1 or 0).
@@ -80,33 +73,13 @@ func (s BucketState) String() string {
 		b.WriteByte(' ')
 		b.WriteString(strconv.FormatInt(s.Held, 10))
 	}
-	peaks := s.Epochs[1] != 0
-	if s.Costed > 0 || peaks {
+	if s.Costed > 0 {
 		b.WriteByte(' ')
 		b.WriteString(strconv.FormatInt(s.Costed, 10))
 	}
-	for i := range s.Levels {
-		if s.Extra == nil && !peaks {
-			break
-		}
-		var x int64
-		if i < len(s.Extra) {
-			x = s.Extra[i]
-		}
+	for _, x := range s.Extra {
 		b.WriteByte(' ')
 		b.WriteString(strconv.FormatInt(x, 10))
-	}
-	if peaks {
-		for _, e := range s.Epochs {
-			b.WriteByte(' ')
-			b.WriteString(strconv.FormatInt(e, 10))
-		}
-		for _, l := range s.Levels {
-			for _, p := range l.Peaks {
-				b.WriteByte(' ')
-				b.WriteString(strconv.FormatInt(p, 10))
-			}
-		}
 	}
 	return b.String()
 }
@@ -171,23 +144,7 @@ func ParseState(raw string, n int) (BucketState, error) {
 				return BucketState{}, err
 			}
 		}
-		s.Costed = x[0]
-		if s.Costed > 0 {
-			s.Extra = x[1:]
-		}
-		at += 1 + n
-	}
-	if s.Format == StateFormat && len(f) >= at+2+2*n {
-		v := make([]int64, 2+2*n)
-		for i := range v {
-			if v[i], err = num(at + i); err != nil {
-				return BucketState{}, err
-			}
-		}
-		s.Epochs = [2]int64{v[0], v[1]}
-		for i := range s.Levels {
-			s.Levels[i].Peaks = [2]int64{v[2+2*i], v[3+2*i]}
-		}
+		s.Costed, s.Extra = x[0], x[1:]
 	}
 	return s, nil
 }

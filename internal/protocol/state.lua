@@ -16,17 +16,7 @@
 -- feedback.lua; then, only while callers with costs of
 -- their own are queued, how many and each policy's extra: the tokens the
 -- queued callers need beyond call each (written by whoever queues, pops or
--- removes such a caller; absent means none and all 0); then the peaks:
--- "e0 e1 p0₁ p1₁ … p0ₙ p1ₙ", where p1ᵢ is the highest level policy i
--- reached (after a refill or a give-back, before the grants that follow)
--- at the scripts that saved it since the instant e1 (µs), and p0ᵢ the
--- highest from e0 to e1 (costed and the extras are then written, as 0,
--- even when no caller with costs is queued). refund.lua reads them: a
--- late caller's tokens go back when the bucket without its grant could
--- not have reached its capacity, judged on the levels the bucket really
--- had since the grant. A state without them (written by an earlier
--- version, whose scripts drop them) has no peaks: the next save starts
--- them.
+-- removes such a caller; absent means none and all 0).
 --
 -- Upgrades: format 1 had no id ("... an 1 [costed x1 ...]"), format 0 no
 -- version either. Such a state is read as what it is and written back in
@@ -45,11 +35,6 @@ local CONFIG_RENEW_EVERY = 64
 
 -- FRESH_LAG_US bounds how late a new bucket's refills start (load).
 local FRESH_LAG_US = 5000
--- PEAK_EPOCH_US is how long the peaks' newer epoch runs before it becomes
--- the older one (save): a late caller's grant younger than one to two
--- epochs is judged on the peaks (refund.lua), an older one on the refills
--- since (always true, looser).
-local PEAK_EPOCH_US = 250000
 local CONFIG_TTL_MS = 2592000000
 
 -- check_format refuses a state of a format this code does not know.
@@ -127,27 +112,22 @@ local function load(state_key, ps, now, config_key, id)
       else
         st[i] = {level = p.cap, anchor = now + lag, extra = 0}
       end
-      st[i].hi = p.cap
     end
     st.costed = 0
     return st, 0, 0, true, nil
   end
   if #ps == 1 and ps.rolling == 0 then -- the common case, without a loop or a table of values
     local p = ps[1]
-    local done, till, l, a, v, sid, h, m, c, x, e0, e1, p0, p1 = string.match(raw, '^(%S+) (%S+) (%S+) (%S+) ?(%S*) ?(%S*) ?(%S*) ?(%S*) ?(%S*) ?(%S*) ?(%S*) ?(%S*) ?(%S*) ?(%S*)')
+    local done, till, l, a, v, sid, h, m, c, x = string.match(raw, '^(%S+) (%S+) (%S+) (%S+) ?(%S*) ?(%S*) ?(%S*) ?(%S*) ?(%S*) ?(%S*)')
     if sid ~= id then
       config_check(config_key, id)
       v = tonumber(v)
       check_format(v)
       if v == FORMAT then stale_state(sid, id) end
-      c, x, h, m, raw, e1 = sid, h, 0, 0, nil, nil -- format 1 or 0: no id, no hold, no peaks
+      c, x, h, m, raw = sid, h, 0, 0, nil -- format 1 or 0: no id, no hold
     end
     local level, anchor = refill(tonumber(l), tonumber(a), now, p.cap, p.amount, p.freq)
-    st[1] = {level = level, anchor = anchor, extra = tonumber(x) or 0, hi = level}
-    e1 = tonumber(e1)
-    if e1 then
-      st.e0, st.e1, st[1].p0, st[1].p1 = tonumber(e0), e1, tonumber(p0), tonumber(p1)
-    end
+    st[1] = {level = level, anchor = anchor, extra = tonumber(x) or 0}
     st.costed = tonumber(c) or 0
     st.done0 = tonumber(done) or 0
     h = tonumber(h) or 0
@@ -170,9 +150,6 @@ local function load(state_key, ps, now, config_key, id)
     local h = tonumber(vals[2 * n + 5]) or 0
     if h > now then st.hold, st.held = h, tonumber(vals[2 * n + 6]) or 0 end
   end
-  local pk = raw and at + n + 2 -- where the peaks start (this format only)
-  if pk and not tonumber(vals[pk + 1]) then pk = nil end
-  if pk then st.e0, st.e1 = tonumber(vals[pk]), tonumber(vals[pk + 1]) end
   for i = 1, n do
     local p = ps[i]
     if p.kind == ROLLING then
@@ -182,8 +159,6 @@ local function load(state_key, ps, now, config_key, id)
       local level, anchor = refill(tonumber(vals[2 * i + 1]), tonumber(vals[2 * i + 2]), now, p.cap, p.amount, p.freq)
       st[i] = {level = level, anchor = anchor, extra = tonumber(vals[at + 1 + i]) or 0}
     end
-    st[i].hi = st[i].level
-    if pk then st[i].p0, st[i].p1 = tonumber(vals[pk + 2 * i]), tonumber(vals[pk + 2 * i + 1]) end
   end
   st.costed = tonumber(vals[at + 1]) or 0
   st.done0 = tonumber(vals[1]) or 0
@@ -216,48 +191,11 @@ end
 -- (config_key, which names st.id) when done passed a multiple of
 -- CONFIG_RENEW_EVERY since load (st.done0; always for a state load did not
 -- read).
--- peaks brings the peaks (see above) up to now: each policy's highest
--- level in this script (hi, from load and give_back, or its level now)
--- joins the newer epoch, which becomes the older one when it has run
--- PEAK_EPOCH_US; a state without peaks starts them now.
-local function peaks(st, now)
-  if not st.e1 then
-    st.e0, st.e1 = now, now
-    for i = 1, #st do
-      local h = math.max(st[i].hi or st[i].level, st[i].level)
-      st[i].p0, st[i].p1 = h, h
-    end
-    return
-  end
-  local turn = now - st.e1 >= PEAK_EPOCH_US
-  if turn then st.e0, st.e1 = st.e1, now end
-  for i = 1, #st do
-    local s = st[i]
-    local h = math.max(s.hi or s.level, s.level)
-    if turn then
-      s.p0, s.p1 = s.p1 or h, h
-    else
-      s.p1 = math.max(s.p1 or h, h)
-    end
-  end
-end
-
--- peaks_string formats the peaks, after a space.
-local function peaks_string(st)
-  local parts = {st.e0, st.e1}
-  for i = 1, #st do
-    parts[2 * i + 1], parts[2 * i + 2] = st[i].p0, st[i].p1
-  end
-  return string.format(string.rep(' %d', #parts), unpack(parts))
-end
-
 local function save(state_key, st, ps, now, grace, done, till, config_key)
   local value
-  peaks(st, now)
-  if #st == 1 then
-    local s = st[1]
-    value = string.format('%d %d %d %d %d %s %d %d %d %d %d %d %d %d', done, till, s.level, s.anchor, FORMAT, st.id, st.hold or 0, st.held or 0,
-      st.costed or 0, s.extra or 0, st.e0, st.e1, s.p0, s.p1)
+  local x = (st.costed or 0) > 0
+  if #st == 1 and not x then
+    value = string.format('%d %d %d %d %d %s %d %d', done, till, st[1].level, st[1].anchor, FORMAT, st.id, st.hold or 0, st.held or 0)
   else
     -- One string.format for every number: far cheaper than one each.
     local parts = {done, till}
@@ -269,11 +207,13 @@ local function save(state_key, st, ps, now, grace, done, till, config_key)
     local n = #parts
     parts[n + 1], parts[n + 2], parts[n + 3] = st.id, st.hold or 0, st.held or 0
     value = string.format(string.rep('%d ', n) .. '%s %d %d', unpack(parts))
-    parts = {st.costed or 0}
-    for i = 1, #st do
-      parts[i + 1] = st[i].extra or 0
+    if x then
+      parts = {st.costed}
+      for i = 1, #st do
+        parts[i + 1] = st[i].extra
+      end
+      value = value .. string.format(string.rep(' %d', #parts), unpack(parts))
     end
-    value = value .. string.format(string.rep(' %d', #parts), unpack(parts)) .. peaks_string(st)
   end
   redis.call('SET', state_key, value, 'PX', ceil_ms(full_in(st, ps, now) + grace))
   if (ps.rolling or 0) > 0 then
@@ -305,15 +245,12 @@ end
 -- later instant.
 local function save_extras(state_key, raw, st)
   local value = string.match(raw, '^' .. string.rep('%S+ ', 2 * #st + 5) .. '%S+')
-  if (st.costed or 0) > 0 or st.e1 then
-    local parts = {st.costed or 0}
+  if (st.costed or 0) > 0 then
+    local parts = {st.costed}
     for i = 1, #st do
-      parts[i + 1] = st[i].extra or 0
+      parts[i + 1] = st[i].extra
     end
     value = value .. string.format(string.rep(' %d', #parts), unpack(parts))
-  end
-  if st.e1 then
-    value = value .. peaks_string(st) -- as loaded: the levels did not change
   end
   redis.call('SET', state_key, value, 'KEEPTTL')
 end
@@ -357,17 +294,10 @@ local function add_done(state_key, n, less, config_key, id)
   parts[5 + 2 * np] = hold
   parts[6 + 2 * np] = held
   local costed = (tonumber(vals[at + 1]) or 0) - less.costed
-  -- The peaks of this format, kept as they are (no level changed).
-  local pk = at == 2 * np + 6 and tonumber(vals[at + np + 3]) and at + np + 2
-  if costed > 0 or pk then
-    parts[7 + 2 * np] = int(math.max(costed, 0))
+  if costed > 0 then
+    parts[7 + 2 * np] = int(costed)
     for i = 1, np do
-      parts[7 + 2 * np + i] = int(costed > 0 and (tonumber(vals[at + 1 + i]) or 0) - less[i] or 0)
-    end
-  end
-  if pk then
-    for k = pk, pk + 1 + 2 * np do
-      parts[#parts + 1] = vals[k]
+      parts[7 + 2 * np + i] = int((tonumber(vals[at + 1 + i]) or 0) - less[i])
     end
   end
   redis.call('SET', state_key, table.concat(parts, ' '), 'KEEPTTL')

@@ -21,18 +21,6 @@
 -- than grace (the refunds key outlives it). Otherwise the slot's tokens
 -- stay spent: never an excess.
 --
--- That bound counts every refill since t0 as if no grant had taken it: at
--- saturation, where the refills are all granted, it fails as soon as the
--- caller is later than (cap − l) / rate. So when the state's peaks
--- (state.lua) reach back to t0, and the upstream did not move the grid
--- since, the tokens go back on the levels the bucket really had: when for
--- every policy
---     (highest level since t0) + c ≤ cap,
--- the bucket without the grant stayed c above the bucket as it was, never
--- at its capacity, and lost no refill the bucket as it was kept. The
--- highest level counts the tokens given back since (they raised it), so
--- r − r0 is not added again.
---
 -- The refunds key: "d,r1,r2,...", the upstream's changes to the refills,
 -- then the tokens given back per policy.
 
@@ -43,17 +31,6 @@ local function read_refunds(key, n)
   local rs = parse_costs(raw) or {}
   for i = 1, n + 1 do rs[i] = rs[i] or 0 end
   return raw, rs
-end
-
--- peak_since is the highest level policy i of st can have had from t0 to
--- now by the state's peaks, or nil when they do not reach back to t0.
-local function peak_since(st, i, t0)
-  local s = st[i]
-  if not st.e1 or not s.p1 then return nil end
-  local h = math.max(s.p1, s.hi or s.level, s.level)
-  if t0 >= st.e1 then return h end
-  if t0 >= st.e0 then return math.max(h, s.p0) end
-  return nil
 end
 
 -- give_back gives the tokens ks (one per policy) of the slot whose room is
@@ -69,16 +46,8 @@ local function give_back(st, ps, now, grace, room, ks, key, raw_r, rs, cid)
     return false, raw_r
   end
   local moved = rs[1] ~= r0[1]
-  -- Either bound suffices: by the peaks (tight, when they reach back to
-  -- t0) or by the refills since t0 (always available, looser).
-  local by_peaks, by_refills = not moved, true
   for i = 1, #ps do
     local p, s = ps[i], st[i]
-    if p.kind == ROLLING then
-      return false, raw_r -- a rolling window's grant stays logged: spent
-    end
-    local top = by_peaks and peak_since(st, i, t0)
-    if not top or top + ks[i] > p.cap then by_peaks = false end
     local n
     if moved or s.anchor > now then
       n = math.floor((now - t0) / p.freq) + 1
@@ -88,15 +57,13 @@ local function give_back(st, ps, now, grace, room, ks, key, raw_r, rs, cid)
       n = 0
     end
     local since = rs[i + 1] - r0[i + 1]
-    if since < 0 or l[i] + p.amount * n + since + ks[i] > p.cap or s.level + ks[i] > p.cap then
-      by_refills = false
+    -- A rolling window's grant stays logged: spent.
+    if p.kind == ROLLING or since < 0 or l[i] + p.amount * n + since + ks[i] > p.cap or s.level + ks[i] > p.cap then
+      return false, raw_r
     end
   end
-  if not (by_peaks or by_refills) then return false, raw_r end
   for i = 1, #ps do
-    local s = st[i]
-    s.level = s.level + ks[i]
-    s.hi = math.max(s.hi or s.level, s.level) -- a peak for the grants judged after
+    st[i].level = st[i].level + ks[i]
     rs[i + 1] = rs[i + 1] + ks[i]
   end
   local out = {}
