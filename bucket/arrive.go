@@ -22,13 +22,7 @@ import (
 func (b *Bucket) enter(ctx context.Context, c Cost) (rep entered, err error) {
 	start := b.now()
 	b.tally.Begin()
-	defer func() {
-		res, why := verdict.Classify(ctx, err, reasons...)
-		b.tally.End(sluice.Event{Result: res, Reason: why, Wait: b.now().Sub(start), Queued: rep.Position > 0 && res != sluice.Refused, Late: rep.Late, Reentries: rep.Reentries, Local: rep.Local})
-		if d := enterdetail.From(ctx); d != nil {
-			*d = rep.Detail
-		}
-	}()
+	defer func() { b.ended(ctx, start, rep, err) }()
 	if b.fb != nil {
 		defer b.fb.begin()()
 	}
@@ -39,16 +33,9 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep entered, err error) {
 			return rep, errClosed
 		default:
 		}
-		var costs []int64
-		if c != nil {
-			var zero bool
-			var err error
-			if costs, zero, err = b.costs(c); err != nil || zero {
-				if err == nil {
-					err = ctx.Err()
-				}
-				return rep, err
-			}
+		costs, stop, err := b.costsOf(ctx, c)
+		if stop {
+			return rep, err
 		}
 		if err := ctx.Err(); err != nil {
 			return rep, err
@@ -83,6 +70,33 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep entered, err error) {
 		}
 		rep.Reentries++
 	}
+}
+
+// ended counts the end of enter's call that began at start, with its
+// report and error, and copies its detail to the enterdetail.Detail the
+// ctx carries, if any.
+func (b *Bucket) ended(ctx context.Context, start time.Time, rep entered, err error) {
+	res, why := verdict.Classify(ctx, err, reasons...)
+	b.tally.End(sluice.Event{Result: res, Reason: why, Wait: b.now().Sub(start), Queued: rep.Position > 0 && res != sluice.Refused, Late: rep.Late, Reentries: rep.Reentries, Local: rep.Local})
+	if d := enterdetail.From(ctx); d != nil {
+		*d = rep.Detail
+	}
+}
+
+// costsOf is what a caller of cost c (nil: Enter's) takes from each
+// policy in force. stop: the caller returns now with err, as c is
+// invalid, or takes nothing (err is then ctx's).
+func (b *Bucket) costsOf(ctx context.Context, c Cost) (costs []int64, stop bool, err error) {
+	if c != nil {
+		var zero bool
+		if costs, zero, err = b.costs(c); err != nil || zero {
+			if err == nil {
+				err = ctx.Err()
+			}
+			return nil, true, err
+		}
+	}
+	return costs, false, nil
 }
 
 // enterOnce makes one arrival with a fresh ID. It reports again when the

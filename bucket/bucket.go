@@ -169,19 +169,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 	if cfg.ReplicaAcks > 0 {
 		qc = rdb
 	}
-	q := queue.New(qc, cfg.KeyPrefix, cfg.Name, queue.Options{
-		Policies:       qps,
-		Lookahead:      cfg.Lookahead,
-		LockTTL:        cfg.LockTTL,
-		Grace:          grace(cfg),
-		MaxLateness:    cfg.MaxLateness,
-		Lead:           cfg.Lookahead / 4,
-		MaxQueue:       cfg.MaxQueue,
-		MaxWait:        cfg.MaxWait,
-		Replicas:       cfg.ReplicaAcks,
-		ReplicaTimeout: cfg.ReplicaTimeout,
-		Logger:         cfg.Logger,
-	})
+	q := queue.New(qc, cfg.KeyPrefix, cfg.Name, queueOptions(cfg, qps))
 	bg := background.NewGroup()
 	b := &Bucket{
 		cfg:      cfg,
@@ -211,6 +199,24 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 		b.fb = newFallback(b)
 	}
 	return b, nil
+}
+
+// queueOptions are the options of the queue of a Bucket of cfg whose
+// policies are qps (New).
+func queueOptions(cfg Config, qps []queue.Policy) queue.Options {
+	return queue.Options{
+		Policies:       qps,
+		Lookahead:      cfg.Lookahead,
+		LockTTL:        cfg.LockTTL,
+		Grace:          grace(cfg),
+		MaxLateness:    cfg.MaxLateness,
+		Lead:           cfg.Lookahead / 4,
+		MaxQueue:       cfg.MaxQueue,
+		MaxWait:        cfg.MaxWait,
+		Replicas:       cfg.ReplicaAcks,
+		ReplicaTimeout: cfg.ReplicaTimeout,
+		Logger:         cfg.Logger,
+	}
 }
 
 // Config returns this process's configuration with defaults filled in.

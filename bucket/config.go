@@ -232,6 +232,15 @@ func (c Config) withDefaults() (Config, error) {
 	case c.ReservationTTL == 0:
 		c.ReservationTTL = time.Hour
 	}
+	return c.withReplicasAndFallback()
+}
+
+// withReplicasAndFallback is the end of withDefaults: ReplicaAcks,
+// ReplicaTimeout and Fallback.
+func (c Config) withReplicasAndFallback() (Config, error) {
+	bad := func(format string, a ...any) (Config, error) {
+		return c, configerr.Invalid(errConfig, format, a...)
+	}
 	switch {
 	case c.ReplicaAcks < 0:
 		return bad("ReplicaAcks %d, want ≥ 0", c.ReplicaAcks)

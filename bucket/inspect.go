@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler"
 )
 
@@ -92,41 +93,50 @@ func (b *Bucket) Inspect(ctx context.Context) (Inspection, error) {
 	}
 	slot := s.Now
 	for i, p := range qps {
-		level, anchor := p.Capacity, s.Now
-		var extra int64
-		var log []protocol.WindowEntry
-		if s.HasState && i < len(s.State.Levels) {
-			l := s.State.Levels[i]
-			level, anchor = protocol.Refill(l.Level, l.Anchor, s.Now, p)
-			if p.Kind == protocol.Rolling && i < len(s.Windows) {
-				level, log = protocol.WindowRefill(l.Level, s.Windows[i], s.Now, p)
-			}
-			if s.Queued > 0 && i < len(s.State.Extra) {
-				extra = s.State.Extra[i]
-			}
-		}
-		lv := Level{Tokens: level}
-		switch {
-		case level >= p.Capacity:
-		case p.Kind == protocol.Rolling && len(log) > 0:
-			lv.NextRefill = time.Duration(log[0].Slot+protocol.WindowSpan(p)+1-s.Now) * time.Microsecond
-		case p.Kind != protocol.Rolling:
-			lv.NextRefill = time.Duration(anchor+p.RefillFrequency.Microseconds()-s.Now) * time.Microsecond
-		}
+		var lv Level
+		lv, slot = inspectLevel(s, i, p, slot)
 		in.Levels = append(in.Levels, lv)
-		k := s.Queued*p.Call() + extra + p.Call()
-		if p.Kind == protocol.Rolling {
-			slot = max(slot, protocol.WindowSlot(level, log, s.Now, k, p))
-		} else {
-			slot = max(slot, protocol.SlotFor(level, anchor, s.Now, k, p))
-		}
-		if k > 0 && s.State.Holds(i, s.Now) { // tokens.lua's slot_k: held back to the hold
-			slot = max(slot, s.State.Hold)
-		}
 	}
 	if s.State.Hold > s.Now {
 		in.HeldUntil = time.UnixMicro(s.State.Hold)
 	}
 	in.Wait = time.Duration(slot-s.Now) * time.Microsecond
 	return in, nil
+}
+
+// inspectLevel is Inspect's figures for policy i, p, of the snapshot s:
+// its level, and slot raised to the slot a new caller would have under
+// it.
+func inspectLevel(s queue.Snapshot, i int, p queue.Policy, slot int64) (Level, int64) {
+	level, anchor := p.Capacity, s.Now
+	var extra int64
+	var log []protocol.WindowEntry
+	if s.HasState && i < len(s.State.Levels) {
+		l := s.State.Levels[i]
+		level, anchor = protocol.Refill(l.Level, l.Anchor, s.Now, p)
+		if p.Kind == protocol.Rolling && i < len(s.Windows) {
+			level, log = protocol.WindowRefill(l.Level, s.Windows[i], s.Now, p)
+		}
+		if s.Queued > 0 && i < len(s.State.Extra) {
+			extra = s.State.Extra[i]
+		}
+	}
+	lv := Level{Tokens: level}
+	switch {
+	case level >= p.Capacity:
+	case p.Kind == protocol.Rolling && len(log) > 0:
+		lv.NextRefill = time.Duration(log[0].Slot+protocol.WindowSpan(p)+1-s.Now) * time.Microsecond
+	case p.Kind != protocol.Rolling:
+		lv.NextRefill = time.Duration(anchor+p.RefillFrequency.Microseconds()-s.Now) * time.Microsecond
+	}
+	k := s.Queued*p.Call() + extra + p.Call()
+	if p.Kind == protocol.Rolling {
+		slot = max(slot, protocol.WindowSlot(level, log, s.Now, k, p))
+	} else {
+		slot = max(slot, protocol.SlotFor(level, anchor, s.Now, k, p))
+	}
+	if k > 0 && s.State.Holds(i, s.Now) { // tokens.lua's slot_k: held back to the hold
+		slot = max(slot, s.State.Hold)
+	}
+	return lv, slot
 }

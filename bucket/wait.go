@@ -20,22 +20,19 @@ import (
 // and fails within Enter's bound rather than at its slot. When the scheduler publishes the caller's slot
 // (pushed callers always, others when the slot came earlier than their
 // estimate), the caller polls a lead before that slot instead.
+//
+// Each round is three steps: sleepToPoll, pollSlot, and afterPoll, which
+// acts on the reply (the caller's wait ends, or it sets the next poll).
 func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.Time, rep *entered, costs []int64, limit *time.Duration) (bool, error) {
-	entry := er.Entry
-	hints, forget := b.notices.register(entry)
-	var switched <-chan struct{}
+	w := &waiting{er: er, entry: er.Entry, enqueued: enqueued, rep: rep, costs: costs, limit: limit}
+	var forget func()
+	w.hints, forget = b.notices.register(w.entry)
 	unqueue := func() {}
 	if b.fb != nil {
-		switched, unqueue = b.fb.queue(entry, er.Ticket, costs)
+		w.switched, unqueue = b.fb.queue(w.entry, er.Ticket, costs)
 	}
-	keep := false // gone local: admit takes its booking, then forgets it
-	gone := func() (bool, error) {
-		b.cancel(entry)
-		keep = true
-		return false, goneLocal{entry}
-	}
-	dequeued := sync.OnceFunc(func() {
-		if !keep {
+	w.dequeued = sync.OnceFunc(func() {
+		if !w.keep {
 			unqueue()
 		}
 		forget()
@@ -46,115 +43,184 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 			b.sched.Ensure()
 		}
 	})
-	defer dequeued()
-	// local places an instant of the Redis clock on this process's clock,
-	// by the enqueue reply: Redis read its clock (er.Now) before the reply
-	// was received (enqueued), so the result is late by at most the round
-	// trip, against a lead of a quarter of the lookahead.
-	local := func(us int64) time.Time { return enqueued.Add(time.Duration(us-er.Now) * time.Microsecond) }
-	backoff := time.Millisecond
-	wait := er.Delay - b.leadNow()
+	defer w.dequeued()
+	w.backoff = time.Millisecond
+	w.wait = er.Delay - b.leadNow()
 	for {
-		var reach <-chan struct{}
-		if b.fb != nil {
-			_, reach = b.hub.Away()
-		}
-		slot, err := b.sleep(ctx, min(wait, checkIn), hints, switched, reach)
-		if errors.Is(err, errReach) {
-			if away, _ := b.hub.Away(); away && b.fb.goLocal() {
-				return gone()
-			}
-			switched, _ = b.fb.queue(entry, er.Ticket, costs) // back on Redis meanwhile: the next switch's
-			continue
-		}
-		if err != nil {
-			b.cancel(entry)
+		if repeat, err := b.sleepToPoll(ctx, w); err != nil {
 			return false, err
-		}
-		if slot > 0 {
-			// The scheduler gave the slot: poll a lead before it.
-			if _, err := b.sleep(ctx, local(slot).Add(-b.leadNow()).Sub(b.now()), nil, switched, nil); errors.Is(err, errReach) {
-				return gone()
-			} else if err != nil {
-				b.cancel(entry)
-				return false, err
-			}
-		}
-		cctx, done, within := rediscall.CallCtx(ctx, *limit)
-		sentFn, pctx := sentAt(cctx, b.now)
-		pr, err := b.q.Poll(pctx, entry)
-		done()
-		received := b.now()
-		var sent time.Time
-		if err == nil {
-			sent = sentFn() // a failed call may still be stamping it
-		}
-		rep.Polls++
-		rep.RoundTrips += max(pr.RoundTrips, 1)
-		if errors.As(err, new(*queue.ConfigError)) {
-			// A live change since this caller queued: poll under the
-			// policies in force (the caller keeps its place).
-			if _, serr := b.followInForce(ctx, err, 0); serr != nil {
-				b.cancel(entry)
-				return false, serr
-			}
-			wait = 0
+		} else if repeat {
 			continue
 		}
+		pr, sent, received, repeat, err := b.pollSlot(ctx, w)
 		if err != nil {
-			if b.busy(ctx, cctx, within, err) {
-				*limit = min(2**limit, time.Minute)
-				wait = 0 // poll again
-				continue
-			}
-			if b.fb != nil && b.fb.away(ctx, err) {
-				return gone()
-			}
-			b.cancel(entry)
-			return false, b.callErr(ctx, err, within)
+			return false, err
+		} else if repeat {
+			continue
 		}
-		b.rtt.observe(received.Sub(sent))
-		own := b.ownWait(ctx)
-		switch {
-		case pr.Found && own > 0 && pr.Delay > own:
-			// Its slot comes after its deadline: leave now, and pass
-			// the slot on rather than sleep it out.
-			dequeued()
-			b.leave(queue.Leaver{Entry: entry, Room: pr.Room, Costs: costs})
-			return false, b.tooLong(pr.Delay, own)
-		case pr.Found:
-			dequeued()
-			rep.Slot = time.UnixMicro(pr.Slot)
-			return b.sleepToSlot(ctx, sent, received, pr.Delay, rep, costs, entry, pr.Room)
-		case pr.Stale:
-			// The poll itself came too late for the slot: keep the place.
-			dequeued()
-			return b.retime(ctx, rep, costs, entry, pr.Room)
-		case pr.Lost:
-			return true, nil
-		case own > 0 && pr.Delay > own:
-			// Still queued, and its turn now estimated past its deadline
-			// (callers ahead took longer, or late ones took slots first).
-			b.cancel(entry)
-			return false, b.tooLong(pr.Delay, own)
-		}
-		rep.Position = pr.Position
-		if pr.LockTTL < 0 {
-			b.sched.Ensure()
-		}
-		// Far from its slot (callers ahead cancelled, or the caller woke
-		// early): trust the new estimate. At or past it: the scheduler is
-		// late or dead; back off, but never beyond the moment its lock
-		// expires, when this caller may take over.
-		wait = pr.Delay - b.leadNow()
-		if wait < backoff {
-			wait = backoff
-			if pr.LockTTL > 0 {
-				wait = min(wait, pr.LockTTL+time.Millisecond)
-			}
-			backoff = min(2*backoff, b.cfg.LockTTL/4)
+		if done, again, err := b.afterPoll(ctx, w, pr, sent, received); done {
+			return again, err
 		}
 	}
+}
+
+// waiting is what awaitSlot keeps of one queued caller from step to step:
+// its arrival, how it hears of its slot and of a switch to the local
+// share, how it leaves the queue, and when it polls next.
+type waiting struct {
+	er       queue.Arrival
+	entry    string
+	enqueued time.Time // when the enqueue reply was received
+	rep      *entered
+	costs    []int64
+	limit    *time.Duration // bounds each poll (enterOnce's limit)
+	hints    <-chan int64
+	switched <-chan struct{}
+	keep     bool   // gone local: admit takes its booking, then forgets it
+	dequeued func() // once: the caller learned its slot, or gave up
+	backoff  time.Duration
+	wait     time.Duration // until the next poll
+}
+
+// local places an instant of the Redis clock on this process's clock,
+// by the enqueue reply: Redis read its clock (er.Now) before the reply
+// was received (enqueued), so the result is late by at most the round
+// trip, against a lead of a quarter of the lookahead.
+func (w *waiting) local(us int64) time.Time {
+	return w.enqueued.Add(time.Duration(us-w.er.Now) * time.Microsecond)
+}
+
+// gone takes a caller that goes to the local share out of the queue; its
+// error tells enter to admit it there.
+func (b *Bucket) gone(w *waiting) error {
+	b.cancel(w.entry)
+	w.keep = true
+	return goneLocal{w.entry}
+}
+
+// sleepToPoll sleeps until the caller's next poll: w.wait (at most
+// checkIn), or a lead before the slot a hint gives. repeat: Redis's
+// reachability changed while the caller stays on Redis (sleep again); an
+// error: the caller leaves with it (its ctx ended, the bucket closed, or
+// it went to the local share).
+func (b *Bucket) sleepToPoll(ctx context.Context, w *waiting) (repeat bool, err error) {
+	var reach <-chan struct{}
+	if b.fb != nil {
+		_, reach = b.hub.Away()
+	}
+	slot, err := b.sleep(ctx, min(w.wait, checkIn), w.hints, w.switched, reach)
+	if errors.Is(err, errReach) {
+		if away, _ := b.hub.Away(); away && b.fb.goLocal() {
+			return false, b.gone(w)
+		}
+		w.switched, _ = b.fb.queue(w.entry, w.er.Ticket, w.costs) // back on Redis meanwhile: the next switch's
+		return true, nil
+	}
+	if err != nil {
+		b.cancel(w.entry)
+		return false, err
+	}
+	if slot > 0 {
+		// The scheduler gave the slot: poll a lead before it.
+		if _, err := b.sleep(ctx, w.local(slot).Add(-b.leadNow()).Sub(b.now()), nil, w.switched, nil); errors.Is(err, errReach) {
+			return false, b.gone(w)
+		} else if err != nil {
+			b.cancel(w.entry)
+			return false, err
+		}
+	}
+	return false, nil
+}
+
+// pollSlot polls once for the caller's slot, the call bounded by w.limit.
+// repeat: poll again at once (a live change was followed, or Redis was
+// slow and the limit doubled); an error: the caller leaves with it. Else
+// pr is the reply, and Redis's now lies between sent and received.
+func (b *Bucket) pollSlot(ctx context.Context, w *waiting) (pr queue.PollReply, sent, received time.Time, repeat bool, err error) {
+	cctx, done, within := rediscall.CallCtx(ctx, *w.limit)
+	sentFn, pctx := sentAt(cctx, b.now)
+	pr, err = b.q.Poll(pctx, w.entry)
+	done()
+	received = b.now()
+	if err == nil {
+		sent = sentFn() // a failed call may still be stamping it
+	}
+	w.rep.Polls++
+	w.rep.RoundTrips += max(pr.RoundTrips, 1)
+	if errors.As(err, new(*queue.ConfigError)) {
+		// A live change since this caller queued: poll under the
+		// policies in force (the caller keeps its place).
+		if _, serr := b.followInForce(ctx, err, 0); serr != nil {
+			b.cancel(w.entry)
+			return pr, sent, received, false, serr
+		}
+		w.wait = 0
+		return pr, sent, received, true, nil
+	}
+	if err != nil {
+		if b.busy(ctx, cctx, within, err) {
+			*w.limit = min(2**w.limit, time.Minute)
+			w.wait = 0 // poll again
+			return pr, sent, received, true, nil
+		}
+		if b.fb != nil && b.fb.away(ctx, err) {
+			return pr, sent, received, false, b.gone(w)
+		}
+		b.cancel(w.entry)
+		return pr, sent, received, false, b.callErr(ctx, err, within)
+	}
+	b.rtt.observe(received.Sub(sent))
+	return pr, sent, received, false, nil
+}
+
+// afterPoll acts on a poll's reply. done: the caller's wait ends here,
+// and awaitSlot returns again and err (it found its slot and slept to it,
+// or was retimed, or leaves, or must arrive anew). Else the caller is
+// still queued, and w.wait is when it polls next.
+func (b *Bucket) afterPoll(ctx context.Context, w *waiting, pr queue.PollReply, sent, received time.Time) (done, again bool, err error) {
+	own := b.ownWait(ctx)
+	switch {
+	case pr.Found && own > 0 && pr.Delay > own:
+		// Its slot comes after its deadline: leave now, and pass
+		// the slot on rather than sleep it out.
+		w.dequeued()
+		b.leave(queue.Leaver{Entry: w.entry, Room: pr.Room, Costs: w.costs})
+		return true, false, b.tooLong(pr.Delay, own)
+	case pr.Found:
+		w.dequeued()
+		w.rep.Slot = time.UnixMicro(pr.Slot)
+		again, err = b.sleepToSlot(ctx, sent, received, pr.Delay, w.rep, w.costs, w.entry, pr.Room)
+		return true, again, err
+	case pr.Stale:
+		// The poll itself came too late for the slot: keep the place.
+		w.dequeued()
+		again, err = b.retime(ctx, w.rep, w.costs, w.entry, pr.Room)
+		return true, again, err
+	case pr.Lost:
+		return true, true, nil
+	case own > 0 && pr.Delay > own:
+		// Still queued, and its turn now estimated past its deadline
+		// (callers ahead took longer, or late ones took slots first).
+		b.cancel(w.entry)
+		return true, false, b.tooLong(pr.Delay, own)
+	}
+	w.rep.Position = pr.Position
+	if pr.LockTTL < 0 {
+		b.sched.Ensure()
+	}
+	// Far from its slot (callers ahead cancelled, or the caller woke
+	// early): trust the new estimate. At or past it: the scheduler is
+	// late or dead; back off, but never beyond the moment its lock
+	// expires, when this caller may take over.
+	w.wait = pr.Delay - b.leadNow()
+	if w.wait < w.backoff {
+		w.wait = w.backoff
+		if pr.LockTTL > 0 {
+			w.wait = min(w.wait, pr.LockTTL+time.Millisecond)
+		}
+		w.backoff = min(2*w.backoff, b.cfg.LockTTL/4)
+	}
+	return false, false, nil
 }
 
 // leadNow is how long before its slot a caller polls: a quarter of the
