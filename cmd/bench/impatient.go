@@ -260,8 +260,10 @@ type LimiterRun struct {
 	// 2 ms longer (guarantee.CheckSlack). ≤ 0: the limit held.
 	Excess      int `json:"excess"`
 	ExcessSlack int `json:"excess_slack"`
-	// Retimes sums bucket.Report.Retimes (sluice only).
+	// Retimes sums bucket.Report.Retimes (sluice only); Refunds counts
+	// those whose missed tokens went back to the bucket.
 	Retimes int `json:"retimes"`
+	Refunds int `json:"refunds"`
 	// RoundTrips counts the commands and pipelines of the limiter's
 	// clients in every process (loadgen.RoundTripCounter).
 	RoundTrips int64 `json:"round_trips"`
@@ -324,6 +326,7 @@ func (run *LimiterRun) judge(calls []callRecord, l guarantee.Limit, begin time.T
 		}
 		run.Granted++
 		run.Retimes += c.Retimes
+		run.Refunds += c.Refunds
 		start := time.Unix(0, c.End)
 		starts = append(starts, start)
 		waits = append(waits, took)
@@ -397,6 +400,7 @@ type callRecord struct {
 	OutOfTime bool   `json:"t,omitempty"`
 	Err       string `json:"err,omitempty"`
 	Retimes   int    `json:"rtm,omitempty"`
+	Refunds   int    `json:"rf,omitempty"` // enterdetail.Detail.Refunds
 }
 
 // errPastDeadline is redis_rate's caller giving up at once: the
@@ -448,7 +452,7 @@ func callersWorker(raw string) error {
 				if !d.Slot.IsZero() {
 					rec.Slot = d.Slot.UnixMicro()
 				}
-				rec.Retimes = rep.Retimes
+				rec.Retimes, rec.Refunds = rep.Retimes, d.Refunds
 				return err
 			}
 		case limRedisRate:

@@ -246,7 +246,7 @@ func (p *Pods) table(t *table, _ Limit) {
 			return "—"
 		}
 		return commas(r.Retimes)
-	}, fmt.Sprintf("sluice callers that came > MaxLateness (%s) after their grant time (their pod throttled) and took the next one", dur(defaultMaxLateness)))
+	}, fmt.Sprintf("sluice callers that came > MaxLateness (%s) after their grant time (their pod throttled) and took the next one; %s of them gave their missed token back", dur(defaultMaxLateness), commas(sl.Refunds)))
 	row("throttled: periods", func(r PodsRun) string { return pct(int(r.Throttled), int(r.Periods)) },
 		fmt.Sprintf("of the pods' CFS periods in the run, those in which the pod used up its quota and was stopped (cpu.stat: %d of %d, %d of %d)", sl.Throttled, sl.Periods, rr.Throttled, rr.Periods))
 	row("throttled: time a pod", func(r PodsRun) string { return dur(r.Time / time.Duration(max(p.Pods, 1))) },
