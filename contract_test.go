@@ -435,8 +435,9 @@ func (s subject) testRefusal(t *testing.T) {
 	defer hold()
 	events.expect(t, name, sluice.Granted)
 	if s.refusesQueued {
-		// Fill the queue: MaxQueue is 1.
-		waiter, giveUp := context.WithCancel(ctx)
+		// Fill the queue: MaxQueue is 1. The waiter has no deadline: one
+		// that its turn, an hour off, passes would be refused at once.
+		waiter, giveUp := context.WithCancel(t.Context())
 		done := doAsync(waiter, l)
 		s.waitWaiting(t, ctx, l, 1)
 		defer func() {

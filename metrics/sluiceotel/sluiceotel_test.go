@@ -166,7 +166,9 @@ func TestBucketMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	gone, cancel := context.WithCancel(ctx)
+	// The waiters have no deadline: one that their turn, an hour off,
+	// passes would be refused at once.
+	gone, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 2)
 	for range 2 {
 		go func() { done <- b.Enter(gone) }()
