@@ -302,6 +302,9 @@ func llmWorker(raw string) error {
 				req, _ := http.NewRequestWithContext(runCtx, "POST", spec.Upstream, strings.NewReader(string(body)))
 				req.Header.Set("Content-Type", "application/json")
 				resp, err := c.Do(req)
+				if runEnds(err) {
+					return
+				}
 				if err == nil {
 					_, err = io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()

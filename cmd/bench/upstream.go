@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/bench/workers"
 	"github.com/sluicehq/sluice/internal/testing/guarantee"
@@ -395,6 +397,13 @@ type upstreamResult struct {
 // upstreamWorker is one worker process: its callers send GETs to the
 // upstream through a Transport around the shared bucket until the spec's
 // end, and it writes an upstreamResult to stdout.
+// runEnds reports that err refused a request whose turn comes after the
+// run's end (its ctx's deadline, the only one it has): the caller is done.
+func runEnds(err error) bool {
+	var wt *sluice.WaitTooLongError
+	return errors.As(err, &wt) && wt.Deadline
+}
+
 func upstreamWorker(raw string) error {
 	var spec upstreamSpec
 	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
@@ -455,6 +464,9 @@ func upstreamWorker(raw string) error {
 			for runCtx.Err() == nil {
 				req, _ := http.NewRequestWithContext(runCtx, "GET", spec.Upstream, nil)
 				resp, err := c.Do(req)
+				if runEnds(err) {
+					return
+				}
 				if err != nil {
 					// The run's end is not an error: go-redis may report
 					// the deadline as a socket timeout a moment before the
