@@ -367,12 +367,9 @@ func churnProcess(raw string) error {
 	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
 		return err
 	}
-	opt := &redis.Options{Addr: spec.Addr}
-	if spec.URL != "" {
-		var err error
-		if opt, err = redis.ParseURL(spec.URL); err != nil {
-			return err
-		}
+	opt, err := loadgen.RedisOptions(spec.Addr, spec.URL)
+	if err != nil {
+		return err
 	}
 	opt.ContextTimeoutEnabled = true
 	rdb := redis.NewClient(opt)

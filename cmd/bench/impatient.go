@@ -15,8 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/bench/loadgen"
@@ -419,12 +417,9 @@ func callersWorker(raw string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	opt := &redis.Options{Addr: spec.Addr}
-	if spec.URL != "" {
-		var err error
-		if opt, err = redis.ParseURL(spec.URL); err != nil {
-			return err
-		}
+	opt, err := loadgen.RedisOptions(spec.Addr, spec.URL)
+	if err != nil {
+		return err
 	}
 	res := callersResult{GOMAXPROCS: runtime.GOMAXPROCS(0), Calls: map[string][]callRecord{}, CutOff: map[string]int{}, RoundTrips: map[string]int64{}}
 	p := bucket.Rate(spec.Rate, time.Second, spec.Burst)

@@ -15,9 +15,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/bench/loadgen"
 	"github.com/sluicehq/sluice/internal/bench/workers"
 	"github.com/sluicehq/sluice/internal/testing/upstreamtest"
 	"github.com/sluicehq/sluice/transport"
@@ -247,12 +246,9 @@ func llmWorker(raw string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	opt := &redis.Options{Addr: spec.Addr}
-	if spec.URL != "" {
-		var err error
-		if opt, err = redis.ParseURL(spec.URL); err != nil {
-			return err
-		}
+	opt, err := loadgen.RedisOptions(spec.Addr, spec.URL)
+	if err != nil {
+		return err
 	}
 	rdb := client(opt, spec.Callers)
 	defer rdb.Close()

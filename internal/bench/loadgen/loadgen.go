@@ -269,12 +269,9 @@ func worker(raw string) error {
 	if spec.QuietRedis {
 		redis.SetLogger(quietLogger{})
 	}
-	opt := &redis.Options{Addr: spec.Addr}
-	if spec.URL != "" {
-		var err error
-		if opt, err = redis.ParseURL(spec.URL); err != nil {
-			return err
-		}
+	opt, err := RedisOptions(spec.Addr, spec.URL)
+	if err != nil {
+		return err
 	}
 	opt.ContextTimeoutEnabled, opt.PoolSize, opt.MaxRetries = true, spec.Callers+10, -1
 	rdb := redis.NewClient(opt)
@@ -608,4 +605,14 @@ func (p *Proc) Stats() (st WorkerStats, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.stats, p.hasStats
+}
+
+// RedisOptions are the options of a worker process's client: the server
+// at addr, or url when it is set (a redis:// or rediss:// URL, for a
+// server that needs TLS or a password).
+func RedisOptions(addr, url string) (*redis.Options, error) {
+	if url != "" {
+		return redis.ParseURL(url)
+	}
+	return &redis.Options{Addr: addr}, nil
 }
