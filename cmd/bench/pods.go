@@ -2,14 +2,11 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -17,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/bench/workers"
 	"github.com/sluicehq/sluice/internal/testing/guarantee"
 )
 
@@ -461,33 +459,9 @@ func readStats(pods []podCgroup) ([]cpuStat, error) {
 // inPods runs one callers worker per spec, the i-th in the i-th pod: sh
 // writes its own pid to the cgroup's cgroup.procs and then execs this
 // binary, so that the Go runtime starts inside the pod and sees its
-// limit, as a container's process does. It is workers.Run with that
-// wrapper.
+// limit, as a container's process does.
 func inPods(ctx context.Context, pods []podCgroup, specs []callersSpec) ([]callersResult, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	results := make([]callersResult, len(specs))
-	errs := make([]error, len(specs))
-	var wg sync.WaitGroup
-	for i, spec := range specs {
-		raw, err := json.Marshal(spec)
-		if err != nil {
-			return nil, err
-		}
-		wg.Go(func() {
-			cmd := exec.CommandContext(ctx, "sh", "-c", `echo $$ > "$1" && exec "$2"`, "sh", filepath.Join(pods[i].dir, "cgroup.procs"), self)
-			cmd.Env = append(os.Environ(), callersEnv+"="+string(raw))
-			var out, stderr bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &stderr
-			if err := cmd.Run(); err != nil {
-				errs[i] = fmt.Errorf("pod %d: %w: %s", i, err, bytes.TrimSpace(stderr.Bytes()))
-				return
-			}
-			errs[i] = json.Unmarshal(out.Bytes(), &results[i])
-		})
-	}
-	wg.Wait()
-	return results, errors.Join(errs...)
+	return workers.RunAs[callersSpec, callersResult](ctx, callersEnv, specs, func(i int, self string) []string {
+		return []string{"sh", "-c", `echo $$ > "$1" && exec "$2"`, "sh", filepath.Join(pods[i].dir, "cgroup.procs"), self}
+	})
 }

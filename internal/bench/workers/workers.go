@@ -21,6 +21,14 @@ import (
 // one's stdout, in the specs' order. A worker that fails is an error
 // naming it, with its stderr.
 func Run[S, R any](ctx context.Context, env string, specs []S) ([]R, error) {
+	return RunAs[S, R](ctx, env, specs, nil)
+}
+
+// RunAs is Run with each worker's command line made by argv: argv(i,
+// self) is the program and arguments that run the i-th worker, and must
+// end by executing self, this binary (a wrapper that puts it in a cgroup,
+// say). nil: self alone.
+func RunAs[S, R any](ctx context.Context, env string, specs []S, argv func(i int, self string) []string) ([]R, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -34,7 +42,11 @@ func Run[S, R any](ctx context.Context, env string, specs []S) ([]R, error) {
 			return nil, err
 		}
 		wg.Go(func() {
-			cmd := exec.CommandContext(ctx, self)
+			line := []string{self}
+			if argv != nil {
+				line = argv(i, self)
+			}
+			cmd := exec.CommandContext(ctx, line[0], line[1:]...)
 			cmd.Env = append(os.Environ(), env+"="+string(raw))
 			var out, stderr bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &stderr
