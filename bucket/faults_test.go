@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -656,9 +657,16 @@ func cancelStorm(t *testing.T) (cfg bucket.Config, stayers []loadgen.Grant, canc
 			go enter(ctx, false, i)
 		}
 	}
-	waitFor(t, 20*time.Second, "everyone to queue", func() bool {
+	// Everyone has arrived when the tickets issued (the state's done, the
+	// callers no longer queued, plus those queued) count them all and the
+	// first Enter's. Waiting for them all to be queued at once failed
+	// beside a busy loop: arrivals that take longer than the bucket takes
+	// to grant the head never fill the queue.
+	waitFor(t, 20*time.Second, "everyone to arrive", func() bool {
 		n, _ := rdb.LLen(context.Background(), keys.Queue).Result()
-		return n >= storm+stay-20 // the head may already hold slots
+		raw, _ := rdb.Get(context.Background(), keys.State).Result()
+		done, _ := strconv.ParseInt(strings.Fields(raw + " 0")[0], 10, 64)
+		return done+n >= storm+stay+1
 	})
 	cancelAt = time.Now()
 	cancel()
