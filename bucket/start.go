@@ -28,7 +28,7 @@ func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, dela
 		late, err := b.sleepLate(ctx, sent, received, delay, rep)
 		if err != nil {
 			if room != "" && !errors.Is(err, errClosed) {
-				b.leave(queue.Leaver{Entry: entry, Room: room, Costs: costs})
+				b.leave(queue.Leaver{Entry: entry, Room: room, Slot: rep.Slot.UnixMicro(), Costs: costs})
 			}
 			return false, err
 		}
@@ -41,7 +41,7 @@ func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, dela
 		}
 		delay, room = r.Delay, r.Room
 		if own := b.ownWait(ctx); own > 0 && delay > own {
-			b.leave(queue.Leaver{Entry: entry, Room: room, Costs: costs})
+			b.leave(queue.Leaver{Entry: entry, Room: room, Slot: rep.Slot.UnixMicro(), Costs: costs})
 			return false, b.tooLong(delay, own)
 		}
 	}
@@ -55,7 +55,7 @@ func (b *Bucket) retime(ctx context.Context, rep *entered, costs []int64, entry,
 		return b.retimeFailed(ctx, err)
 	}
 	if own := b.ownWait(ctx); own > 0 && r.Delay > own {
-		b.leave(queue.Leaver{Entry: entry, Room: r.Room, Costs: costs})
+		b.leave(queue.Leaver{Entry: entry, Room: r.Room, Slot: r.Slot, Costs: costs})
 		return false, b.tooLong(r.Delay, own)
 	}
 	return b.sleepToSlot(ctx, sent, received, r.Delay, rep, costs, entry, r.Room)

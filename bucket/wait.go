@@ -184,7 +184,7 @@ func (b *Bucket) afterPoll(ctx context.Context, w *waiting, pr queue.PollReply, 
 		// Its slot comes after its deadline: leave now, and pass
 		// the slot on rather than sleep it out.
 		w.dequeued()
-		b.leave(queue.Leaver{Entry: w.entry, Room: pr.Room, Costs: w.costs})
+		b.leave(queue.Leaver{Entry: w.entry, Room: pr.Room, Slot: pr.Slot, Costs: w.costs})
 		return true, false, b.tooLong(pr.Delay, own)
 	case pr.Found:
 		w.dequeued()

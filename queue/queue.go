@@ -379,19 +379,22 @@ func (q *Queue) Estimate(ctx context.Context, costs []int64) (time.Duration, int
 
 // Leaver is a caller that gives up: its Entry (or, if it never learned
 // it, its bare ID; "" for a caller given its slot at arrival) and, when it
-// read its slot, the slot's Room (PollReply.Room, Retimed.Room; "" for
-// none), with its Costs, one per policy (nil: those its entry names, or
+// read its slot, that Slot (µs, Redis clock) and its Room (PollReply,
+// Retimed), with its Costs, one per policy (nil: those its entry names, or
 // each policy's Call).
 type Leaver struct {
 	Entry, Room string
+	Slot        int64
 	Costs       []int64
 }
 
 // Cancel takes callers that gave up out of the bucket, in one round trip.
-// A caller still queued leaves without spending a token; one whose slot
-// was written passes its tokens on: they go back to the bucket when that
-// is exact (as Retime's do), and the next step hands them to the next
-// caller in line; otherwise they stay spent (never an excess).
+// A caller still queued leaves without spending a token. One whose slot
+// was written passes it on when it is still at least a Lead ahead: the
+// next caller in line takes it as it is, if it needs no more tokens of
+// any policy, and is told on the wake channel; the grants keep the
+// instants the steps gave them. Otherwise the slot's tokens stay spent
+// (never an excess).
 func (q *Queue) Cancel(ctx context.Context, leavers ...Leaver) error {
 	_, err := q.cancel(ctx, leavers)
 	return err
@@ -404,22 +407,23 @@ const (
 	removed  cancelResult = 0 // left the queue before it had a slot: no token spent
 	forfeit  cancelResult = 1 // it had a slot: its tokens stay spent
 	notFound cancelResult = 2 // unknown ID
-	passedOn cancelResult = 3 // it had a slot: its tokens went back to the bucket
+	passedOn cancelResult = 3 // it had a slot, which the next caller took
 )
 
 // cancel runs under the configuration in force: callers that queued
 // before a live change leave under the new one.
 func (q *Queue) cancel(ctx context.Context, leavers []Leaver) ([]cancelResult, error) {
-	keys := []string{q.keys.Queue, q.keys.Slot, q.keys.state, q.keys.config, q.keys.refunds}
+	keys := []string{q.keys.Queue, q.keys.Slot, q.keys.state, q.keys.config}
 	reply, err := q.runInForce(ctx, cancelScript, keys, func(c *conf) ([]any, error) {
-		args := make([]any, 0, 1+len(c.args)+3*len(leavers))
-		args = append(args, us(q.opt.Grace))
+		args := make([]any, 0, 3+len(c.args)+3*len(leavers))
+		args = append(args, us(q.opt.Grace), us(q.opt.Lead), q.keys.Wake)
 		args = append(args, c.args...)
 		for _, l := range leavers {
-			if l.Costs != nil && len(l.Costs) != len(c.policies) {
-				l.Room, l.Costs = "", nil // costs of a configuration replaced since: its tokens stay spent
+			value := ""
+			if l.Room != "" && (l.Costs == nil || len(l.Costs) == len(c.policies)) {
+				value = protocol.SlotValue(l.Slot, l.Room)
 			}
-			args = append(args, l.Entry, l.Room, protocol.Costs(l.Costs))
+			args = append(args, l.Entry, value, protocol.Costs(l.Costs))
 		}
 		return args, nil
 	})

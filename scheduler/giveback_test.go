@@ -15,7 +15,8 @@ import (
 // TestGiveBacksKeepThePromise: a random mix of arrivals, steps and
 // callers who come for their slots on time, late (they retime, giving
 // their tokens back when that is exact), or not at all (they leave,
-// passing their slots on), on a bucket saturated most of the time: every
+// passing their slots to the next caller in line), on a bucket saturated
+// most of the time: every
 // grant in the end, judged by the checker, keeps the promise. Each seed
 // runs a few hundred rounds against the Redis clock.
 func TestGiveBacksKeepThePromise(t *testing.T) {
@@ -38,6 +39,7 @@ func giveBackRounds(t *testing.T, seed uint64) {
 	takeLock(t, rdb, q, "tok")
 	type holder struct {
 		entry, room string
+		slot        int64
 		since       time.Time
 		lateBy      time.Duration
 		leaves      bool
@@ -80,7 +82,7 @@ func giveBackRounds(t *testing.T, seed uint64) {
 				if !r.Found && !r.Stale {
 					break
 				}
-				h := holder{entry: queued[0], room: r.Room, since: time.Now()}
+				h := holder{entry: queued[0], room: r.Room, slot: r.Slot, since: time.Now()}
 				switch k := rng.IntN(10); {
 				case k < 5:
 					grants = append(grants, time.UnixMicro(r.Slot)) // on time
@@ -103,7 +105,7 @@ func giveBackRounds(t *testing.T, seed uint64) {
 				continue
 			}
 			if h.leaves {
-				if err := q.Cancel(ctx, queue.Leaver{Entry: h.entry, Room: h.room}); err != nil {
+				if err := q.Cancel(ctx, queue.Leaver{Entry: h.entry, Room: h.room, Slot: h.slot}); err != nil {
 					t.Fatal(err)
 				}
 				continue

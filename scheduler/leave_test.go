@@ -2,6 +2,7 @@ package scheduler_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,53 +11,55 @@ import (
 	"github.com/sluicehq/sluice/queue"
 )
 
-// TestLeaverPassesItsSlotOn: callers that leave after the step wrote their
-// slots (one after its poll read it, one before) pass their tokens on: the
-// next caller to arrive is given them, where without them it would wait
-// two more refills, and the slots granted in the end (the two given up not
-// among them) keep the bucket's promise.
+// TestLeaverPassesItsSlotOn: callers that leave after the step wrote
+// their slots (one after its poll read it, one before) pass their slots
+// to the next callers in line, as they are: those find them at their
+// first poll, at the very instants the step gave, so the grants keep the
+// promise by construction; a slot passed on once is not passed on again.
 func TestLeaverPassesItsSlotOn(t *testing.T) {
 	q, entries, slots := retimeSetup(t, t.Name()) // burst of 2 at once, slots at 100 and 200 ms given
+	var next []string
+	for i := range 3 {
+		a, err := enqueueOne(q, fmt.Sprint("next", i))
+		if err != nil || a.Entry == "" {
+			t.Fatalf("next caller %d = %+v, %v: want queued", i, a, err)
+		}
+		next = append(next, a.Entry)
+	}
 	read, err := q.Poll(ctx, entries[0])
 	if err != nil || !read.Found || read.Room == "" {
 		t.Fatalf("poll = %+v, %v: want the slot, with its room", read, err)
 	}
 	// The first leaves after reading its slot (its deadline comes before
-	// it), the second before its poll: the slot key still holds its room.
-	if err := q.Cancel(ctx, queue.Leaver{Entry: entries[0], Room: read.Room}, queue.Leaver{Entry: entries[1]}); err != nil {
+	// it), the second before its poll: the slot key still holds it.
+	if err := q.Cancel(ctx, queue.Leaver{Entry: entries[0], Room: read.Room, Slot: read.Slot}, queue.Leaver{Entry: entries[1]}); err != nil {
 		t.Fatal(err)
 	}
-	a, err := enqueueOne(q, "next")
-	if err != nil {
-		t.Fatal(err)
+	var got []int64
+	for _, e := range next[:2] {
+		r, err := q.Poll(ctx, e)
+		if err != nil || !r.Found {
+			t.Fatalf("poll of %s = %+v, %v: want the slot passed on", e, r, err)
+		}
+		got = append(got, r.Slot)
 	}
-	// Both tokens back: the bucket is as if the two had never been given
-	// slots, so the next caller's slot is the first of them (100 ms after
-	// the burst), not a third refill on.
-	next := a.Slot
-	if a.Entry != "" {
-		next = a.Delay.Microseconds() + a.Now
+	if got[0] != read.Slot || got[1] <= got[0] {
+		t.Fatalf("slots passed on %v, want %d then the second given-up slot, later", got, read.Slot)
 	}
-	if first := slots[0].Add(150 * time.Millisecond); time.UnixMicro(next).After(first) {
-		t.Fatalf("the next caller's slot %v is more than 150 ms after the burst (%v): the slots given up were not passed on", time.UnixMicro(next), slots[0])
+	for _, g := range got {
+		slots = append(slots, time.UnixMicro(g))
 	}
-	slots = append(slots, time.UnixMicro(next))
 	l := guarantee.Limit{Capacity: 2, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond}
 	if res := guarantee.Check(slots, l); !res.OK() {
 		t.Fatalf("slots %v break the promise: %v", slots, res)
 	}
-	// A caller who leaves a second time, or whose slot key is gone
-	// without a room, passes nothing on twice.
-	if err := q.Cancel(ctx, queue.Leaver{Entry: entries[1]}); err != nil {
+	// Nobody else got them: the third caller still waits, and leaving a
+	// second time passes nothing on.
+	if err := q.Cancel(ctx, queue.Leaver{Entry: entries[0], Room: read.Room, Slot: read.Slot}); err != nil {
 		t.Fatal(err)
 	}
-	b, err := enqueueOne(q, "after")
-	if err != nil {
-		t.Fatal(err)
-	}
-	after := b.Now + b.Delay.Microseconds()
-	if after-next < 100_000 {
-		t.Fatalf("a second caller's slot %v is within a refill of the first's %v: a token passed on twice", time.UnixMicro(after), time.UnixMicro(next))
+	if r, err := q.Poll(ctx, next[2]); err != nil || r.Found || r.Position != 1 {
+		t.Fatalf("the third caller's poll = %+v, %v: want still first in the queue", r, err)
 	}
 }
 

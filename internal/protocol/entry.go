@@ -79,6 +79,13 @@ func EntryCosts(entry string) string {
 	return costs
 }
 
+// SlotValue is a slot key's value made again from its slot and its room
+// (ParseSlotValue's parts): what a caller that read its slot and leaves
+// hands back, so that the next caller can take the slot as it was.
+func SlotValue(slot int64, room string) string {
+	return strconv.FormatInt(slot, 10) + " " + room
+}
+
 // ParseSlotValue reads a slot key's value (entry.lua's slot_value): the
 // slot, µs on the Redis clock, and the room after it ("" for a bare
 // slot), which Retime takes back.
