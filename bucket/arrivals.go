@@ -23,7 +23,7 @@ import (
 // caller whose ctx ended returns at once, whatever Redis is doing, and a
 // storm of 1000 cancellations costs a few round trips, not 1000. Until a
 // cancel lands the scheduler may still give that caller a slot: the cancel
-// then passes its tokens on (queue.Cancel), as it does for a caller that
+// then passes the slot to the next caller in line (queue.Cancel), as it does for a caller that
 // leaves after its poll read its slot.
 
 // maxBatch is the most callers in one arrival or cancel call.

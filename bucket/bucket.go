@@ -300,10 +300,10 @@ var reasons = []verdict.Reason{
 //
 // Cancellation: a caller still in the queue leaves it and spends no token;
 // one whose slot was already assigned (its token due within the lookahead)
-// passes its token on: it goes back to the bucket, for the next caller in
-// line, whenever that cannot exceed the limit (docs/design.md, "A place
-// given up"). Only a slot given at arrival, with nobody queued, stays
-// spent when its caller leaves.
+// passes the slot to the next caller in line, who starts at that very
+// instant, when the slot is still a little ahead (docs/design.md, "A place
+// given up"); otherwise its token is spent, as is a slot given at arrival,
+// with nobody queued.
 func (b *Bucket) Enter(ctx context.Context) error {
 	_, err := b.enter(ctx, nil)
 	return err
