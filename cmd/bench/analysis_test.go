@@ -324,6 +324,9 @@ func TestFormat(t *testing.T) {
 		{dur(1500 * time.Microsecond), "1.5 ms"},
 		{dur(-2 * time.Millisecond), "-2 ms"},
 		{dur(1620 * time.Millisecond), "1.62 s"},
+		{dur(999700 * time.Microsecond), "1 s"}, // not "1e+03 ms"
+		{dur(999700 * time.Nanosecond), "1 ms"},
+		{dur(500 * time.Nanosecond), "0.5 µs"},
 		{num(499.8), "500"},
 		{num(12.345), "12.35"},
 	} {

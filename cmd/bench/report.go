@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
@@ -125,17 +127,19 @@ func pct(a, b int) string { return fmt.Sprintf("%.2f %%", 100*per(int64(a), b)) 
 
 // dur formats a duration with three significant digits and a unit.
 func dur(d time.Duration) string {
-	a := d
-	if a < 0 {
-		a = -a
-	}
-	switch {
-	case a == 0:
+	if d == 0 {
 		return "0"
-	case a < time.Millisecond:
-		return fmt.Sprintf("%.3g µs", float64(d)/float64(time.Microsecond))
-	case a < time.Second:
-		return fmt.Sprintf("%.3g ms", float64(d)/float64(time.Millisecond))
+	}
+	// Three significant figures in the smallest unit that keeps them
+	// below 1,000: 999.7 µs is "1 ms", not "1e+03 µs".
+	for _, u := range []struct {
+		size time.Duration
+		name string
+	}{{time.Microsecond, "µs"}, {time.Millisecond, "ms"}} {
+		v := float64(d) / float64(u.size)
+		if s := strconv.FormatFloat(v, 'g', 3, 64); !strings.Contains(s, "e") && math.Abs(v) < 999.5 {
+			return s + " " + u.name
+		}
 	}
 	return fmt.Sprintf("%.3g s", d.Seconds())
 }
