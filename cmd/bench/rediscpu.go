@@ -28,7 +28,7 @@ import (
 // GETDEL (which no script runs): see directTime.
 var scriptCommands = []string{
 	"time", "get", "set", "getrange", "del", "exists", "pexpire", "pttl", "publish",
-	"llen", "rpush", "lpop", "lpos", "lrem", "lrange", "ltrim", "lset",
+	"llen", "rpush", "lpop", "lpos", "lrem", "lrange", "ltrim", "lset", "lindex",
 	"zadd", "zrangebyscore", "zremrangebyscore", "zcard",
 }
 
