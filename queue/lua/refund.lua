@@ -1,6 +1,5 @@
--- refund.lua: giving back the tokens of a slot nobody will use (a caller
--- too late for it, retime.lua, or one that left after it was written,
--- cancel.lua), when that is exact. Needs tokens.lua, state.lua and
+-- refund.lua: giving back the tokens of a slot its caller came too late
+-- for (retime.lua), when that is exact. Needs tokens.lua, state.lua and
 -- entry.lua before it.
 --
 -- Giving the tokens back is exact when the bucket as it would be without
@@ -19,7 +18,13 @@
 -- refunds key) or it lies ahead; and when the configuration is the one the
 -- step ran under, the level now has room for c, and the room is younger
 -- than grace (the refunds key outlives it). Otherwise the slot's tokens
--- stay spent: never an excess.
+-- stay spent.
+--
+-- Open question: l is the state's level, which counts the tokens promised
+-- to slots still ahead as taken at the step, so the bucket may really
+-- have held more than this bound counts. A bound on the state's own peaks
+-- broke the limit for that reason (docs/design.md, "Overload"), and this
+-- one was seen 1 grant over once in 40 runs of the cancel storm test.
 --
 -- The refunds key: "d,r1,r2,...", the upstream's changes to the refills,
 -- then the tokens given back per policy.
