@@ -132,7 +132,7 @@ func TestNewRejectsClientIgnoringDeadlines(t *testing.T) {
 	} {
 		_, err := bucket.New(rdb, valid())
 		rdb.Close()
-		if !errors.Is(err, sluice.ErrConfig) || !errors.Is(err, sluice.ErrConfig) || !contains(err.Error(), "ContextTimeoutEnabled") {
+		if !errors.Is(err, sluice.ErrConfig) || !contains(err.Error(), "ContextTimeoutEnabled") {
 			t.Errorf("%s: New = %v, want ErrConfig naming ContextTimeoutEnabled", name, err)
 		}
 	}

@@ -24,7 +24,6 @@ type localGrants struct {
 	mu     sync.Mutex
 	at     []time.Time
 	local  []bool
-	failed []error
 	nLocal atomic.Int64
 }
 

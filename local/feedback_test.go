@@ -25,7 +25,7 @@ func playWith(t *testing.T, lim *Rate, script []arrival, signals []feedback) []o
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for _, f := range signals {
-			time.Sleep(t0.Add(f.at).Sub(time.Now()))
+			time.Sleep(time.Until(t0.Add(f.at)))
 			if err := lim.Feedback(context.Background(), f.s); err != nil {
 				t.Errorf("Feedback: %v", err)
 			}

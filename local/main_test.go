@@ -61,7 +61,7 @@ func play(t *testing.T, lim enterer, script []arrival) []outcome {
 	out := make([]outcome, len(script))
 	var wg sync.WaitGroup
 	for i, a := range script {
-		time.Sleep(t0.Add(a.at).Sub(time.Now()))
+		time.Sleep(time.Until(t0.Add(a.at)))
 		ctx, cancel := context.Background(), context.CancelFunc(func() {})
 		if a.cancelAt > 0 {
 			ctx, cancel = context.WithDeadline(ctx, t0.Add(a.cancelAt))

@@ -68,9 +68,9 @@ func TestDrainsAndStops(t *testing.T) {
 // TestCloseReleasesLock: Close stops a scheduler mid-queue, waits for its
 // goroutine and hands the lock over at once.
 func TestCloseReleasesLock(t *testing.T) {
-	rdb, q, _ := setup(t, 1)
+	rdb, _, _ := setup(t, 1)
 	// A long queue: one token an hour.
-	q = newQ(rdb, "sluice", t.Name()+"-slow", []queue.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour}},
+	q := newQ(rdb, "sluice", t.Name()+"-slow", []queue.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour}},
 		queue.Options{Lookahead: 10 * time.Millisecond, LockTTL: 500 * time.Millisecond, Grace: time.Second})
 	for i := 0; i < 3; i++ {
 		if _, err := enqueueOne(q, fmt.Sprint("c", i)); err != nil {
@@ -99,8 +99,8 @@ func TestCloseReleasesLock(t *testing.T) {
 // TestFencedSchedulerStops: a scheduler whose lock was taken over stops
 // at its next step without changing anything.
 func TestFencedSchedulerStops(t *testing.T) {
-	rdb, q, _ := setup(t, 1)
-	q = newQ(rdb, "sluice", t.Name()+"-slow", []queue.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour}},
+	rdb, _, _ := setup(t, 1)
+	q := newQ(rdb, "sluice", t.Name()+"-slow", []queue.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour}},
 		queue.Options{Lookahead: 10 * time.Millisecond, LockTTL: 100 * time.Millisecond, Grace: time.Second})
 	for i := 0; i < 3; i++ {
 		if _, err := enqueueOne(q, fmt.Sprint("c", i)); err != nil {

@@ -434,8 +434,8 @@ func TestReserveNeedsReserve(t *testing.T) {
 	if err == nil {
 		resp.Body.Close()
 	}
-	if !errors.Is(err, sluice.ErrConfig) || !errors.Is(err, sluice.ErrConfig) {
-		t.Errorf("err %v, want one matching sluice.ErrConfig and sluice.ErrConfig", err)
+	if !errors.Is(err, sluice.ErrConfig) {
+		t.Errorf("err %v, want one matching sluice.ErrConfig", err)
 	}
 }
 

@@ -194,9 +194,9 @@ func judgeQuota(grants []loadgen.Grant, ps []QuotaPolicy, maxLate time.Duration)
 	const startTol = time.Millisecond
 	qf := QuotaFigures{StartTol: startTol, MaxLateness: maxLate}
 	var (
-		slots, starts []time.Time
-		waits         []time.Duration
-		polls         int
+		slots []time.Time
+		waits []time.Duration
+		polls int
 	)
 	ps = append([]QuotaPolicy(nil), ps...)
 	bySlot := make([][]guarantee.Grant, len(ps))
@@ -210,7 +210,7 @@ func judgeQuota(grants []loadgen.Grant, ps []QuotaPolicy, maxLate time.Duration)
 			continue
 		}
 		qf.Grants++
-		slots, starts = append(slots, g.SlotTime()), append(starts, g.Time())
+		slots = append(slots, g.SlotTime())
 		for i, p := range ps {
 			c := p.cost(g)
 			ps[i].Units += c
