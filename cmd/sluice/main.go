@@ -1,7 +1,8 @@
 // Command sluice shows and steers a distributed bucket (package bucket)
 // from outside the processes that use it: what it is doing now (inspect),
-// the policies in force (limits, set-policies), and a fleet-wide pause when
-// the upstream asked for one (hold). `go run ./cmd/sluice --help` lists the
+// the policies in force (limits, set-policies), a fleet-wide pause when
+// the upstream asked for one (hold), and the limiters themselves over
+// HTTP/JSON for callers in any language (serve). `go run ./cmd/sluice --help` lists the
 // subcommands; `sluice <command> --help` lists each one's flags.
 //
 // Each subcommand is one file: a command value listed in commands().
@@ -53,6 +54,7 @@ func commands() []command {
 		{"policies", "the policies in force", runPolicies},
 		{"set-policies", "change the policies for every process at once", runSetPolicies},
 		{"hold", "stop every process's grants for a while (the upstream asked us to back off)", runHold},
+		{"serve", "serve buckets and semaphores over HTTP/JSON, for callers in any language (a sidecar)", runServe},
 	}
 }
 

@@ -155,12 +155,13 @@ func TestHelp(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"--help"}, []string{"inspect", "policies", "set-policies", "hold", "Exit codes"}},
+		{[]string{"--help"}, []string{"inspect", "policies", "set-policies", "hold", "serve", "Exit codes"}},
 		{[]string{"inspect", "--help"}, []string{"-redis", "-prefix", "-watch", "-json", "-interval"}},
 		{[]string{"inspect", "-h"}, []string{"-redis"}},
 		{[]string{"policies", "--help"}, []string{"-redis", "-prefix", "-json"}},
 		{[]string{"set-policies", "--help"}, []string{"-redis", "-prefix", "-carry", "-rate", "-burst", "-policy"}},
 		{[]string{"hold", "--help"}, []string{"-redis", "-prefix", "-unit", "DURATION"}},
+		{[]string{"serve", "--help"}, []string{"-redis", "-prefix", "-listen", "-config", "-token-file", "-max-waiting", "-lease"}},
 	} {
 		res := sluice(t, tc.args...)
 		if res.code != 0 || res.stderr != "" {
