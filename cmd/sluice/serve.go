@@ -408,10 +408,32 @@ func (s *sidecar) healthz(w http.ResponseWriter, r *http.Request) {
 	reply(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
-// apiError is every error reply's body.
+// apiError is every error reply's body: the error in words, and its
+// reason as a word a client can switch on.
 type apiError struct {
-	Error        string `json:"error"`
-	RetryAfterMS int64  `json:"retry_after_ms,omitempty"`
+	Error  string `json:"error"`
+	Reason string `json:"reason"`
+	// RetryAfterMS is, for wait_too_long, how long until the caller's
+	// earliest turn.
+	RetryAfterMS int64 `json:"retry_after_ms,omitempty"`
+}
+
+// Reasons of apiError.
+const (
+	reasonWaitTooLong = "wait_too_long" // 429: not granted within timeout_ms
+	reasonQueueFull   = "queue_full"    // 429: MaxQueue or --max-waiting callers already wait
+)
+
+// reasons are the other errors' reasons, by status.
+var reasons = map[int]string{
+	http.StatusBadRequest:            "bad_request",
+	http.StatusUnauthorized:          "unauthorized",
+	http.StatusNotFound:              "not_found",
+	http.StatusConflict:              "config_mismatch",
+	http.StatusGone:                  "lease_lost",
+	http.StatusRequestEntityTooLarge: "too_large",
+	http.StatusInternalServerError:   "internal",
+	http.StatusServiceUnavailable:    "unavailable",
 }
 
 func reply(w http.ResponseWriter, code int, v any) {
@@ -421,12 +443,13 @@ func reply(w http.ResponseWriter, code int, v any) {
 }
 
 func fail(w http.ResponseWriter, code int, format string, a ...any) {
-	reply(w, code, apiError{Error: fmt.Sprintf(format, a...)})
+	reply(w, code, apiError{Error: fmt.Sprintf(format, a...), Reason: reasons[code]})
 }
 
-// refuse answers 429 with when the caller may try again, if known.
-func refuse(w http.ResponseWriter, retryAfter time.Duration, format string, a ...any) {
-	e := apiError{Error: fmt.Sprintf(format, a...)}
+// refuse answers 429 for reason, with when the caller may try again, if
+// known.
+func refuse(w http.ResponseWriter, reason string, retryAfter time.Duration, format string, a ...any) {
+	e := apiError{Error: fmt.Sprintf(format, a...), Reason: reason}
 	if retryAfter > 0 {
 		e.RetryAfterMS = int64(math.Ceil(float64(retryAfter) / float64(time.Millisecond)))
 		w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(retryAfter.Seconds())), 10))
@@ -599,7 +622,7 @@ func (s *sidecar) grant(w http.ResponseWriter, r *http.Request, reserve bool) {
 	name := r.PathValue("name")
 	if n := sb.waiting.Add(1); n > int64(s.opt.maxWaiting) {
 		sb.waiting.Add(-1)
-		refuse(w, 0, "bucket %q: %d callers already wait at this server (--max-waiting)", name, s.opt.maxWaiting)
+		refuse(w, reasonQueueFull, 0, "bucket %q: %d callers already wait at this server (--max-waiting)", name, s.opt.maxWaiting)
 		return
 	}
 	defer sb.waiting.Add(-1)
@@ -653,9 +676,9 @@ func (s *sidecar) refused(w http.ResponseWriter, r *http.Request, name string, d
 	var mismatch *sl.ConfigMismatchError
 	switch {
 	case errors.As(err, &tooLong):
-		refuse(w, tooLong.Wait, "%q: not granted within timeout_ms: the earliest turn is %v away, timeout %v", name, tooLong.Wait.Round(time.Millisecond), tooLong.Limit)
+		refuse(w, reasonWaitTooLong, tooLong.Wait, "%q: not granted within timeout_ms: the earliest turn is %v away, timeout %v", name, tooLong.Wait.Round(time.Millisecond), tooLong.Limit)
 	case errors.Is(err, sl.ErrQueueFull):
-		refuse(w, 0, "%q: %v", name, err)
+		refuse(w, reasonQueueFull, 0, "%q: %v", name, err)
 	case errors.Is(err, sl.ErrCostExceedsCapacity):
 		fail(w, http.StatusBadRequest, "%q: %v", name, err)
 	case errors.As(err, &mismatch):
@@ -663,7 +686,7 @@ func (s *sidecar) refused(w http.ResponseWriter, r *http.Request, name string, d
 	case errors.Is(err, sl.ErrConfig):
 		fail(w, http.StatusBadRequest, "%q: %v", name, err)
 	case s.stopping.Err() == nil && r.Context().Err() == nil && errors.Is(err, context.DeadlineExceeded):
-		refuse(w, 0, "%q: not granted within timeout_ms (%v)", name, d)
+		refuse(w, reasonWaitTooLong, 0, "%q: not granted within timeout_ms (%v)", name, d)
 	default:
 		s.failed(w, r, name, err)
 	}
@@ -913,7 +936,7 @@ func (s *sidecar) acquire(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	if n := ss.waiting.Add(1); n > int64(s.opt.maxWaiting) {
 		ss.waiting.Add(-1)
-		refuse(w, 0, "semaphore %q: %d callers already wait at this server (--max-waiting)", name, s.opt.maxWaiting)
+		refuse(w, reasonQueueFull, 0, "semaphore %q: %d callers already wait at this server (--max-waiting)", name, s.opt.maxWaiting)
 		return
 	}
 	defer ss.waiting.Add(-1)

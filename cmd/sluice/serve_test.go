@@ -159,6 +159,9 @@ func TestServeEnter(t *testing.T) {
 	if ra := r.num("retry_after_ms"); ra <= 5 || ra > 600 {
 		t.Errorf("retry_after_ms %v, want the turn's estimate (a refill, 500 ms, away at most)", ra)
 	}
+	if r.str("reason") != "wait_too_long" {
+		t.Errorf("reason %q, want wait_too_long", r.str("reason"))
+	}
 	if r.header.Get("Retry-After") != "1" {
 		t.Errorf("Retry-After %q, want 1 (whole seconds, rounded up)", r.header.Get("Retry-After"))
 	}
@@ -317,7 +320,9 @@ func TestServeDisconnectGivesPlaceBack(t *testing.T) {
 		done <- err
 	}()
 	waitFor(t, 5*time.Second, "the client's caller to queue", func() bool { return queued(t, b) == 1 })
-	call(t, context.Background(), "POST", u, `{"timeout_ms": 10}`).want(t, "a second caller beyond --max-waiting 1", 429, "--max-waiting")
+	if r := call(t, context.Background(), "POST", u, `{"timeout_ms": 10}`).want(t, "a second caller beyond --max-waiting 1", 429, "--max-waiting"); r.str("reason") != "queue_full" {
+		t.Errorf("reason %q, want queue_full", r.str("reason"))
+	}
 	cancel()
 	if err := <-done; err == nil {
 		t.Fatal("the request ended without its ctx's error")
