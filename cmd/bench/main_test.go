@@ -151,7 +151,8 @@ func TestAll(t *testing.T) {
 		"--overload-duration", "500ms", "--overload-callers", "20", "--overload-procs", "2",
 		"--churn-duration", "500ms", "--churn-cases", "calm-exit",
 		"--impatient-duration", "500ms", "--impatient-callers", "20", "--impatient-procs", "1",
-		"--pods-duration", "500ms", "--pods-callers", "8", "--pods-procs", "1"}
+		"--pods-duration", "500ms", "--pods-callers", "8", "--pods-procs", "1",
+		"--sidecar-duration", "300ms", "--sidecar-callers", "20", "--sidecar-uncontended", "50"}
 	var stdout, stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute) // a bound on a hang, not a speed goal
 	rep, com, err := measure(ctx, args, &stdout, &stderr)

@@ -46,6 +46,11 @@ const (
 	// shutdownGrace is how long shutdown waits for the requests in flight
 	// once every waiting caller has been answered.
 	shutdownGrace = 10 * time.Second
+	// envDetail, set to 1, makes enter's and reserve's replies carry each
+	// grant's detail (grantDetail): for cmd/bench, which judges the
+	// sidecar's grants with the checker as it judges the library's. It is
+	// not part of the API.
+	envDetail = "SLUICE_SERVE_DETAIL"
 )
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -98,7 +103,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	defer rdb.Close()
 	s, err := newSidecar(rdb, sidecarOptions{
 		prefix: t.prefix, addr: t.addr, config: cfg, token: token,
-		maxWaiting: *maxWaiting, lease: *lease,
+		maxWaiting: *maxWaiting, lease: *lease, detail: os.Getenv(envDetail) == "1",
 	})
 	if err != nil {
 		return usagef("serve: %v", err)
@@ -194,6 +199,8 @@ type sidecarOptions struct {
 	// granted, when set, is told of every grant of enter and reserve with
 	// its slot on the Redis clock (tests judge them with the checker).
 	granted func(name string, slot time.Time, rep bucket.Report, c bucket.Cost)
+	// detail adds grantDetail to the replies (envDetail).
+	detail bool
 }
 
 // sidecar holds one handle per bucket and semaphore it served, the
@@ -600,6 +607,19 @@ type grantReply struct {
 	// Ticket is the caller's arrival order at Redis among the bucket's
 	// callers (bucket.Report.Ticket); 0 when it did not queue.
 	Ticket int64 `json:"ticket"`
+	// Detail is for cmd/bench only (envDetail).
+	Detail *grantDetail `json:"detail,omitempty"`
+}
+
+// grantDetail is what cmd/bench needs of a grant to judge it as it judges
+// the library's: its slot on the Redis clock and how it got it.
+type grantDetail struct {
+	SlotUS    int64 `json:"slot_us"` // unix µs, Redis clock
+	Position  int   `json:"position"`
+	Polls     int   `json:"polls"`
+	Retimes   int   `json:"retimes"`
+	Reentries int   `json:"reentries"`
+	LateNS    int64 `json:"late_ns"`
 }
 
 func (s *sidecar) enter(w http.ResponseWriter, r *http.Request)   { s.grant(w, r, false) }
@@ -629,7 +649,7 @@ func (s *sidecar) grant(w http.ResponseWriter, r *http.Request, reserve bool) {
 	ctx, cancel := withTimeout(r.Context(), d)
 	defer cancel()
 	var detail enterdetail.Detail
-	if s.opt.granted != nil {
+	if s.opt.granted != nil || s.opt.detail {
 		ctx = enterdetail.With(ctx, &detail)
 	}
 	cost := req.cost()
@@ -661,6 +681,10 @@ func (s *sidecar) grant(w http.ResponseWriter, r *http.Request, reserve bool) {
 		s.opt.granted(name, detail.Slot, rep, cost)
 	}
 	out := grantReply{WaitedMS: float64(rep.Wait.Microseconds()) / 1000, Ticket: rep.Ticket}
+	if s.opt.detail {
+		out.Detail = &grantDetail{SlotUS: detail.Slot.UnixMicro(), Position: rep.Position, Polls: detail.Polls,
+			Retimes: rep.Retimes, Reentries: rep.Reentries, LateNS: int64(rep.Late)}
+	}
 	if reserve {
 		out.Reservation = newID()
 		s.mu.Lock()

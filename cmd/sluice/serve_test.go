@@ -490,3 +490,27 @@ func TestServeConcurrentFirstRequests(t *testing.T) {
 		t.Errorf("%v tokens left after 21 grants of 100, want 79", tokens)
 	}
 }
+
+// TestServeDetail: with SLUICE_SERVE_DETAIL=1 (for cmd/bench) a grant's
+// reply carries its slot on the Redis clock; without it, none.
+func TestServeDetail(t *testing.T) {
+	redisURL, rdb := server(t)
+	name := t.Name()
+	cfg := writeConfig(t, fmt.Sprintf(`{"buckets": {%q: {"policies": ["rate=1000/1s,burst=10"]}}}`, name))
+	plain := startServe(t, "--redis", redisURL, "--config", cfg)
+	if r := call(t, context.Background(), "POST", plain.base+"/v1/buckets/"+name+"/enter", ``).want(t, "enter", 200); r.body["detail"] != nil {
+		t.Errorf("a detail without %s: %s", envDetail, r.raw)
+	}
+	t.Setenv(envDetail, "1")
+	sr := startServe(t, "--redis", redisURL, "--config", cfg)
+	r := call(t, context.Background(), "POST", sr.base+"/v1/buckets/"+name+"/enter", ``).want(t, "enter", 200)
+	d, _ := r.body["detail"].(map[string]any)
+	now, err := rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot, _ := d["slot_us"].(float64)
+	if at := time.UnixMicro(int64(slot)); at.After(now) || now.Sub(at) > 10*time.Second {
+		t.Errorf("slot_us %v (%v), want a moment before Redis's clock now (%v): %s", slot, at, now, r.raw)
+	}
+}
