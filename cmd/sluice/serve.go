@@ -285,6 +285,9 @@ func (s *sidecar) serve(ctx context.Context, ln net.Listener) error {
 		Handler:           s.handler(),
 		BaseContext:       func(net.Listener) context.Context { return s.stopping },
 		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		// No ReadTimeout: the server would cancel a request's ctx when it
+		// passed, which ends a caller waiting its turn.
 	}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
