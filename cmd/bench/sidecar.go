@@ -47,6 +47,9 @@ type Sidecar struct {
 	// to the server, over a kept-alive loopback connection).
 	EnterLibrary Dist    `json:"uncontended_library"`
 	EnterSidecar Dist    `json:"uncontended_sidecar"`
+	// HTTPAlone is a request the server answers without Redis (a 404):
+	// the part of EnterSidecar that is the HTTP round trip.
+	HTTPAlone Dist `json:"http_alone"`
 	Ratio        float64 `json:"uncontended_p50_ratio"` // EnterSidecar.P50 / EnterLibrary.P50
 
 	bin string // --sidecar-bin
@@ -117,7 +120,7 @@ func (s *Sidecar) run(ctx context.Context, e *env) error {
 		return err
 	}
 	defer fb.Close()
-	var lib, side []time.Duration
+	var lib, side, alone []time.Duration
 	for i := range s.Uncontended + 20 { // the first 20 of each warm up
 		t0 := time.Now()
 		if err := fb.Enter(ctx); err != nil {
@@ -128,11 +131,15 @@ func (s *Sidecar) run(ctx context.Context, e *env) error {
 			return fmt.Errorf("sidecar: uncontended enter through the server: %w", err)
 		}
 		t2 := time.Now()
+		if err := srv.notFound(ctx, hc); err != nil {
+			return fmt.Errorf("sidecar: a request for no endpoint: %w", err)
+		}
+		t3 := time.Now()
 		if i >= 20 {
-			lib, side = append(lib, t1.Sub(t0)), append(side, t2.Sub(t1))
+			lib, side, alone = append(lib, t1.Sub(t0)), append(side, t2.Sub(t1)), append(alone, t3.Sub(t2))
 		}
 	}
-	s.EnterLibrary, s.EnterSidecar = distOf(lib), distOf(side)
+	s.EnterLibrary, s.EnterSidecar, s.HTTPAlone = distOf(lib), distOf(side), distOf(alone)
 	s.Ratio = float64(s.EnterSidecar.P50) / float64(max(s.EnterLibrary.P50, 1))
 
 	// Saturated: both halves on one bucket.
@@ -331,6 +338,27 @@ func (p *sidecarProc) enter(ctx context.Context, hc *http.Client, name string) (
 	return rep, nil
 }
 
+// notFound sends a request for no endpoint, which the server answers 404
+// without Redis.
+func (p *sidecarProc) notFound(ctx context.Context, hc *http.Client) error {
+	req, err := http.NewRequestWithContext(ctx, "POST", p.base+"/v1/nothing", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusNotFound {
+		return fmt.Errorf("HTTP %d, want 404", resp.StatusCode)
+	}
+	return nil
+}
+
 func (s *Sidecar) table(t *table, l Limit) {
 	t.title("SIDECAR: %d callers loop enter for %v on one bucket, %d through `sluice serve` (HTTP, kept-alive loopback connections) and %d through the library: capacity %d, %d every %v = %s/s",
 		s.Callers, s.Duration, s.Callers-s.Callers/2, s.Callers/2, l.Capacity, l.RefillAmount, l.RefillFrequency, num(l.PerSecond))
@@ -354,6 +382,7 @@ func (s *Sidecar) table(t *table, l Limit) {
 	t.row("", "p50", "p99", "max", "")
 	t.dist("uncontended enter, library", s.EnterLibrary, "one Redis round trip")
 	t.dist("uncontended enter, through the server", s.EnterSidecar, "an HTTP request to the server, which makes the library's call")
+	t.dist("  an HTTP request alone", s.HTTPAlone, "one the server answers without Redis (a 404): the trip the library's callers do not make")
 	t.dist("wait, queued, steady state, library", s.LibraryWait, fmt.Sprintf("%s Enters begun ≥ %v after the first", commas(s.LibraryWait.N), s.Warmup.Round(time.Millisecond)))
 	t.dist("wait, queued, steady state, server", s.SidecarWait, fmt.Sprintf("%s requests begun ≥ %v after the first", commas(s.SidecarWait.N), s.Warmup.Round(time.Millisecond)))
 	t.dist("lateness: return after grant time", s.Late, "both kinds; a server's caller counts the reply's trip")
@@ -372,5 +401,6 @@ func (s *Sidecar) gobench(g *gobench) {
 	g.line("Sidecar/uncontended", s.Uncontended,
 		ms(s.EnterLibrary.P50), "ms-library-p50",
 		ms(s.EnterSidecar.P50), "ms-sidecar-p50",
+		ms(s.HTTPAlone.P50), "ms-http-alone-p50",
 		f(s.Ratio), "sidecar/library")
 }

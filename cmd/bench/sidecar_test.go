@@ -39,7 +39,7 @@ func TestSidecarScenario(t *testing.T) {
 	if s.ExcessSlots.All > 0 {
 		t.Errorf("over the limit by grant time: %d", s.ExcessSlots.All)
 	}
-	if s.EnterLibrary.N != 50 || s.EnterSidecar.N != 50 || s.EnterSidecar.P50 <= 0 {
+	if s.EnterLibrary.N != 50 || s.EnterSidecar.N != 50 || s.EnterSidecar.P50 <= 0 || s.HTTPAlone.N != 50 {
 		t.Errorf("uncontended: library %+v, server %+v; want 50 each", s.EnterLibrary, s.EnterSidecar)
 	}
 
@@ -47,7 +47,7 @@ func TestSidecarScenario(t *testing.T) {
 	tw := newTable(&table, "sidecar")
 	s.table(tw, Limit{Capacity: 10, RefillAmount: 1, RefillFrequency: 5 * time.Millisecond, PerSecond: 200})
 	tw.Flush()
-	for _, w := range []string{"SIDECAR", "utilization", "goal ≥ 99 %", "excess over the limit", "grants overtaken, by grant time", "goal ≤ 0.5 %", "uncontended enter, p50 ratio", "goal ≤ 2×", "through the server"} {
+	for _, w := range []string{"SIDECAR", "utilization", "goal ≥ 99 %", "excess over the limit", "grants overtaken, by grant time", "goal ≤ 0.5 %", "uncontended enter, p50 ratio", "goal ≤ 2×", "through the server", "an HTTP request alone"} {
 		if !strings.Contains(table.String(), w) {
 			t.Errorf("table lacks %q:\n%s", w, table.String())
 		}
