@@ -45,12 +45,12 @@ type Sidecar struct {
 	// EnterLibrary and EnterSidecar are one uncontended enter's time,
 	// from the call to its return (the library's Enter; the HTTP request
 	// to the server, over a kept-alive loopback connection).
-	EnterLibrary Dist    `json:"uncontended_library"`
-	EnterSidecar Dist    `json:"uncontended_sidecar"`
+	EnterLibrary Dist `json:"uncontended_library"`
+	EnterSidecar Dist `json:"uncontended_sidecar"`
 	// HTTPAlone is a request the server answers without Redis (a 404):
 	// the part of EnterSidecar that is the HTTP round trip.
-	HTTPAlone Dist `json:"http_alone"`
-	Ratio        float64 `json:"uncontended_p50_ratio"` // EnterSidecar.P50 / EnterLibrary.P50
+	HTTPAlone Dist    `json:"http_alone"`
+	Ratio     float64 `json:"uncontended_p50_ratio"` // EnterSidecar.P50 / EnterLibrary.P50
 
 	bin string // --sidecar-bin
 }
