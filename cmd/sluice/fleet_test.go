@@ -5,7 +5,6 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -56,8 +55,12 @@ func TestMixedFleet(t *testing.T) {
 	if err != nil {
 		t.Skip("SKIPPED LOUDLY: python3 is not on PATH, so the mixed fleet (Go and Python callers) is not tested")
 	}
-	_, file, _, _ := runtime.Caller(0)
-	clientDir := filepath.Join(filepath.Dir(file), "..", "..", "clients", "python")
+	// go test runs in the package's directory (-trimpath leaves no
+	// absolute path in the binary to find it from).
+	clientDir, err := filepath.Abs(filepath.Join("..", "..", "clients", "python"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	_, rdb := server(t)
 	cfg := bucket.Config{Name: t.Name(), Policies: []bucket.Policy{bucket.Rate(200, time.Second, 10)}}
 	p := cfg.Policies[0]
