@@ -120,7 +120,11 @@ func TestRefusedForItsDeadline(t *testing.T) {
 func TestGivenUpSlotPassesOn(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	cfg := bucket.Config{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}
+	// The step writes the leaver's slot a lookahead before it, and the
+	// slot passes on only while a lead (a quarter of it) is left: 150 ms
+	// for this test to see the slot written and the leaver leave, on a
+	// busy machine.
+	cfg := bucket.Config{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second, Lookahead: 200 * time.Millisecond}
 	b := newBucket(t, rdb, cfg)
 	var first enterdetail.Detail
 	if err := b.Enter(enterdetail.With(context.Background(), &first)); err != nil {

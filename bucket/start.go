@@ -75,7 +75,7 @@ func (b *Bucket) retimeOnce(ctx context.Context, rep *entered, costs []int64, ro
 	for limit := b.answerWithin(); ; limit = min(2*limit, time.Minute) {
 		cctx, done, within := rediscall.CallCtx(ctx, limit)
 		sentFn, rctx := sentAt(cctx, b.now)
-		r, err = b.q.Retime(rctx, room, costs)
+		r, err = b.q.Retime(rctx, rep.Slot.UnixMicro(), room, costs)
 		done()
 		received = b.now()
 		rep.RoundTrips++

@@ -194,6 +194,7 @@ func (b *Bucket) afterPoll(ctx context.Context, w *waiting, pr queue.PollReply, 
 	case pr.Stale:
 		// The poll itself came too late for the slot: keep the place.
 		w.dequeued()
+		w.rep.Slot = time.UnixMicro(pr.Slot)
 		again, err = b.retime(ctx, w.rep, w.costs, w.entry, pr.Room)
 		return true, again, err
 	case pr.Lost:

@@ -393,8 +393,9 @@ type Leaver struct {
 // was written passes it on when it is still at least a Lead ahead: the
 // next caller in line takes it as it is, if it needs no more tokens of
 // any policy, and is told on the wake channel; the grants keep the
-// instants the steps gave them. Otherwise the slot's tokens stay spent
-// (never an excess).
+// instants the steps gave them. Otherwise the slot's tokens go back to
+// the bucket when that is exact, as a late caller's do (Retime), and stay
+// spent when it is not (never an excess).
 func (q *Queue) Cancel(ctx context.Context, leavers ...Leaver) error {
 	_, err := q.cancel(ctx, leavers)
 	return err
@@ -408,6 +409,7 @@ const (
 	forfeit  cancelResult = 1 // it had a slot: its tokens stay spent
 	notFound cancelResult = 2 // unknown ID
 	passedOn cancelResult = 3 // it had a slot, which the next caller took
+	gaveBack cancelResult = 4 // it had a slot, whose tokens went back
 )
 
 // cancel runs under the configuration in force: callers that queued
@@ -441,7 +443,7 @@ func parseCancel(n int, reply any, err error) ([]cancelResult, error) {
 	}
 	out := make([]cancelResult, n)
 	for i, x := range v {
-		if x < 0 || x > 3 {
+		if x < 0 || x > 4 {
 			return nil, fmt.Errorf("%w: cancel %v", scriptreply.ErrReply, v)
 		}
 		out[i] = cancelResult(x)

@@ -13,23 +13,29 @@ import (
 type Retimed struct {
 	Delay    time.Duration // until the new slot, from when Redis read its clock
 	Slot     int64         // the new slot, µs on the Redis clock (for analysis only)
-	Refunded bool          // the missed slot's tokens went back to the bucket
+	Refunded bool          // the missed slot's tokens were still there: the caller starts now (Delay 0) with them
 	Room     string        // the new slot's room, for a caller late again
 }
 
-// Retime gives a caller that came too late to use its slot the next slot
-// the bucket has, ahead of the callers still queued, and gives the missed
-// slot's tokens back when that is exact (lua/retime.lua). room is what the
-// poll that found the slot said of it (PollReply.Room; "" for none: the
-// tokens then stay spent); costs are the caller's, one per policy (nil:
-// each policy's Call). One round trip.
-func (q *Queue) Retime(ctx context.Context, room string, costs []int64) (Retimed, error) {
+// Retime serves a caller that came too late to use its slot: at once, with
+// the missed slot's tokens, when they stayed unused in the bucket (exact:
+// lua/refund.lua), or else at the next slot the bucket has, ahead of the
+// callers still queued (lua/retime.lua). slot (µs, Redis clock) and room
+// are what the poll that found the slot said of it (PollReply.Slot and
+// Room, or Retimed's; a room "" for none: the tokens then stay spent);
+// costs are the caller's, one per policy (nil: each policy's Call). One
+// round trip.
+func (q *Queue) Retime(ctx context.Context, slot int64, room string, costs []int64) (Retimed, error) {
 	reply, err := q.runFor(ctx, retimeScript, q.keys.retime(), true, func(c *conf) ([]any, error) {
 		if costs != nil && len(costs) != len(c.policies) {
 			return nil, &ConfigError{mine: c.id}
 		}
 		args := make([]any, 0, 3+len(c.args))
-		args = append(args, room, protocol.Costs(costs), us(q.opt.Grace))
+		value := ""
+		if room != "" {
+			value = protocol.SlotValue(slot, room)
+		}
+		args = append(args, value, protocol.Costs(costs), us(q.opt.Grace))
 		return append(args, c.args...), nil
 	})
 	if err != nil {

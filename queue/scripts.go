@@ -24,7 +24,7 @@ var (
 var (
 	enqueueScript  = protocol.Script(enqueueLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
 	pollScript     = protocol.Script(pollLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
-	cancelScript   = protocol.Script(cancelLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua)
+	cancelScript   = protocol.Script(cancelLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua, refundLua)
 	estimateScript = protocol.Script(estimateLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
 	retimeScript   = protocol.Script(retimeLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, refundLua)
 )

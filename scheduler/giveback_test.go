@@ -18,9 +18,11 @@ import (
 // passing their slots to the next caller in line), on a bucket saturated
 // most of the time: every
 // grant in the end, judged by the checker, keeps the promise. Each seed
-// runs a few hundred rounds against the Redis clock.
+// runs a few hundred rounds against the Redis clock. Seeds from 7 on
+// have two policies, calls and tokens, and callers that cost 1 call and
+// a random number of tokens each.
 func TestGiveBacksKeepThePromise(t *testing.T) {
-	for _, seed := range []uint64{1, 2, 3, 4, 5, 6} {
+	for _, seed := range []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9} {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			t.Parallel()
 			giveBackRounds(t, seed)
@@ -34,22 +36,43 @@ func giveBackRounds(t *testing.T, seed uint64) {
 	defer rdb.Close()
 	rng := rand.New(rand.NewPCG(seed, 7))
 	p := queue.Policy{Capacity: int64(1 + rng.IntN(16)), RefillAmount: 1, RefillFrequency: time.Duration(1+rng.IntN(4)) * time.Millisecond}
-	l := guarantee.Limit{Capacity: int(p.Capacity), RefillAmount: 1, RefillFrequency: p.RefillFrequency}
-	q := newQueue(t, rdb, p, queue.Options{Lookahead: time.Duration(2+rng.IntN(15)) * time.Millisecond, MaxLateness: time.Millisecond})
+	ps := []queue.Policy{p}
+	if seed >= 7 {
+		ps = append(ps, queue.Policy{Unit: "tokens", Capacity: int64(20 + rng.IntN(80)), RefillAmount: int64(1 + rng.IntN(10)), RefillFrequency: time.Millisecond})
+	}
+	q := newQ(rdb, "sluice", t.Name(), ps, queue.Options{Lookahead: time.Duration(2+rng.IntN(15)) * time.Millisecond, MaxLateness: time.Millisecond,
+		LockTTL: time.Second, Grace: 10 * time.Second})
 	takeLock(t, rdb, q, "tok")
+	// costs is a new caller's: nil (one call) with one policy, else one
+	// call and up to half the tokens' capacity.
+	costs := func() []int64 {
+		if len(ps) == 1 {
+			return nil
+		}
+		return []int64{1, 1 + rng.Int64N(ps[1].Capacity/2)}
+	}
 	type holder struct {
 		entry, room string
 		slot        int64
 		since       time.Time
 		lateBy      time.Duration
 		leaves      bool
+		costs       []int64
 	}
 	var (
 		queued []string
+		cost   = map[string][]int64{} // a queued entry's costs
 		found  []holder
 		grants []time.Time
+		tokens []guarantee.Grant // the second policy's
 		backs  int
 	)
+	grant := func(slot int64, cs []int64) {
+		grants = append(grants, time.UnixMicro(slot))
+		if cs != nil {
+			tokens = append(tokens, guarantee.Grant{At: time.UnixMicro(slot), Cost: int(cs[1])})
+		}
+	}
 	for round := range 2500 {
 		switch op := rng.IntN(10); {
 		case op < 4: // arrivals
@@ -57,15 +80,26 @@ func giveBackRounds(t *testing.T, seed uint64) {
 			for i := range ids {
 				ids[i] = fmt.Sprintf("c%d-%d", round, i)
 			}
-			rs, err := q.Enqueue(ctx, ids, nil, nil)
+			var cs [][]int64
+			if len(ps) > 1 {
+				for range ids {
+					cs = append(cs, costs())
+				}
+			}
+			rs, err := q.Enqueue(ctx, ids, cs, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, r := range rs {
+			for i, r := range rs {
+				var c []int64
+				if cs != nil {
+					c = cs[i]
+				}
 				if r.Entry != "" {
 					queued = append(queued, r.Entry)
+					cost[r.Entry] = c
 				} else if r.Err == nil {
-					grants = append(grants, time.UnixMicro(r.Slot)) // at once: it comes
+					grant(r.Slot, c) // at once: it comes
 				}
 			}
 		case op < 6: // a step
@@ -82,10 +116,11 @@ func giveBackRounds(t *testing.T, seed uint64) {
 				if !r.Found && !r.Stale {
 					break
 				}
-				h := holder{entry: queued[0], room: r.Room, slot: r.Slot, since: time.Now()}
+				h := holder{entry: queued[0], room: r.Room, slot: r.Slot, since: time.Now(), costs: cost[queued[0]]}
+				delete(cost, queued[0])
 				switch k := rng.IntN(10); {
 				case k < 5:
-					grants = append(grants, time.UnixMicro(r.Slot)) // on time
+					grant(r.Slot, h.costs) // on time
 				case k < 8:
 					h.lateBy = time.Duration(rng.IntN(80)) * time.Millisecond
 					found = append(found, h)
@@ -105,25 +140,32 @@ func giveBackRounds(t *testing.T, seed uint64) {
 				continue
 			}
 			if h.leaves {
-				if err := q.Cancel(ctx, queue.Leaver{Entry: h.entry, Room: h.room, Slot: h.slot}); err != nil {
+				if err := q.Cancel(ctx, queue.Leaver{Entry: h.entry, Room: h.room, Slot: h.slot, Costs: h.costs}); err != nil {
 					t.Fatal(err)
 				}
 				continue
 			}
-			r, err := q.Retime(ctx, h.room, nil)
+			r, err := q.Retime(ctx, h.slot, h.room, h.costs)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if r.Refunded {
 				backs++
 			}
-			grants = append(grants, time.UnixMicro(r.Slot)) // it comes for the new slot
+			grant(r.Slot, h.costs) // it comes for the new slot
 		}
 		found = kept
 		time.Sleep(time.Duration(rng.IntN(1000)) * time.Microsecond)
 	}
+	l := guarantee.Limit{Capacity: int(p.Capacity), RefillAmount: 1, RefillFrequency: p.RefillFrequency}
 	if res := guarantee.Check(grants, l); !res.OK() {
 		t.Fatalf("%d grants on %+v (%d tokens given back by late callers) break the promise: %v", len(grants), l, backs, res)
 	}
-	t.Logf("%d grants on %+v, %d late callers gave their tokens back", len(grants), l, backs)
+	if len(ps) > 1 {
+		lt := guarantee.Limit{Capacity: int(ps[1].Capacity), RefillAmount: int(ps[1].RefillAmount), RefillFrequency: ps[1].RefillFrequency}
+		if res := guarantee.CheckCosts(tokens, lt, 0); !res.OK() {
+			t.Fatalf("%d grants' tokens on %+v (%d late callers' tokens given back) break the promise: %v", len(tokens), lt, backs, res)
+		}
+	}
+	t.Logf("%d grants on %+v, %d late callers gave their tokens back", len(grants), ps, backs)
 }

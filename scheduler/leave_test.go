@@ -17,7 +17,7 @@ import (
 // first poll, at the very instants the step gave, so the grants keep the
 // promise by construction; a slot passed on once is not passed on again.
 func TestLeaverPassesItsSlotOn(t *testing.T) {
-	q, entries, slots := retimeSetup(t, t.Name()) // burst of 2 at once, slots at 100 and 200 ms given
+	q, entries, slots, _ := retimeSetup(t, t.Name()) // burst of 2 at once, slots at 100 and 200 ms given
 	var next []string
 	for i := range 3 {
 		a, err := enqueueOne(q, fmt.Sprint("next", i))
@@ -95,5 +95,51 @@ func TestWaitOfItsOwnRefusedAtArrival(t *testing.T) {
 	}
 	if rs[1].Delay > 150*time.Millisecond {
 		t.Fatalf("patient's estimate %v: the refused caller's token was counted", rs[1].Delay)
+	}
+}
+
+// TestLeaverGivesItsTokensBack: a caller that leaves after the step wrote
+// its slot, with nobody queued to take the slot, gives its token back to
+// the bucket when that is exact (the bucket's levels since the step, its
+// peaks, left room for it): the next caller to arrive gets the slot the
+// bucket would have had without the grant, a refill earlier than it would
+// have otherwise, and every grant in the end keeps the promise. Leaving a
+// second time gives nothing back again (with two tokens back, the next
+// caller would have the first's slot).
+func TestLeaverGivesItsTokensBack(t *testing.T) {
+	q, entries, slots, step := retimeSetup(t, t.Name()) // burst of 2 at once, slots at 100 and 200 ms given
+	read, err := q.Poll(ctx, entries[0])
+	if err != nil || !read.Found || read.Room == "" {
+		t.Fatalf("poll = %+v, %v: want the slot, with its room", read, err)
+	}
+	second, err := q.Poll(ctx, entries[1])
+	if err != nil || !second.Found {
+		t.Fatalf("poll = %+v, %v: want the second slot", second, err)
+	}
+	slots = append(slots, time.UnixMicro(second.Slot))
+	for range 2 { // the second time finds its slot key marked: nothing more goes back
+		if err := q.Cancel(ctx, queue.Leaver{Entry: entries[0], Room: read.Room, Slot: read.Slot}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The bucket holds the given-back token from the first slot on: the
+	// next caller's slot is the second's (two tokens there), where it
+	// would have been a refill after it.
+	a, err := enqueueOne(q, "next")
+	if err != nil || a.Entry == "" {
+		t.Fatalf("next caller = %+v, %v: want queued", a, err)
+	}
+	step()
+	r, err := q.Poll(ctx, a.Entry)
+	if err != nil || !r.Found {
+		t.Fatalf("next caller's poll = %+v, %v: want its slot", r, err)
+	}
+	if r.Slot != second.Slot {
+		t.Fatalf("next caller's slot is %v after the second's, want the same", time.Duration(r.Slot-second.Slot)*time.Microsecond)
+	}
+	slots = append(slots, time.UnixMicro(r.Slot))
+	l := guarantee.Limit{Capacity: 2, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond}
+	if res := guarantee.Check(slots, l); !res.OK() {
+		t.Fatalf("slots %v break the promise: %v", slots, res)
 	}
 }

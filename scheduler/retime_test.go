@@ -14,8 +14,9 @@ import (
 // retimeSetup makes a bucket of capacity 2 that gains 1 token every 100
 // ms, spends its burst on two callers, queues two more and runs one step
 // with a lookahead that gives both their slots (100 and 200 ms on). It
-// returns the queue, the entries queued and the slots granted so far.
-func retimeSetup(t *testing.T, name string) (*queue.Queue, []string, []time.Time) {
+// returns the queue, the entries queued, the slots granted so far and a
+// function that runs one more such step.
+func retimeSetup(t *testing.T, name string) (*queue.Queue, []string, []time.Time, func()) {
 	t.Helper()
 	srv := redistest.New(t)
 	srv.RequireReal(t)
@@ -50,42 +51,50 @@ func retimeSetup(t *testing.T, name string) (*queue.Queue, []string, []time.Time
 	if r, err := scheduler.Step(ctx, rdb, stepper, "tok"); err != nil || r.Scheduled != 2 {
 		t.Fatalf("step scheduled %d (%v), want both", r.Scheduled, err)
 	}
-	return q, entries, slots
+	step := func() {
+		t.Helper()
+		if err := rdb.Set(ctx, q.Keys().Lock, "tok", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := scheduler.Step(ctx, rdb, stepper, "tok"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return q, entries, slots, step
 }
 
-// TestRetimeGivesTheTokenBack: a caller that comes too late for its slot
-// while the bucket is in debt gives its token back and takes the next
-// slot; the slots granted in the end (its old one not among them) keep
-// the bucket's promise, and it took no more tokens than one.
-func TestRetimeGivesTheTokenBack(t *testing.T) {
-	q, entries, slots := retimeSetup(t, t.Name())
+// TestLateCallerStartsAtOnce: a caller that comes too late for its slot
+// while the bucket is in debt (its token stayed in the bucket, unused,
+// all along) starts at once with it: its grant moves from its slot to the
+// retime's instant, ahead of the next caller's slot, which keeps its
+// time; the slots granted in the end (its old one not among them) keep
+// the bucket's promise.
+func TestLateCallerStartsAtOnce(t *testing.T) {
+	q, entries, slots, _ := retimeSetup(t, t.Name())
 	late, err := q.Poll(ctx, entries[0])
 	if err != nil || !late.Found || late.Room == "" {
 		t.Fatalf("poll = %+v, %v: want the slot, with its room", late, err)
 	}
 	// Too late for it: 50 ms past the slot, before the next refill.
 	time.Sleep(late.Delay + 50*time.Millisecond)
-	r, err := q.Retime(ctx, late.Room, nil)
+	r, err := q.Retime(ctx, late.Slot, late.Room, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !r.Refunded {
-		t.Fatalf("retime = %+v: the token did not go back, though the bucket was in debt throughout", r)
+	if !r.Refunded || r.Delay != 0 || r.Slot < late.Slot+50_000 {
+		t.Fatalf("retime = %+v (missed slot %d): want to start now with the token, unused in a bucket in debt throughout", r, late.Slot)
 	}
 	other, err := q.Poll(ctx, entries[1])
 	if err != nil || !other.Found {
 		t.Fatalf("the other caller's poll = %+v, %v", other, err)
 	}
+	if other.Slot <= r.Slot {
+		t.Fatalf("the next caller's slot %d, want after the late one's start %d, as the step gave it", other.Slot, r.Slot)
+	}
 	slots = append(slots, time.UnixMicro(r.Slot), time.UnixMicro(other.Slot))
 	l := guarantee.Limit{Capacity: 2, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond}
 	if res := guarantee.Check(slots, l); !res.OK() {
 		t.Fatalf("slots %v break the promise: %v", slots, res)
-	}
-	// Given back and taken again: the caller got the slot after the
-	// other's, not one more ahead of it (which would be a token too many
-	// at 200 ms: two grants there need the token of 100 ms kept).
-	if r.Slot < other.Slot {
-		t.Errorf("retimed slot %v before the next caller's %v", time.UnixMicro(r.Slot), time.UnixMicro(other.Slot))
 	}
 }
 
@@ -94,13 +103,13 @@ func TestRetimeGivesTheTokenBack(t *testing.T) {
 // its grant would have lost refills to its capacity: giving it back could
 // over-admit), yet it still gets the next slot.
 func TestRetimeKeepsSpentWhenItCouldHaveFilled(t *testing.T) {
-	q, entries, _ := retimeSetup(t, t.Name())
+	q, entries, _, _ := retimeSetup(t, t.Name())
 	late, err := q.Poll(ctx, entries[0])
 	if err != nil || !late.Found {
 		t.Fatalf("poll = %+v, %v", late, err)
 	}
 	time.Sleep(late.Delay + 400*time.Millisecond)
-	r, err := q.Retime(ctx, late.Room, nil)
+	r, err := q.Retime(ctx, late.Slot, late.Room, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,8 +120,89 @@ func TestRetimeKeepsSpentWhenItCouldHaveFilled(t *testing.T) {
 		t.Fatalf("retime gave a slot %v in the past", r.Delay)
 	}
 	// Without a room (a slot given at arrival) nothing goes back either.
-	r, err = q.Retime(ctx, "", nil)
+	r, err = q.Retime(ctx, 0, "", nil)
 	if err != nil || r.Refunded {
 		t.Fatalf("retime without a room = %+v, %v", r, err)
+	}
+}
+
+// TestLateCallerStartsAtSaturation: at saturation a caller much later
+// for its slot than the bucket's burst takes to refill (300 ms late on a
+// bucket of 10 refilled every 20 ms) still starts at once with its
+// token: the bucket's levels since its grant (the state's peaks) never
+// came within its cost of the capacity, where counting every refill since
+// (the bound before the peaks) says they could have. The grants in the
+// end, the missed slot not among them and the late caller's start among
+// them, keep the promise.
+func TestLateCallerStartsAtSaturation(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	// A capacity of 10 leaves the steps room: the bucket's level before a
+	// step stays under 9 unless steps are 180 ms apart (a starved test
+	// process), while counting every refill since would rule the
+	// give-back out from 200 ms of lateness.
+	ps := []queue.Policy{{Capacity: 10, RefillAmount: 1, RefillFrequency: 20 * time.Millisecond}}
+	q := newQ(rdb, "sluice", t.Name(), ps, queue.Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Minute, Grace: 10 * time.Second, MaxLateness: 10 * time.Millisecond})
+	var entries []string
+	var slots []time.Time
+	for i := range 40 {
+		a, err := enqueueOne(q, fmt.Sprint("c", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Entry != "" {
+			entries = append(entries, a.Entry)
+		} else {
+			slots = append(slots, time.UnixMicro(a.Slot))
+		}
+	}
+	if err := rdb.Set(ctx, q.Keys().Lock, "tok", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const lateOne = 15 // its slot comes ~300 ms in, well after the burst
+	var late queue.PollReply
+	var foundAt time.Time
+	retimed := false
+	deadline := time.Now().Add(20 * time.Second)
+	for next := 0; next < len(entries) || !retimed; {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d callers scheduled in 20 s", next, len(entries))
+		}
+		if _, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil {
+			t.Fatal(err)
+		}
+		for next < len(entries) {
+			r, err := q.Poll(ctx, entries[next])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !r.Found && !r.Stale {
+				break // not scheduled yet
+			}
+			if next == lateOne {
+				late, foundAt = r, time.Now() // it will not come for it
+			} else {
+				slots = append(slots, time.UnixMicro(r.Slot))
+			}
+			next++
+		}
+		if !retimed && !foundAt.IsZero() && time.Since(foundAt) > 300*time.Millisecond {
+			r, err := q.Retime(ctx, late.Slot, late.Room, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !r.Refunded || r.Delay != 0 {
+				t.Fatalf("retime 300 ms late at saturation = %+v: want to start now with the token", r)
+			}
+			slots = append(slots, time.UnixMicro(r.Slot))
+			retimed = true
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	l := guarantee.Limit{Capacity: 10, RefillAmount: 1, RefillFrequency: 20 * time.Millisecond}
+	if res := guarantee.Check(slots, l); !res.OK() {
+		t.Fatalf("the grants break the promise: %v", res)
 	}
 }

@@ -37,21 +37,22 @@ type stepReply struct {
 
 // step runs one step of q's scheduler as the holder of the lock token.
 func step(ctx context.Context, rdb redis.Scripter, q *queue.Queue, token string) (stepReply, error) {
-	return runStep(ctx, q, token, q.Options().LockTTL.Milliseconds())
+	return runStep(ctx, q, token, q.Options().LockTTL.Milliseconds(), q.Options().Lookahead)
 }
 
 // lastStep runs one step and releases the lock in the same script, even
 // if callers still wait: the hand-over.
 func lastStep(ctx context.Context, q *queue.Queue, token string) (stepReply, error) {
-	return runStep(ctx, q, token, 0)
+	return runStep(ctx, q, token, 0, q.Options().Lookahead)
 }
 
-func runStep(ctx context.Context, q *queue.Queue, token string, lockTTLms int64) (stepReply, error) {
+// runStep runs one step that gives slots up to lookahead ahead.
+func runStep(ctx context.Context, q *queue.Queue, token string, lockTTLms int64, lookahead time.Duration) (stepReply, error) {
 	o, k := q.Options(), q.Keys()
 	// The scheduler serves every process's callers: q.Run follows the
 	// configuration in force after a live change, whoever set it.
 	return parseStep(q.Run(ctx, stepScript, k.List(), func(policies []any) []any {
-		args := []any{token, lockTTLms, scriptreply.Micros(o.Lookahead), o.MaxBatch, scriptreply.Micros(o.Grace), scriptreply.Micros(o.Lead), k.Wake}
+		args := []any{token, lockTTLms, scriptreply.Micros(lookahead), o.MaxBatch, scriptreply.Micros(o.Grace), scriptreply.Micros(o.Lead), k.Wake}
 		return append(args, policies...)
 	}))
 }

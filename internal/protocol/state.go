@@ -13,7 +13,7 @@ import (
 const StateFormat = 2
 
 // BucketState is the state key of a bucket (load and save in state.lua):
-// "done until level1 anchor1 ... format id hold held [costed extra1 ...]",
+// "done until level1 anchor1 ... format id hold held [costed extra1 ... [peaks]]",
 // integers separated by spaces but for id. Done counts the tickets no longer
 // queued; Until is the Redis instant (µs) to which the scheduler's lock
 // was last renewed, 0 once released; then each policy's level (may be
@@ -37,6 +37,11 @@ type BucketState struct {
 	// when Costed is 0).
 	Costed int64
 	Extra  []int64
+	// Peaks is the token state.lua's peaks are kept in ("p<floor>/<t>:<v1>,...";
+	// "" for none): what the scripts need to give a late caller's tokens
+	// back exactly, which only they read. With peaks, Costed and Extra are
+	// written even when 0.
+	Peaks string
 }
 
 // Holds reports whether the state's hold keeps policy i's slots at now.
@@ -73,13 +78,21 @@ func (s BucketState) String() string {
 		b.WriteByte(' ')
 		b.WriteString(strconv.FormatInt(s.Held, 10))
 	}
-	if s.Costed > 0 {
+	if s.Costed > 0 || s.Peaks != "" {
 		b.WriteByte(' ')
 		b.WriteString(strconv.FormatInt(s.Costed, 10))
+		for i := range s.Levels {
+			var x int64
+			if i < len(s.Extra) {
+				x = s.Extra[i]
+			}
+			b.WriteByte(' ')
+			b.WriteString(strconv.FormatInt(x, 10))
+		}
 	}
-	for _, x := range s.Extra {
+	if s.Peaks != "" {
 		b.WriteByte(' ')
-		b.WriteString(strconv.FormatInt(x, 10))
+		b.WriteString(s.Peaks)
 	}
 	return b.String()
 }
@@ -145,6 +158,12 @@ func ParseState(raw string, n int) (BucketState, error) {
 			}
 		}
 		s.Costed, s.Extra = x[0], x[1:]
+		if s.Costed == 0 {
+			s.Extra = nil
+		}
+		if p := at + 1 + n; len(f) > p && strings.HasPrefix(f[p], "p") {
+			s.Peaks = f[p]
+		}
 	}
 	return s, nil
 }

@@ -277,6 +277,19 @@ local function slot_k(st, ps, now, ks)
   return slot
 end
 
+-- note_peak notes that policy i held level v at slot, just before a grant
+-- took from it: a script saves the highest it noted per policy, with the
+-- latest slot, in the state's peaks (state.lua, "Peaks").
+local function note_peak(st, i, v, slot)
+  local pv = st.pv
+  if not pv then
+    pv = {}
+    st.pv = pv
+  end
+  if not pv[i] or v > pv[i] then pv[i] = v end
+  if not st.pt or slot > st.pt then st.pt = slot end
+end
+
 -- take_at spends, at slot, ks[i] tokens of every policy i (nil: call
 -- each). A policy that has them before slot (another policy or a hold set
 -- the slot later) keeps gaining refills until the slot, and a full one
@@ -285,16 +298,23 @@ end
 -- which leaves it, at the slot, exactly as it will be there; before the
 -- slot it counts fewer tokens than it has, which costs nobody anything,
 -- since no caller after this one comes before its slot.
+--
+-- It also notes, for the state's peaks (state.lua, "Peaks"), each
+-- policy's level at the slot before the grant: the highest the bucket
+-- holds since the grant before it.
 local function take_at(st, ps, slot, ks, now)
   for i = 1, #ps do
     local p, s = ps[i], st[i]
     local k = ks and ks[i] or p.call
     if k > 0 then
+      local before = s.level
       if p.kind ~= ROLLING and slot > now and slot > s.anchor then
         local level, anchor = refill(s.level, s.anchor, slot, p.cap, p.amount, p.freq)
         local gained = (anchor - s.anchor) / p.freq * p.amount
         s.level = s.level - (s.level + gained - level) -- the refills lost to the capacity
+        before = level
       end
+      note_peak(st, i, before, slot)
       s.level = s.level - k
     end
   end

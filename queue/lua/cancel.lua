@@ -6,7 +6,8 @@
 -- the wake channel. The grants keep the very instants the steps gave them,
 -- so the limit is kept by construction. Otherwise (the slot is too close
 -- or past, nobody waits, or the next caller costs more) the slot's tokens
--- stay spent: never an excess.
+-- go back to the bucket when that is exact, as a late caller's do
+-- (refund.lua), and stay spent when it is not: never an excess.
 --
 -- KEYS[1] queue, KEYS[2] slot key prefix, KEYS[3] state, KEYS[4] config
 -- (as in enqueue.lua)
@@ -25,7 +26,8 @@
 -- Reply, one per caller: 0 removed from the queue before it had a slot:
 -- no token spent; 1 it had a slot, whose tokens stay spent; 2 unknown
 -- (already consumed without a slot value, expired, or never arrived); 3 it
--- had a slot, which the next caller in line took.
+-- had a slot, which the next caller in line took; 4 it had a slot, whose
+-- tokens went back to the bucket.
 local function find(prefix, list)
   for _, e in ipairs(list) do
     if string.sub(e, 1, #prefix) == prefix then
@@ -46,6 +48,7 @@ local out = {}
 local removed = 0
 local less = nil
 local wake = {}
+local st, done, till -- the state, loaded by the first caller whose tokens may go back
 -- fewer takes a queued caller of entry e off the state's extras, if it has
 -- costs of its own.
 local function fewer(e)
@@ -105,12 +108,24 @@ for c = 1, (#ARGV - i + 1) / 3 do
         out[c] = 3
       end
     end
+    if slot and out[c] == 1 then
+      if not st then st, done, till = load(KEYS[3], ps, now, KEYS[4], cid) end
+      local ks = {}
+      for k = 1, #ps do ks[k] = costs and costs[k] or ps[k].call end
+      if unused_back(st, ps, now, grace, value, ks, cid) then out[c] = 4 end
+    end
   end
 end
 wake_publish(channel, wake)
 -- The state's done counts tickets no longer queued, so that the next
 -- caller's ticket (done + its position) stays unique: leave it the rest.
-if removed > 0 then
+if st then
+  if less then
+    st.costed = st.costed - less.costed
+    for k = 1, #ps do st[k].extra = st[k].extra - (less[k] or 0) end
+  end
+  save(KEYS[3], st, ps, now, grace, done + removed, till, KEYS[4])
+elseif removed > 0 then
   add_done(KEYS[3], removed, less, KEYS[4], cid)
 end
 return out

@@ -1,79 +1,57 @@
--- refund.lua: giving back the tokens of a slot its caller came too late
--- for (retime.lua), when that is exact. Needs tokens.lua, state.lua and
--- entry.lua before it.
+-- refund.lua: what becomes of the tokens of a slot its caller did not use
+-- at its instant: one that came too late for it starts now with them
+-- (retime.lua), one that left gives them back (cancel.lua), when that is
+-- exact; otherwise they stay spent: never an excess. Needs tokens.lua,
+-- state.lua and entry.lua before it.
 --
--- Giving the tokens back is exact when the bucket as it would be without
--- that grant never reached its capacity since: the refills it would have
--- kept are the ones it got. The room (entry.lua's slot_value) says what
--- the step that gave the slot left at its instant t0: each policy's level
--- l after it took its grants, and the refunds key then (r0). Since t0 the
--- level rose only by refills and by tokens given back (grants and syncs
--- lower it; a hold delays refills), and the bucket without the grants
--- given back so far is above the bucket as it is by at most what was given
--- back since t0 (r − r0). So the tokens c go back when, for every policy,
---     l + amount × n + (r − r0) + c ≤ cap,
--- where n is the refills in (t0, now]: those of the policy's grid (its
--- anchor, every freq), or at most ⌊(now − t0) / freq⌋ + 1 when the
--- upstream moved the grid since (a hold or a sync: the first field of the
--- refunds key) or it lies ahead; and when the configuration is the one the
--- step ran under, the level now has room for c, and the room is younger
--- than grace (the refunds key outlives it). Otherwise the slot's tokens
--- stay spent.
+-- Both are exact when the bucket would have lost no refill to its
+-- capacity had the tokens c stayed in it from the grant on: then it holds
+-- c more than the books say over that span, and every grant made in it
+-- keeps the tokens it was promised. That is when, for every policy, its
+-- highest level over the span (the state's peaks, which count every grant
+-- up to the last one promised: state.lua, "Peaks") and its level now
+-- leave room for c:
+--     max(peak over the span, level now) + c <= cap.
+-- t0, where the span begins, is the slot.
 --
--- Open question: l is the state's level, which counts the tokens promised
--- to slots still ahead as taken at the step, so the bucket may really
--- have held more than this bound counts. A bound on the state's own peaks
--- broke the limit for that reason (docs/design.md, "Overload"), and this
--- one was seen 1 grant over once in 40 runs of the cancel storm test.
---
--- The refunds key: "d,r1,r2,...", the upstream's changes to the refills,
--- then the tokens given back per policy.
+-- A late caller's grant moves from its slot to now: the span ends now,
+-- and the bucket from now on is the one the books already have (the
+-- grant happens, only later), so its level does not change; the peaks
+-- over the span rise by c. A caller that leaves gives its tokens back:
+-- the span has no end, the level rises by c now, the peaks from t0 on by
+-- c. At saturation the bucket's level before each grant is about the
+-- grant's own tokens, so either is exact however late the caller comes,
+-- within grace. Otherwise (a bucket that filled since, a room older than
+-- grace or from another configuration, peaks that do not reach back to
+-- t0, a rolling window, whose grants stay logged) the slot's tokens stay
+-- spent.
 
--- read_refunds reads the refunds key: its value ('' when missing) and its
--- fields, one more than policies, missing ones 0.
-local function read_refunds(key, n)
-  local raw = redis.call('GET', key) or ''
-  local rs = parse_costs(raw) or {}
-  for i = 1, n + 1 do rs[i] = rs[i] or 0 end
-  return raw, rs
-end
-
--- give_back gives the tokens ks (one per policy) of the slot whose room is
--- room back to st (loaded under the configuration cid, at now) when that
--- is exact, recording them in rs (read_refunds's fields) and the refunds
--- key. It returns whether it did, and the refunds key's value now.
-local function give_back(st, ps, now, grace, room, ks, key, raw_r, rs, cid)
-  local t0, id, r0s, ls = string.match(room, '^(%d+) (%S+) ([%d,]+) ([%-%d,]+)$')
-  if not t0 or id ~= cid then return false, raw_r end
+-- unused_back takes the tokens ks (one per policy) of the slot whose slot
+-- key's value (entry.lua) is value off the books from its grant until
+-- upto (a late caller that starts then), or for good (upto nil: a caller
+-- that left), in st (loaded under the configuration cid, at now), when
+-- that is exact. It returns whether it did.
+local function unused_back(st, ps, now, grace, value, ks, cid, upto)
+  local t0, id = string.match(value, '^(%d+) %d+ (%S+)')
   t0 = tonumber(t0)
-  local l, r0 = parse_costs(ls), parse_costs(r0s)
-  if #l ~= #ps or #r0 ~= #ps + 1 or now < t0 or now - t0 > grace or rs[1] < r0[1] then
-    return false, raw_r
+  if not t0 or id ~= cid or now - t0 > grace then
+    return false
   end
-  local moved = rs[1] ~= r0[1]
   for i = 1, #ps do
     local p, s = ps[i], st[i]
-    local n
-    if moved or s.anchor > now then
-      n = math.floor((now - t0) / p.freq) + 1
-    elseif s.anchor > t0 then
-      n = math.ceil((s.anchor - t0) / p.freq)
-    else
-      n = 0
-    end
-    local since = rs[i + 1] - r0[i + 1]
-    -- A rolling window's grant stays logged: spent.
-    if p.kind == ROLLING or since < 0 or l[i] + p.amount * n + since + ks[i] > p.cap or s.level + ks[i] > p.cap then
-      return false, raw_r
+    if ks[i] > 0 then
+      if p.kind == ROLLING then return false end
+      local top = peak_since(st, i, t0, upto)
+      if not top or math.max(top, s.level) + ks[i] > p.cap then
+        return false
+      end
     end
   end
-  for i = 1, #ps do
-    st[i].level = st[i].level + ks[i]
-    rs[i + 1] = rs[i + 1] + ks[i]
+  if not upto then
+    for i = 1, #ps do
+      st[i].level = st[i].level + ks[i]
+    end
   end
-  local out = {}
-  for i = 1, #rs do out[i] = string.format('%d', rs[i]) end
-  raw_r = table.concat(out, ',')
-  redis.call('SET', key, raw_r, 'PX', ceil_ms(3 * grace))
-  return true, raw_r
+  peaks_raise(st, ps, t0, ks, upto)
+  return true
 end

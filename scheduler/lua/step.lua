@@ -61,7 +61,13 @@ if unit and st.costed == 0 then
     n = n + 1
     slots[n], last = slot, slot
     if one then
-      st[1].level = st[1].level - 1
+      -- take_at's peak, without its refill: the level reaches the token
+      -- at the slot and loses nothing to the capacity before it.
+      local s, p = st[1], ps[1]
+      local v = s.level
+      if v < 1 and slot > s.anchor then v = math.min(p.cap, v + math.floor((slot - s.anchor) / p.freq) * p.amount) end
+      note_peak(st, 1, v, slot)
+      s.level = s.level - 1
     else
       take_at(st, ps, slot, nil, now)
       window_record(st, ps, slot, nil)
