@@ -514,3 +514,44 @@ func TestServeDetail(t *testing.T) {
 		t.Errorf("slot_us %v (%v), want a moment before Redis's clock now (%v): %s", slot, at, now, r.raw)
 	}
 }
+
+// TestServeSemaphoreDisconnect: a client that goes away while waiting for
+// a permit leaves the semaphore's queue; the place it would have had goes
+// to the next waiter.
+func TestServeSemaphoreDisconnect(t *testing.T) {
+	redisURL, rdb := server(t)
+	name := t.Name()
+	lib, err := semaphore.New(rdb, semaphore.Config{Name: name, Capacity: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lib.Close()
+	ctx := context.Background()
+	p, err := lib.Acquire(ctx) // stores the capacity, and holds the one place
+	if err != nil {
+		t.Fatal(err)
+	}
+	sr := startServe(t, "--redis", redisURL)
+	u := sr.base + "/v1/semaphores/" + name
+	qs := func() float64 { return call(t, ctx, "GET", u, ``).want(t, "GET", 200).num("queued") }
+
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(cctx, "POST", u+"/acquire", nil)
+		resp, err := testClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	waitFor(t, 5*time.Second, "the client's waiter to queue", func() bool { return qs() == 1 })
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("the request ended without its ctx's error")
+	}
+	waitFor(t, 5*time.Second, "the waiter to leave the queue", func() bool { return qs() == 0 })
+	p.Release(ctx)
+	r := call(t, ctx, "POST", u+"/acquire", `{"timeout_ms": 5000}`).want(t, "acquire after the release", 200)
+	call(t, ctx, "POST", u+"/release", `{"permit": "`+r.str("permit")+`"}`).want(t, "release", 200)
+}
