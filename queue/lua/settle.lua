@@ -100,6 +100,13 @@ if rs then
   for k = 1, #rs do out[k] = string.format('%d', rs[k]) end
   redis.call('SET', KEYS[4], table.concat(out, ','), 'PX', ceil_ms(3 * grace))
 end
+if back > 0 then
+  -- The tokens back raise the levels from now on: so do the peaks
+  -- (state.lua), which judge what a late or leaving caller may take back.
+  local gs = {}
+  for i = 1, #ps do gs[i] = math.max(0, -(ds[i] or 0)) end
+  peaks_raise(st, ps, now, gs)
+end
 if back > 0 or debt > 0 then
   save(KEYS[2], st, ps, now, grace, done, till, KEYS[3])
 end
