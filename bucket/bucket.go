@@ -339,8 +339,10 @@ type Report struct {
 	Late      time.Duration // how late after its slot Enter returned, at most (local clock, less the usual round trip)
 	Reentries int           // times the caller entered again (its slot lost, or a live change)
 	// Retimes counts the times the caller came later than MaxLateness
-	// for its slot and took the next one instead, ahead of the callers
-	// queued (see docs/design.md, "Overload").
+	// for its slot: it then started at once with the slot's tokens, when
+	// they stayed unused in a bucket that never filled since, or took the
+	// next slot, ahead of the callers queued (see docs/design.md,
+	// "Overload").
 	Retimes int
 	// Local reports that the local share admitted the caller while Redis
 	// could not be reached (Config.Fallback); Ticket and Position are

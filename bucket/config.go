@@ -72,9 +72,10 @@ type Config struct {
 	MaxWait time.Duration
 	// Lookahead is how far ahead slots are handed out: a caller whose token
 	// is due within it gets it without queueing, and the scheduler assigns
-	// slots this far ahead. A caller that cancels after its slot was
-	// assigned passes its token on (see Enter). 0 means 20 ms; otherwise at least 1 ms
-	// and at most LockTTL/2.
+	// slots this far ahead, further (up to LockTTL/2) while its own steps
+	// come late, as in a process starved of CPU. A caller that cancels
+	// after its slot was assigned passes its token on (see Enter). 0 means
+	// 20 ms; otherwise at least 1 ms and at most LockTTL/2.
 	Lookahead time.Duration
 	// Adopt makes this process enforce the policies in force in Redis when
 	// they differ from its own, instead of failing with
@@ -131,10 +132,11 @@ type Config struct {
 	// MaxLateness is how late after its slot a caller may still start. A
 	// caller that wakes later (its process was frozen or starved of CPU)
 	// does not start on its stale slot, which would bunch starts together
-	// at the upstream: it keeps its place and takes the bucket's next
-	// slot, ahead of the callers queued, and its missed token goes back to
-	// the bucket when that provably keeps the limit (else it is spent;
-	// Report.Retimes counts both). Lateness is judged
+	// at the upstream: it keeps its place. When its token stayed unused in
+	// a bucket that never filled since (always at saturation), it starts
+	// at once with it, its grant moved to that instant; else the token is
+	// spent and it takes the bucket's next slot, ahead of the callers
+	// queued (Report.Retimes counts both). Lateness is judged
 	// conservatively, from when the request left less the shortest round
 	// trip seen, so round trips to Redis that vary by more than MaxLateness
 	// make callers late: set it above that spread. 0 means 25 ms; negative

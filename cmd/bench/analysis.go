@@ -276,10 +276,10 @@ func (s Saturation) limitRows(row func(name, value, note string)) {
 }
 
 // lateRows writes the rows of the callers that came late or lost their
-// place: retimes (and the tokens given back) and re-entries.
+// place: retimes (and those that started at once) and re-entries.
 func (s Saturation) lateRows(row func(name, value, note string)) {
-	row("late callers given the next grant time (retimes)", commas(s.Retimes),
-		fmt.Sprintf("%.2f a grant; callers that came > MaxLateness (%s) after their grant time took the next one, ahead of the queue; %s of their missed tokens went back to the bucket, the rest stayed spent (giving them back could have broken the limit)",
+	row("late callers (retimes)", commas(s.Retimes),
+		fmt.Sprintf("%.2f a grant; times a caller came > MaxLateness (%s) after its grant time; %s of them started at once with the missed grant's tokens, still unused in the bucket; the others took the next grant time, ahead of the queue, their missed tokens spent (counting them could have broken the limit)",
 			per(int64(s.Retimes), s.Grants), dur(s.MaxLateness), commas(s.Refunds)))
 	row("queued again at the back (re-entries)", commas(s.Reentries),
 		fmt.Sprintf("%s of grants, %s callers at least once: their grant time was lost (e.g. Redis restarted) or the policies changed (SetPolicies) while they waited", pct(s.Reentries, s.Grants), commas(s.ReenteredCalls)))

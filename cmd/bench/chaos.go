@@ -701,7 +701,7 @@ func (c *Chaos) table(t *table, l Limit) {
 	fmt.Fprintf(t, "  verdict: %s\n", t.goal(c.OK(), "never over the limit, no start before its grant time, no hang, no lost caller"))
 	t.miss("verdict")
 	t.row("Enters", commas(c.Enters), fmt.Sprintf("%s processes started in all (replacements and cancellation bursts included)", commas(c.Started)))
-	t.row("grants", commas(c.Grants), fmt.Sprintf("%s/s over the run (limit %s/s); %s times a caller queued again at the back (re-entries), %s times a late caller took the next grant time (retimes; %s tokens given back)", num(c.PerSecond), num(c.Limit), commas(c.Reentries), commas(c.Retimes), commas(c.Refunds)))
+	t.row("grants", commas(c.Grants), fmt.Sprintf("%s/s over the run (limit %s/s); %s times a caller queued again at the back (re-entries), %s times a caller came late for its grant time (retimes; %s of them started at once with its unused tokens, the others took the next)", num(c.PerSecond), num(c.Limit), commas(c.Reentries), commas(c.Retimes), commas(c.Refunds)))
 	kinds := slices.Collect(maps.Keys(c.Errors))
 	slices.SortFunc(kinds, func(a, b string) int { return cmp.Or(c.Errors[b]-c.Errors[a], strings.Compare(a, b)) })
 	var parts []string

@@ -259,7 +259,7 @@ type LimiterRun struct {
 	Excess      int `json:"excess"`
 	ExcessSlack int `json:"excess_slack"`
 	// Retimes sums bucket.Report.Retimes (sluice only); Refunds counts
-	// those whose missed tokens went back to the bucket.
+	// those that started at once with the missed grant's tokens.
 	Retimes int `json:"retimes"`
 	Refunds int `json:"refunds"`
 	// RoundTrips counts the commands and pipelines of the limiter's

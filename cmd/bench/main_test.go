@@ -189,7 +189,7 @@ func TestAll(t *testing.T) {
 	}
 	for _, w := range []string{"OVERHEAD", "SCRIPTS", "SATURATE", "SEMAPHORE", "COMPARE", "QUOTA", "POLICY CHANGE", "TENANTS", "OVERLOAD", "CHURN",
 		"PING round trip", "utilization", "grants overtaken, by grant time", "one-line script, same pace",
-		"late callers given the next grant time (retimes)", "queued again at the back (re-entries)"} {
+		"late callers (retimes)", "queued again at the back (re-entries)"} {
 		if !strings.Contains(table.String(), w) {
 			t.Errorf("the table lacks %q:\n%s", w, table.String())
 		}

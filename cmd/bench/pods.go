@@ -239,12 +239,12 @@ func (p *Pods) table(t *table, _ Limit) {
 	row(fmt.Sprintf("  by start time, windows %s longer", dur(bucketSlack())), func(r PodsRun) string { return fmt.Sprint(max(r.ExcessSlack, 0)) },
 		"sluice: "+t.goal(sl.ExcessSlack <= 0, "0")+"; windows MaxLateness + the reply's trip longer: the bucket's promise for start times")
 	row("wait p50 / p99", func(r PodsRun) string { return dur(r.Wait.P50) + " / " + dur(r.Wait.P99) }, "from a call's arrival to its start")
-	row("late callers given the next grant time (retimes)", func(r PodsRun) string {
+	row("late callers (retimes)", func(r PodsRun) string {
 		if r.Name != limSluice {
 			return "—"
 		}
 		return commas(r.Retimes)
-	}, fmt.Sprintf("sluice callers that came > MaxLateness (%s) after their grant time (their pod throttled) and took the next one; %s of them gave their missed token back", dur(defaultMaxLateness), commas(sl.Refunds)))
+	}, fmt.Sprintf("sluice callers that came > MaxLateness (%s) after their grant time (their pod throttled); %s of them started at once with the missed grant's token, still unused in the bucket, the others took the next grant time", dur(defaultMaxLateness), commas(sl.Refunds)))
 	row("throttled: periods", func(r PodsRun) string { return pct(int(r.Throttled), int(r.Periods)) },
 		fmt.Sprintf("of the pods' CFS periods in the run, those in which the pod used up its quota and was stopped (cpu.stat: %d of %d, %d of %d)", sl.Throttled, sl.Periods, rr.Throttled, rr.Periods))
 	row("throttled: time a pod", func(r PodsRun) string { return dur(r.Time / time.Duration(max(p.Pods, 1))) },

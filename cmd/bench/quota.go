@@ -308,8 +308,8 @@ func (q *Quota) table(t *table, _ Limit) {
 		fmt.Sprintf("no goal: %d callers that one reaching Redis after them started > %s before, which the processes' scheduling adds", q.OvertakenStart, dur(q.StartTol)))
 	t.row("polls per queued caller", fmt.Sprintf("%.3f", q.PollsPerQueued),
 		fmt.Sprintf("%s; times a queued caller asked Redis for its grant time; %s queued grants, max %d polls", t.goal(q.PollsPerQueued <= quotaPollsGoal, fmt.Sprintf("≤ %.2f", quotaPollsGoal)), commas(q.Queued), q.MaxPolls))
-	t.row("late callers given the next grant time (retimes)", commas(q.Retimes),
-		fmt.Sprintf("came > MaxLateness (%s) after their grant time and took the next one, ahead of the queue; %s gave their cost back to the bucket, the rest stayed spent", dur(q.MaxLateness), commas(q.Refunds)))
+	t.row("late callers (retimes)", commas(q.Retimes),
+		fmt.Sprintf("came > MaxLateness (%s) after their grant time; %s started at once with the missed grant's cost, still unused in the bucket, the others took the next grant time, ahead of the queue", dur(q.MaxLateness), commas(q.Refunds)))
 	t.row("queued again at the back (re-entries)", commas(q.Reentries), "lost their grant time (e.g. Redis restarted) or met a change of the policies (SetPolicies): their cost is spent")
 	t.row("wait of queued callers, p50 / p99 / max", fmt.Sprintf("%s / %s / %s", dur(q.Wait.P50), dur(q.Wait.P99), dur(q.Wait.Max)), "")
 }

@@ -529,8 +529,8 @@ func (t *Tenants) table(tb *table, _ Limit) {
 			reNote = tb.goal(r.reentriesMet(), fmt.Sprintf("≤ %.0f %% of grants", 100*tenantsReentries)) + "; " + reNote
 		}
 		tb.row("  queued again at the back (re-entries)", fmt.Sprintf("%s (%.2f %%)", commas(r.Reentries), 100*r.ReentryShare()), reNote)
-		tb.row("  late callers given the next grant time (retimes)", commas(r.Retimes),
-			fmt.Sprintf("came > MaxLateness (%s) after their grant time and took the next one, ahead of the queue; %s of their missed tokens went back to the bucket, the rest stayed spent",
+		tb.row("  late callers (retimes)", commas(r.Retimes),
+			fmt.Sprintf("came > MaxLateness (%s) after their grant time; %s started at once with the missed grant's tokens, still unused in the bucket, the others took the next grant time, ahead of the queue",
 				dur(defaultMaxLateness), commas(r.Refunds)))
 		tb.row("  excess over the limit", fmt.Sprintf("%d", max(r.ExcessSlots, r.ExcessStarts, r.MostHeld-tenantsPermits, 0)),
 			tb.goal(r.NoExcess(), "0")+fmt.Sprintf(": every grant judged; the worst bucket's busiest window, grant times: %s, start times in windows %s longer: %s; most permits of one semaphore held at once %d",

@@ -35,7 +35,8 @@ type Detail struct {
 	// RoundTrips counts the Redis round trips made for this caller.
 	RoundTrips int
 	// Refunds counts the retimed slots (bucket.Report.Retimes) whose
-	// tokens went back to the bucket; the others were spent.
+	// tokens stayed unused in the bucket: the caller started at once with
+	// them; the others were spent.
 	Refunds int
 }
 
