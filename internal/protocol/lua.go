@@ -11,8 +11,13 @@ import (
 var (
 	//go:embed tokens.lua
 	TokensLua string
+	// StateLua is the state string's code: peaks.lua, then state.lua,
+	// whose save keeps the peaks.
+	StateLua = peaksLua + stateLua
 	//go:embed state.lua
-	StateLua string
+	stateLua string
+	//go:embed peaks.lua
+	peaksLua string
 	//go:embed entry.lua
 	EntryLua string
 	//go:embed wake.lua

@@ -9,7 +9,7 @@
 -- c more than the books say over that span, and every grant made in it
 -- keeps the tokens it was promised. That is when, for every policy, its
 -- highest level over the span (the state's peaks, which count every grant
--- up to the last one promised: state.lua, "Peaks") and its level now
+-- up to the last one promised: peaks.lua) and its level now
 -- leave room for c:
 --     max(peak over the span, level now) + c <= cap.
 -- t0, where the span begins, is the slot.

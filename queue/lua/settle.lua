@@ -102,7 +102,7 @@ if rs then
 end
 if back > 0 then
   -- The tokens back raise the levels from now on: so do the peaks
-  -- (state.lua), which judge what a late or leaving caller may take back.
+  -- (peaks.lua), which judge what a late or leaving caller may take back.
   local gs = {}
   for i = 1, #ps do gs[i] = math.max(0, -(ds[i] or 0)) end
   peaks_raise(st, ps, now, gs)
