@@ -196,17 +196,8 @@ func (s *Scheduler) run(ctx context.Context) (time.Duration, bool) {
 		}
 		return 0, false
 	}
-	if s.lock == nil {
-		octx, cancel := context.WithTimeout(ctx, s.lockTTL)
-		lock, err := s.locker.Obtain(octx, s.q.Keys().Lock, s.lockTTL, &redislock.Options{Metadata: holder})
-		cancel()
-		if err != nil {
-			if !errors.Is(err, redislock.ErrNotObtained) && ctx.Err() == nil {
-				s.errs.Add(1)
-			}
-			return 0, false
-		}
-		s.lock, s.lastOK, s.backoff = lock, time.Now(), time.Millisecond
+	if s.lock == nil && !s.obtain(ctx) {
+		return 0, false
 	}
 	r, err := runStep(ctx, s.q, s.lock.Token()+s.lock.Metadata(), s.lockTTL.Milliseconds(), s.lookahead())
 	if err != nil {
@@ -247,6 +238,21 @@ func (s *Scheduler) run(ctx context.Context) (time.Duration, bool) {
 	rest = min(rest, s.lockTTL/3)
 	s.due = time.Now().Add(rest)
 	return rest, true
+}
+
+// obtain takes the lock, and reports whether it did.
+func (s *Scheduler) obtain(ctx context.Context) bool {
+	octx, cancel := context.WithTimeout(ctx, s.lockTTL)
+	lock, err := s.locker.Obtain(octx, s.q.Keys().Lock, s.lockTTL, &redislock.Options{Metadata: holder})
+	cancel()
+	if err != nil {
+		if !errors.Is(err, redislock.ErrNotObtained) && ctx.Err() == nil {
+			s.errs.Add(1)
+		}
+		return false
+	}
+	s.lock, s.lastOK, s.backoff = lock, time.Now(), time.Millisecond
+	return true
 }
 
 // lookahead is how far ahead this step gives slots: the queue's Lookahead,

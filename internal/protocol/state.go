@@ -125,30 +125,12 @@ func ParseState(raw string, n int) (BucketState, error) {
 	for i := range s.Levels {
 		s.Levels[i] = Level{Level: v[2+2*i], Anchor: v[3+2*i]}
 	}
-	at := 2 + 2*n
-	if len(f) == at {
+	if len(f) == 2+2*n {
 		return s, nil
 	}
-	var err error
-	if s.Format, err = num(at); err != nil {
+	at, err := s.parseVersion(f, 2+2*n, num, raw)
+	if err != nil {
 		return BucketState{}, err
-	}
-	at++
-	switch {
-	case s.Format > StateFormat:
-		return BucketState{}, fmt.Errorf("%w: the bucket state has format %d, this process knows up to %d: upgrade it", scriptreply.ErrReply, s.Format, StateFormat)
-	case s.Format == StateFormat:
-		if len(f) < at+3 {
-			return BucketState{}, fmt.Errorf("%w: state %q has no configuration id or hold", scriptreply.ErrReply, raw)
-		}
-		s.ID = f[at]
-		if s.Hold, err = num(at + 1); err != nil {
-			return BucketState{}, err
-		}
-		if s.Held, err = num(at + 2); err != nil {
-			return BucketState{}, err
-		}
-		at += 3
 	}
 	if len(f) >= at+1+n {
 		x := make([]int64, 1+n)
@@ -166,4 +148,31 @@ func ParseState(raw string, n int) (BucketState, error) {
 		}
 	}
 	return s, nil
+}
+
+// parseVersion reads the format at f[at] and, for this format, the id and
+// the hold after it, into s; it returns where the callers with costs start.
+func (s *BucketState) parseVersion(f []string, at int, num func(int) (int64, error), raw string) (int, error) {
+	var err error
+	if s.Format, err = num(at); err != nil {
+		return 0, err
+	}
+	at++
+	switch {
+	case s.Format > StateFormat:
+		return 0, fmt.Errorf("%w: the bucket state has format %d, this process knows up to %d: upgrade it", scriptreply.ErrReply, s.Format, StateFormat)
+	case s.Format == StateFormat:
+		if len(f) < at+3 {
+			return 0, fmt.Errorf("%w: state %q has no configuration id or hold", scriptreply.ErrReply, raw)
+		}
+		s.ID = f[at]
+		if s.Hold, err = num(at + 1); err != nil {
+			return 0, err
+		}
+		if s.Held, err = num(at + 2); err != nil {
+			return 0, err
+		}
+		at += 3
+	}
+	return at, nil
 }
