@@ -221,31 +221,47 @@ func (s *Semaphore) toLocalLocked(cause *rediscall.CallError) bool {
 	if s.closed {
 		return true // Close has failed every waiter; nothing to serve
 	}
-	if s.mode != onLocal {
-		n := s.trace.Count()
-		if n == 0 {
-			return false
-		}
-		from := s.mode
-		s.mode = onLocal
-		s.procs, s.share, s.since = n, max(1, s.capacity/n), time.Now()
-		s.lastErr = cause
-		for _, p := range s.holders {
-			// Its lease cannot be renewed, nor known lost: it stays held,
-			// and is written into Redis at the return.
-			p.unregistered = true
-			if p.timer != nil {
-				p.timer.Stop()
-			}
-		}
-		// Once per switch: a registration that failed was no return.
-		if from != registering {
-			s.say(slog.LevelWarn, "sluice: Redis unreachable: semaphore admits from this process's local share until Redis answers again",
-				"share", s.share, "capacity", s.capacity, "processes", n, "held", s.held.Load(), "err", cause)
+	if s.mode != onLocal && !s.switchLocalLocked(cause) {
+		return false
+	}
+	s.moveLocalLocked()
+	return true
+}
+
+// switchLocalLocked switches this process from Redis (or from
+// registering its permits there) to its local share, because of cause:
+// the share divides the capacity by the processes traced, and every
+// permit held stays held, unregistered. It reports false, changing
+// nothing, when it knows no share.
+func (s *Semaphore) switchLocalLocked(cause *rediscall.CallError) bool {
+	n := s.trace.Count()
+	if n == 0 {
+		return false
+	}
+	from := s.mode
+	s.mode = onLocal
+	s.procs, s.share, s.since = n, max(1, s.capacity/n), time.Now()
+	s.lastErr = cause
+	for _, p := range s.holders {
+		// Its lease cannot be renewed, nor known lost: it stays held,
+		// and is written into Redis at the return.
+		p.unregistered = true
+		if p.timer != nil {
+			p.timer.Stop()
 		}
 	}
-	// Everyone not yet local joins the local queue after those already
-	// there, in their order in Redis (tickets), then in arrival order.
+	// Once per switch: a registration that failed was no return.
+	if from != registering {
+		s.say(slog.LevelWarn, "sluice: Redis unreachable: semaphore admits from this process's local share until Redis answers again",
+			"share", s.share, "capacity", s.capacity, "processes", n, "held", s.held.Load(), "err", cause)
+	}
+	return true
+}
+
+// moveLocalLocked moves every waiter not yet local into the local queue,
+// and serves the queue's head. They join after those already there, in
+// their order in Redis (tickets), then in arrival order.
+func (s *Semaphore) moveLocalLocked() {
 	var moved []*waiter
 	for _, w := range s.waiters {
 		if !w.done && !w.local {
@@ -278,7 +294,6 @@ func (s *Semaphore) toLocalLocked(cause *rediscall.CallError) bool {
 	s.pendAcquire = nil
 	s.localQ = append(s.localQ, moved...)
 	s.serveLocalLocked()
-	return true
 }
 
 // serveLocalLocked grants the local queue's head while its weight fits in
