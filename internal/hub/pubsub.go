@@ -123,17 +123,7 @@ func (s *subscriptions) reconcile(ctx context.Context) {
 	backoff := 10 * time.Millisecond
 	for {
 		s.mu.Lock()
-		var sub, unsub []string
-		for c := range s.wanted {
-			if !s.have[c] {
-				sub = append(sub, c)
-			}
-		}
-		for c := range s.have {
-			if len(s.wanted[c]) == 0 {
-				unsub = append(unsub, c)
-			}
-		}
+		sub, unsub := s.diffLocked()
 		if ctx.Err() != nil {
 			s.closeLocked()
 			s.running = false
@@ -148,78 +138,119 @@ func (s *subscriptions) reconcile(ctx context.Context) {
 			}
 			// Nothing wanted: linger, then close the connection.
 			s.mu.Unlock()
-			t := time.NewTimer(linger)
-			select {
-			case <-ctx.Done():
-			case <-s.kick:
-			case <-t.C:
-				s.mu.Lock()
-				if len(s.wanted) == 0 && len(s.have) == 0 {
-					s.closeLocked()
-					if len(s.wanted) == 0 { // none came while it closed
-						s.running = false
-						s.mu.Unlock()
-						t.Stop()
-						return
-					}
-				}
-				s.mu.Unlock()
+			if s.lingerAndClose(ctx) {
+				return
 			}
-			t.Stop()
 			continue
 		}
-		if s.ps == nil {
-			// No channel: go-redis does not dial until the first
-			// SUBSCRIBE.
-			s.ps = s.h.rdb.Subscribe(context.Background())
-			done := make(chan struct{})
-			s.psDone = done
-			ps := s.ps
-			ch := ps.ChannelWithSubscriptions(redis.WithChannelSize(1000))
-			if !s.h.group.Go(func(context.Context) { s.read(ch, done) }) {
-				close(done)
-			}
-		}
-		for _, c := range sub {
-			s.have[c] = true
-		}
-		for _, c := range unsub {
-			delete(s.have, c)
-		}
+		s.openLocked()
+		s.markLocked(sub, unsub)
 		ps := s.ps
 		s.mu.Unlock()
-
-		var err error
-		cctx, cancel := context.WithTimeout(ctx, subscribeTimeout)
-		if len(sub) > 0 {
-			err = ps.Subscribe(cctx, sub...)
-		}
-		if err == nil && len(unsub) > 0 {
-			err = ps.Unsubscribe(cctx, unsub...)
-		}
-		cancel()
-		if err != nil {
+		if err := subscribe(ctx, ps, sub, unsub); err != nil {
 			// Forget what may not have been done, and try again after a
 			// pause: until then callers wait on their estimates.
 			s.mu.Lock()
 			s.failures++
-			for _, c := range sub {
-				delete(s.have, c)
-			}
-			for _, c := range unsub {
-				s.have[c] = true
-			}
+			s.markLocked(unsub, sub)
 			s.mu.Unlock()
-			t := time.NewTimer(backoff)
-			select {
-			case <-ctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
+			pause(ctx, backoff)
 			backoff = min(2*backoff, time.Second)
 			continue
 		}
 		backoff = 10 * time.Millisecond
+	}
+}
+
+// diffLocked returns the channels wanted but not subscribed (sub), and
+// those subscribed but no longer wanted (unsub). Called with mu held.
+func (s *subscriptions) diffLocked() (sub, unsub []string) {
+	for c := range s.wanted {
+		if !s.have[c] {
+			sub = append(sub, c)
+		}
+	}
+	for c := range s.have {
+		if len(s.wanted[c]) == 0 {
+			unsub = append(unsub, c)
+		}
+	}
+	return sub, unsub
+}
+
+// lingerAndClose waits linger with nothing wanted, then closes the
+// connection unless a channel is wanted or subscribed by then. It reports
+// that the reconciler is done: it closed the connection and nothing came
+// meanwhile. A kick or the Hub closing cut the linger short.
+func (s *subscriptions) lingerAndClose(ctx context.Context) (done bool) {
+	t := time.NewTimer(linger)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-s.kick:
+	case <-t.C:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if len(s.wanted) == 0 && len(s.have) == 0 {
+			s.closeLocked()
+			if len(s.wanted) == 0 { // none came while it closed
+				s.running = false
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// openLocked opens the connection and starts its reader, unless it is
+// open. go-redis dials at the first SUBSCRIBE. Called with mu held.
+func (s *subscriptions) openLocked() {
+	if s.ps != nil {
+		return
+	}
+	s.ps = s.h.rdb.Subscribe(context.Background())
+	done := make(chan struct{})
+	s.psDone = done
+	ch := s.ps.ChannelWithSubscriptions(redis.WithChannelSize(1000))
+	if !s.h.group.Go(func(context.Context) { s.read(ch, done) }) {
+		close(done)
+	}
+}
+
+// markLocked marks the channels added as subscribed (or being subscribed)
+// and those removed as not. Called with mu held.
+func (s *subscriptions) markLocked(added, removed []string) {
+	for _, c := range added {
+		s.have[c] = true
+	}
+	for _, c := range removed {
+		delete(s.have, c)
+	}
+}
+
+// subscribe subscribes sub and then unsubscribes unsub on ps, the two
+// calls bounded together by subscribeTimeout.
+func subscribe(ctx context.Context, ps *redis.PubSub, sub, unsub []string) error {
+	cctx, cancel := context.WithTimeout(ctx, subscribeTimeout)
+	defer cancel()
+	if len(sub) > 0 {
+		if err := ps.Subscribe(cctx, sub...); err != nil {
+			return err
+		}
+	}
+	if len(unsub) > 0 {
+		return ps.Unsubscribe(cctx, unsub...)
+	}
+	return nil
+}
+
+// pause waits d, or until ctx ends.
+func pause(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
 	}
 }
 

@@ -78,7 +78,27 @@ func (r *reach) pinger(timeout time.Duration) (ping func(ctx context.Context) er
 	if !ok {
 		return func(ctx context.Context) error { return r.h.rdb.Ping(ctx).Err() }, func() {}
 	}
-	o := *c.Options()
+	p := newProber(c.Options(), timeout)
+	return p.ping, p.close
+}
+
+// prober is pinger's PING for a *redis.Client: a client of one connection
+// with the user's options, made afresh after a failure. ping and close
+// may run on different goroutines.
+type prober struct {
+	opts    redis.Options // every client it makes shares them
+	network string        // "" when the address is none (a failover client): no plain dial
+	addr    string
+
+	mu     sync.Mutex
+	client *redis.Client // nil until made, and after a failure
+	closed bool
+}
+
+// newProber is a prober on the server of user's options, every call and
+// dial bounded by timeout.
+func newProber(user *redis.Options, timeout time.Duration) *prober {
+	o := *user
 	o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = 1, 0, 1, 1
 	o.MaxRetries, o.DialerRetries = -1, 1
 	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout, timeout
@@ -93,55 +113,69 @@ func (r *reach) pinger(timeout time.Duration) (ping func(ctx context.Context) er
 	if _, _, err := net.SplitHostPort(addr); network == "tcp" && err != nil {
 		network = "" // not an address ("FailoverClient"): no plain dial
 	}
-	var mu sync.Mutex // ping and closeAll may run on different goroutines
-	var probe *redis.Client
-	closed := false
-	return func(ctx context.Context) error {
-			mu.Lock()
-			c, isClosed := probe, closed
-			mu.Unlock()
-			if isClosed {
-				return redis.ErrClosed
-			}
-			if c == nil {
-				if network != "" {
-					var d net.Dialer
-					conn, err := d.DialContext(ctx, network, addr)
-					if err != nil {
-						return err
-					}
-					_ = conn.Close()
-				}
-				mu.Lock()
-				if closed {
-					mu.Unlock()
-					return redis.ErrClosed
-				}
-				if probe == nil {
-					probe = redis.NewClient(&o)
-				}
-				c = probe
-				mu.Unlock()
-			}
-			err := c.Ping(ctx).Err()
-			if err != nil && Unreachable(err) {
-				mu.Lock()
-				if probe == c {
-					probe = nil
-				}
-				mu.Unlock()
-				_ = c.Close()
-			}
-			return err
-		}, func() {
-			mu.Lock()
-			c := probe
-			probe, closed = nil, true
-			mu.Unlock()
-			if c != nil {
-				_ = c.Close()
-			}
+	return &prober{opts: o, network: network, addr: addr}
+}
+
+// ping PINGs Redis on the prober's client, and closes that client when
+// Redis is unreachable, so that the next ping dials afresh.
+func (p *prober) ping(ctx context.Context) error {
+	c, err := p.conn(ctx)
+	if err != nil {
+		return err
+	}
+	err = c.Ping(ctx).Err()
+	if err != nil && Unreachable(err) {
+		p.mu.Lock()
+		if p.client == c {
+			p.client = nil
 		}
+		p.mu.Unlock()
+		_ = c.Close()
+	}
+	return err
+}
+
+// conn returns the prober's client, making one, when none is open, once
+// a plain dial of the server's address succeeds; redis.ErrClosed after
+// close.
+func (p *prober) conn(ctx context.Context) (*redis.Client, error) {
+	p.mu.Lock()
+	c, closed := p.client, p.closed
+	p.mu.Unlock()
+	if closed {
+		return nil, redis.ErrClosed
+	}
+	if c != nil {
+		return c, nil
+	}
+	if p.network != "" {
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, p.network, p.addr)
+		if err != nil {
+			return nil, err
+		}
+		_ = conn.Close()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, redis.ErrClosed
+	}
+	if p.client == nil {
+		p.client = redis.NewClient(&p.opts)
+	}
+	return p.client, nil
+}
+
+// close closes the prober's client, if open; ping fails after it.
+func (p *prober) close() {
+	p.mu.Lock()
+	c := p.client
+	p.client, p.closed = nil, true
+	p.mu.Unlock()
+	if c != nil {
+		_ = c.Close()
+	}
 }
 
 // Watch counts one more handle interested in Redis's reachability and
