@@ -10,7 +10,10 @@
 -- (refund.lua), and stay spent when it is not: never an excess.
 --
 -- KEYS[1] queue, KEYS[2] slot key prefix, KEYS[3] state, KEYS[4] config
--- (as in enqueue.lua)
+-- (as in enqueue.lua), KEYS[5] refunds: tokens given back are counted
+-- there, per policy, after the upstream's changes (the field before),
+-- for the processes of the previous version, whose late callers' bound
+-- counts them
 -- ARGV[1] grace µs: a slot key outlives its slot by this
 -- ARGV[2] lead µs: a slot passes on only if it is at least this far ahead
 -- ARGV[3] wake channel
@@ -112,7 +115,12 @@ for c = 1, (#ARGV - i + 1) / 3 do
       if not st then st, done, till = load(KEYS[3], ps, now, KEYS[4], cid) end
       local ks = {}
       for k = 1, #ps do ks[k] = costs and costs[k] or ps[k].call end
-      if unused_back(st, ps, now, grace, value, ks, cid) then out[c] = 4 end
+      if unused_back(st, ps, now, grace, value, ks, cid) then
+        out[c] = 4
+        local rs = parse_costs(redis.call('GET', KEYS[5]) or '') or {}
+        for k = 1, #ps + 1 do rs[k] = string.format('%d', (rs[k] or 0) + (ks[k - 1] or 0)) end
+        redis.call('SET', KEYS[5], table.concat(rs, ','), 'PX', ceil_ms(3 * grace))
+      end
     end
   end
 end
