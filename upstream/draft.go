@@ -30,102 +30,145 @@ const (
 // readDraft returns the quotas the draft's fields report, counting unit,
 // and notes in r the fields it found with values it cannot read.
 func readDraft(r *reading, unit string) []Quota {
-	var out []Quota
-	hdr := r.hdr
-	policyField, field := joined(hdr, "RateLimit-Policy"), joined(hdr, "RateLimit")
+	policyField, field := joined(r.hdr, "RateLimit-Policy"), joined(r.hdr, "RateLimit")
 	policies, items := sfList(policyField), sfList(field)
-	// bad notes that a value of a field cannot be read; absent is fine.
-	bad := func(name, whole, v string, present bool, read func(string) bool) {
-		if present && !read(v) {
-			r.unreadable(name, whole)
-		}
-	}
-	isCount := func(v string) bool { _, ok := count(v); return ok }
-	isLimit := func(v string) bool { _, ok := limit(v); return ok }
-	isReset := func(v string) bool { _, ok := readReset(v, false, r.now); return ok }
-	isWindow := func(v string) bool { _, ok := decimal(strings.TrimSpace(v)); return ok }
-	dict := false
-	for _, it := range items {
-		if strings.Contains(it.bare, "=") {
-			dict = true
-		}
-	}
-	if dict {
-		// Draft 07: one dictionary, limit=, remaining=, reset=.
-		m := map[string]string{}
-		for _, it := range items {
-			k, v, _ := strings.Cut(it.bare, "=")
-			m[strings.ToLower(strings.TrimSpace(k))] = unquote(strings.TrimSpace(v))
-		}
-		for _, k := range []struct {
-			key  string
-			read func(string) bool
-		}{{"remaining", isCount}, {"limit", isLimit}, {"reset", isReset}} {
-			v, ok := m[k.key]
-			bad("RateLimit", field, v, ok, k.read)
-		}
-		if rem, ok := count(m["remaining"]); ok {
-			q := Quota{Unit: unit, Limit: -1, Remaining: rem}
-			if l, ok := limit(m["limit"]); ok {
-				q.Limit = l
-				q.Window = windowOf(policies, func(p sfItem) bool { n, ok := count(p.bare); return ok && n == l })
-			}
-			q.Reset, _ = readReset(m["reset"], false, r.now)
+	var out []Quota
+	if isDictionary(items) {
+		if q, ok := readDraft07(r, unit, field, items, policies); ok {
 			out = append(out, q)
 		}
 	} else {
-		for _, it := range items {
-			rv, has := it.params["r"]
-			tv, hasT := it.params["t"]
-			bad("RateLimit", field, tv, hasT, isReset)
-			rem, ok := count(rv)
-			bad("RateLimit", field, rv, has, isCount)
-			if !ok {
-				continue
-			}
-			q := Quota{Unit: unit, Policy: it.bare, Limit: -1, Remaining: rem}
-			q.Reset, _ = readReset(tv, false, r.now)
-			for _, p := range policies {
-				if p.bare == it.bare {
-					qv, hasQ := p.params["q"]
-					wv, hasW := p.params["w"]
-					bad("RateLimit-Policy", policyField, qv, hasQ, isLimit)
-					bad("RateLimit-Policy", policyField, wv, hasW, isWindow)
-					q.Limit, _ = limit(qv)
-					q.Window = window(wv)
-					break
-				}
-			}
-			out = append(out, q)
-		}
+		out = readDraft08(r, unit, field, items, policyField, policies)
 	}
-
-	// Drafts 06 and before.
-	v, present := r.get("RateLimit-Remaining")
-	bad("RateLimit-Remaining", v, v, present, isCount)
-	reset, hasReset := r.get("RateLimit-Reset")
-	bad("RateLimit-Reset", reset, reset, hasReset, isReset)
-	limits := sfList(hdr.Get("RateLimit-Limit"))
-	if len(limits) > 0 {
-		bad("RateLimit-Limit", hdr.Get("RateLimit-Limit"), limits[0].bare, true, isLimit)
-	}
-	if rem, ok := count(v); ok {
-		q := Quota{Unit: unit, Limit: -1, Remaining: rem}
-		if len(limits) > 0 {
-			if l, ok := limit(limits[0].bare); ok {
-				q.Limit = l
-				same := func(p sfItem) bool { n, ok := count(p.bare); return ok && n == l }
-				q.Window = windowOf(limits, same)
-				if q.Window == 0 {
-					q.Window = windowOf(policies, same)
-				}
-			}
-		}
-		q.Reset, _ = readReset(reset, false, r.now)
+	if q, ok := readDraft06(r, unit, policies); ok {
 		out = append(out, q)
 	}
 	return out
 }
+
+// isDictionary reports whether the RateLimit field is draft 07's
+// dictionary (limit=, remaining=, reset=) rather than a list of items.
+func isDictionary(items []sfItem) bool {
+	for _, it := range items {
+		if strings.Contains(it.bare, "=") {
+			return true
+		}
+	}
+	return false
+}
+
+// readDraft07 reads draft 07's RateLimit field, one dictionary, into a
+// quota, whose window is the RateLimit-Policy item of the same limit.
+func readDraft07(r *reading, unit, field string, items, policies []sfItem) (Quota, bool) {
+	m := map[string]string{}
+	for _, it := range items {
+		k, v, _ := strings.Cut(it.bare, "=")
+		m[strings.ToLower(strings.TrimSpace(k))] = unquote(strings.TrimSpace(v))
+	}
+	for _, k := range []struct {
+		key  string
+		read func(string) bool
+	}{{"remaining", isCount}, {"limit", isLimit}, {"reset", r.isReset}} {
+		v, ok := m[k.key]
+		r.checkField("RateLimit", field, v, ok, k.read)
+	}
+	rem, ok := count(m["remaining"])
+	if !ok {
+		return Quota{}, false
+	}
+	q := Quota{Unit: unit, Limit: -1, Remaining: rem}
+	if l, ok := limit(m["limit"]); ok {
+		q.Limit = l
+		q.Window = windowOf(policies, func(p sfItem) bool { n, ok := count(p.bare); return ok && n == l })
+	}
+	q.Reset, _ = readReset(m["reset"], false, r.now)
+	return q, true
+}
+
+// readDraft08 reads the RateLimit items of draft 08 and later, one quota
+// each, with the limit and window of the RateLimit-Policy item of the
+// same name.
+func readDraft08(r *reading, unit, field string, items []sfItem, policyField string, policies []sfItem) []Quota {
+	var out []Quota
+	for _, it := range items {
+		rv, has := it.params["r"]
+		tv, hasT := it.params["t"]
+		r.checkField("RateLimit", field, tv, hasT, r.isReset)
+		rem, ok := count(rv)
+		r.checkField("RateLimit", field, rv, has, isCount)
+		if !ok {
+			continue
+		}
+		q := Quota{Unit: unit, Policy: it.bare, Limit: -1, Remaining: rem}
+		q.Reset, _ = readReset(tv, false, r.now)
+		for _, p := range policies {
+			if p.bare == it.bare {
+				qv, hasQ := p.params["q"]
+				wv, hasW := p.params["w"]
+				r.checkField("RateLimit-Policy", policyField, qv, hasQ, isLimit)
+				r.checkField("RateLimit-Policy", policyField, wv, hasW, isWindow)
+				q.Limit, _ = limit(qv)
+				q.Window = window(wv)
+				break
+			}
+		}
+		out = append(out, q)
+	}
+	return out
+}
+
+// readDraft06 reads the fields of drafts 06 and before (RateLimit-Limit,
+// -Remaining, -Reset) into a quota, whose window is the limit's own w=,
+// else that of the RateLimit-Policy item of the same limit.
+func readDraft06(r *reading, unit string, policies []sfItem) (Quota, bool) {
+	hdr := r.hdr
+	v, present := r.get("RateLimit-Remaining")
+	r.checkField("RateLimit-Remaining", v, v, present, isCount)
+	reset, hasReset := r.get("RateLimit-Reset")
+	r.checkField("RateLimit-Reset", reset, reset, hasReset, r.isReset)
+	limits := sfList(hdr.Get("RateLimit-Limit"))
+	if len(limits) > 0 {
+		r.checkField("RateLimit-Limit", hdr.Get("RateLimit-Limit"), limits[0].bare, true, isLimit)
+	}
+	rem, ok := count(v)
+	if !ok {
+		return Quota{}, false
+	}
+	q := Quota{Unit: unit, Limit: -1, Remaining: rem}
+	if len(limits) > 0 {
+		if l, ok := limit(limits[0].bare); ok {
+			q.Limit = l
+			same := func(p sfItem) bool { n, ok := count(p.bare); return ok && n == l }
+			q.Window = windowOf(limits, same)
+			if q.Window == 0 {
+				q.Window = windowOf(policies, same)
+			}
+		}
+	}
+	q.Reset, _ = readReset(reset, false, r.now)
+	return q, true
+}
+
+// checkField notes in r that the value v of the field name (whole, as
+// sent) cannot be read; an absent value (!present) is fine.
+func (r *reading) checkField(name, whole, v string, present bool, read func(string) bool) {
+	if present && !read(v) {
+		r.unreadable(name, whole)
+	}
+}
+
+// isCount reports whether v reads as a remaining count.
+func isCount(v string) bool { _, ok := count(v); return ok }
+
+// isLimit reports whether v reads as a limit.
+func isLimit(v string) bool { _, ok := limit(v); return ok }
+
+// isWindow reports whether v reads as a policy's window (w=), in seconds.
+func isWindow(v string) bool { _, ok := decimal(strings.TrimSpace(v)); return ok }
+
+// isReset reports whether v reads as a reset, a wait in seconds or an
+// instant.
+func (r *reading) isReset(v string) bool { _, ok := readReset(v, false, r.now); return ok }
 
 // joined is every value of the field name, as one list.
 func joined(hdr http.Header, name string) string {
