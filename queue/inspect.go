@@ -33,39 +33,68 @@ type Snapshot struct {
 // TIME may come from another node than the bucket's, good to a few ms).
 // It changes nothing.
 func (q *Queue) Inspect(ctx context.Context) (Snapshot, error) {
-	var (
-		now        *redis.TimeCmd
-		state, cfg *redis.StringCmd
-		lock       *redis.StringCmd
-		qlen       *redis.IntCmd
-		ttl        *redis.DurationCmd
-		logs       = map[int]*redis.StringSliceCmd{}
-	)
 	// The rolling windows' logs of the policies this process knows; of
 	// another configuration in force, read again below.
 	mine := q.conf.Load().policies
+	c, err := q.readSnapshot(ctx, mine)
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return Snapshot{}, err
+	}
+	s, err := parseSnapshot(c, len(q.conf.Load().policies))
+	if err != nil {
+		return Snapshot{}, err
+	}
+	ps := mine
+	if s.Stored {
+		ps = s.Config.Policies
+	}
+	if s.Windows, err = q.readWindows(ctx, ps, c.logs); err != nil {
+		return Snapshot{}, err
+	}
+	return s, nil
+}
+
+// snapshotReads are the commands of Inspect's round trip.
+type snapshotReads struct {
+	now        *redis.TimeCmd
+	state, cfg *redis.StringCmd
+	lock       *redis.StringCmd
+	qlen       *redis.IntCmd
+	ttl        *redis.DurationCmd
+	logs       map[int]*redis.StringSliceCmd // by policy index, for the rolling policies of mine
+}
+
+// readSnapshot sends Inspect's round trip: the Redis clock, the
+// configuration, the state, the queue's length, the lock and its TTL, and
+// the logs of mine's rolling windows.
+func (q *Queue) readSnapshot(ctx context.Context, mine []Policy) (snapshotReads, error) {
+	c := snapshotReads{logs: map[int]*redis.StringSliceCmd{}}
 	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		now = p.Time(ctx)
-		cfg = p.Get(ctx, q.keys.config)
-		state = p.Get(ctx, q.keys.state)
-		qlen = p.LLen(ctx, q.keys.Queue)
-		lock = p.Get(ctx, q.keys.Lock)
-		ttl = p.PTTL(ctx, q.keys.Lock)
+		c.now = p.Time(ctx)
+		c.cfg = p.Get(ctx, q.keys.config)
+		c.state = p.Get(ctx, q.keys.state)
+		c.qlen = p.LLen(ctx, q.keys.Queue)
+		c.lock = p.Get(ctx, q.keys.Lock)
+		c.ttl = p.PTTL(ctx, q.keys.Lock)
 		for i, pol := range mine {
 			if pol.Kind == protocol.Rolling {
-				logs[i] = p.LRange(ctx, q.keys.window+strconv.Itoa(i+1), 0, -1)
+				c.logs[i] = p.LRange(ctx, q.keys.window+strconv.Itoa(i+1), 0, -1)
 			}
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return Snapshot{}, err
+	return c, err
+}
+
+// parseSnapshot is the Snapshot c read, but its windows. known is how
+// many policies this process knows, for a state when no configuration is
+// stored.
+func parseSnapshot(c snapshotReads, known int) (Snapshot, error) {
+	s := Snapshot{Now: c.now.Val().UnixMicro(), Queued: c.qlen.Val(), Lock: c.lock.Val(), LockTTL: -1}
+	if c.ttl.Val() > 0 {
+		s.LockTTL = c.ttl.Val()
 	}
-	s := Snapshot{Now: now.Val().UnixMicro(), Queued: qlen.Val(), Lock: lock.Val(), LockTTL: -1}
-	if ttl.Val() > 0 {
-		s.LockTTL = ttl.Val()
-	}
-	if raw, err := cfg.Result(); err == nil {
+	if raw, err := c.cfg.Result(); err == nil {
 		if s.Config, err = protocol.ParseConfig(raw); err != nil {
 			return Snapshot{}, err
 		}
@@ -73,19 +102,22 @@ func (q *Queue) Inspect(ctx context.Context) (Snapshot, error) {
 	}
 	n := len(s.Config.Policies)
 	if !s.Stored {
-		n = len(q.conf.Load().policies)
+		n = known
 	}
-	if raw, err := state.Result(); err == nil {
+	if raw, err := c.state.Result(); err == nil {
 		if s.State, err = protocol.ParseState(raw, n); err != nil {
 			return Snapshot{}, err
 		}
 		s.HasState = true
 	}
-	ps := mine
-	if s.Stored {
-		ps = s.Config.Policies
-	}
-	s.Windows = make([][]protocol.WindowEntry, len(ps))
+	return s, nil
+}
+
+// readWindows returns the logs of the rolling windows of ps, by policy
+// index: from logs, read in Inspect's round trip, or, for a rolling
+// window of the configuration in force only, read now.
+func (q *Queue) readWindows(ctx context.Context, ps []Policy, logs map[int]*redis.StringSliceCmd) ([][]protocol.WindowEntry, error) {
+	windows := make([][]protocol.WindowEntry, len(ps))
 	for i, pol := range ps {
 		if pol.Kind != protocol.Rolling {
 			continue
@@ -96,17 +128,16 @@ func (q *Queue) Inspect(ctx context.Context) (Snapshot, error) {
 				c = p.LRange(ctx, q.keys.window+strconv.Itoa(i+1), 0, -1)
 				return nil
 			}); err != nil {
-				return Snapshot{}, err
+				return nil, err
 			}
 		}
-		raw := c.Val()
-		for _, r := range raw {
+		for _, r := range c.Val() {
 			e, ok := protocol.ParseWindowEntry(r)
 			if !ok {
-				return Snapshot{}, fmt.Errorf("%w: rolling window log entry %q", scriptreply.ErrReply, r)
+				return nil, fmt.Errorf("%w: rolling window log entry %q", scriptreply.ErrReply, r)
 			}
-			s.Windows[i] = append(s.Windows[i], e)
+			windows[i] = append(windows[i], e)
 		}
 	}
-	return s, nil
+	return windows, nil
 }
