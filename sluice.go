@@ -74,7 +74,8 @@ var ErrClosed = errors.New("closed")
 
 // ErrConfig is matched by every error a constructor of bucket, semaphore,
 // local or transport returns when it refuses its configuration or its
-// Redis client; the message names the package and what is wrong ("bucket:
+// Redis client, and by a bucket's refusal of a cost it cannot read (a
+// negative one, or one in a unit no policy counts); the message names the package and what is wrong ("bucket:
 // invalid config: Capacity 0, want ≥ 1"). It does not match ErrLimited: a bad
 // configuration is a bug to fix, not a refusal to back off from.
 var ErrConfig = errors.New("sluice: invalid config")

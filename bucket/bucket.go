@@ -40,6 +40,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -222,7 +223,11 @@ func queueOptions(cfg Config, qps []queue.Policy) queue.Options {
 // Config returns this process's configuration with defaults filled in.
 // Its policies are the ones this process started with; Policies reads the
 // ones in force, which this process may follow instead (SetPolicies, Adopt).
-func (b *Bucket) Config() Config { return b.cfg }
+func (b *Bucket) Config() Config {
+	c := b.cfg
+	c.Policies = slices.Clone(c.Policies) // the caller's to change
+	return c
+}
 
 // Stats are this process's figures for one Bucket (sluice.Stats): callers
 // waiting now, the results of its calls and re-entries since New, and its

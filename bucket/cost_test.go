@@ -186,7 +186,7 @@ func TestCostAboveCapacityRefused(t *testing.T) {
 
 // TestZeroAndNegativeCosts: a cost that takes nothing returns at once and
 // leaves the policies as they were; negative costs and units no policy
-// counts are errors.
+// counts are errors matching sluice.ErrConfig.
 func TestZeroAndNegativeCosts(t *testing.T) {
 	srv := redistest.New(t)
 	rdb := srv.Client()
@@ -204,9 +204,18 @@ func TestZeroAndNegativeCosts(t *testing.T) {
 		t.Errorf("EnterN(0) = %v", err)
 	}
 	for _, c := range []bucket.Cost{{"": -1}, {"pu": -3}, {"tokens": 1}} {
-		if err := b.EnterCost(ctx, c); err == nil {
-			t.Errorf("EnterCost(%v) succeeded, want an error", c)
+		if err := b.EnterCost(ctx, c); !errors.Is(err, sluice.ErrConfig) || errors.Is(err, sluice.ErrLimited) {
+			t.Errorf("EnterCost(%v) = %v, want an error matching sluice.ErrConfig, not ErrLimited", c, err)
 		}
+		if _, err := b.Estimate(ctx, c); !errors.Is(err, sluice.ErrConfig) {
+			t.Errorf("Estimate(%v) = %v, want an error matching sluice.ErrConfig", c, err)
+		}
+	}
+	// The bucket's Config is a copy: changing its policies changes nothing.
+	got := b.Config()
+	got.Policies[0].Capacity = 1000
+	if b.Config().Policies[0].Capacity != 5 {
+		t.Errorf("changing Config().Policies changed the bucket's: %+v", b.Config().Policies)
 	}
 	// Zero PU leaves the PU policy whole: 5 PU at once, then 2 calls with
 	// no PU, all granted at once (capacities 2 calls, 5 PU).

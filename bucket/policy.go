@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/sluicehq/sluice"
 )
 
 // Policy is one limit of a bucket in one unit: it holds at most Capacity
@@ -113,17 +115,18 @@ type Cost map[string]int
 
 // costs turns c into a cost per policy: nil when it is what Enter takes
 // (each policy counting calls 1, the others 0), and zero when c takes
-// nothing from any policy. A unit no policy counts, a negative cost and a
-// cost above a policy's Capacity are errors; the last one
+// nothing from any policy. A unit no policy counts and a negative cost are
+// errors matching sluice.ErrConfig (a bug to fix, as a bad Config is); a
+// cost above a policy's Capacity is one matching
 // sluice.ErrCostExceedsCapacity.
 func (b *Bucket) costs(c Cost) (costs []int64, zero bool, err error) {
 	policies := b.inForce()
 	for unit, n := range c {
 		if n < 0 {
-			return nil, false, fmt.Errorf("bucket: negative cost %d of unit %q", n, unit)
+			return nil, false, fmt.Errorf("bucket: negative cost %d of unit %q (%w)", n, unit, sluice.ErrConfig)
 		}
 		if n > 0 && !slices.ContainsFunc(policies, func(p Policy) bool { return p.Unit == unit }) {
-			return nil, false, fmt.Errorf("bucket: cost of unit %q, which no policy of bucket %q counts", unit, b.cfg.Name)
+			return nil, false, fmt.Errorf("bucket: cost of unit %q, which no policy of bucket %q counts (%w)", unit, b.cfg.Name, sluice.ErrConfig)
 		}
 	}
 	costs = make([]int64, len(policies))
