@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -69,12 +70,57 @@ func Refill(level, anchor, now int64, p Policy) (int64, int64) {
 	return level, anchor
 }
 
+// RefillLagMax is tokens.lua's REFILL_LAG_US: the longest a token
+// bucket's refills start after a grant that took it below its capacity.
+const RefillLagMax = 5000
+
+// RefillLag is tokens.lua's refill_lag, µs: how long after the slot of a
+// grant that takes a full TokenBucket policy below its capacity its
+// refills start (take_at; a new bucket's by load), min(fill / 2,
+// RefillLagMax), fill being ⌈Capacity / RefillAmount⌉ periods.
+func RefillLag(p Policy) int64 {
+	freq := p.RefillFrequency.Microseconds()
+	switch {
+	case p.RefillAmount < 1:
+		return RefillLagMax
+	case freq < 1:
+		return 0
+	}
+	n := p.Capacity / p.RefillAmount
+	if p.Capacity%p.RefillAmount != 0 {
+		n++
+	}
+	if n >= (2*RefillLagMax+freq-1)/freq { // n*freq ≥ 2*RefillLagMax, without overflow
+		return RefillLagMax
+	}
+	return n * freq / 2
+}
+
+// LagShift is tokens.lua's lag_shift: how far (µs) a grant at slot moves
+// a TokenBucket policy's grid of refills, before being its level at the
+// slot and at its last refill by then.
+func LagShift(p Policy, before, slot, at int64) int64 {
+	if p.Kind != TokenBucket {
+		return 0
+	}
+	// In float64, as the Lua: the product may pass 2^63.
+	back := math.Floor(float64(p.Capacity-before)/float64(p.RefillAmount)) * float64(p.RefillFrequency.Microseconds())
+	if d := float64(slot+RefillLag(p)-at) - back; d > 0 {
+		return int64(d)
+	}
+	return 0
+}
+
 // SlotFor is tokens.lua's slot_all for one policy: when the k-th token from
 // now on is due (now itself if the level covers it). For a Rolling policy,
-// whose log it cannot read, it is a lower bound: now.
+// whose log it cannot read, it is a lower bound: now. A full TokenBucket
+// policy counts from the lag after now (tokens.lua's lag_anchor).
 func SlotFor(level, anchor, now, k int64, p Policy) int64 {
 	if level >= k || p.Kind == Rolling {
 		return now
+	}
+	if p.Kind == TokenBucket && level >= p.Capacity {
+		anchor = max(anchor, now+RefillLag(p))
 	}
 	need := k - level
 	slot := anchor + (need+p.RefillAmount-1)/p.RefillAmount*p.RefillFrequency.Microseconds()

@@ -209,6 +209,28 @@ local function refill(level, anchor, now, cap, amount, freq)
   return level, anchor
 end
 
+-- The refill lag. A token bucket's grant that takes it below its
+-- capacity starts its refills a lag after its slot (take_at: a new
+-- bucket's first grant too, and a bucket's full again after idling): an
+-- upstream that keeps the same books, full too, loses its refills until
+-- the request arrives, and starts them then. The lag is the
+-- same for every process (it follows from the policy, part of the
+-- configuration's id) and is stored as the anchor: earlier versions read
+-- it as any anchor. REFILL_LAG_US (5 ms) covers a request's trip, cold
+-- connections included; for a policy that refills from empty in less
+-- than twice that, the lag is half that time, as a rolling window's
+-- (window_span): a bucket that fills between every two grants pays the
+-- lag at each, at most a third of its rate.
+local REFILL_LAG_US = 5000
+
+-- refill_lag is a token bucket's lag, µs: min(fill / 2, REFILL_LAG_US),
+-- fill being how long it takes to refill from empty, ceil(cap / amount)
+-- periods.
+local function refill_lag(p)
+  if p.amount < 1 then return REFILL_LAG_US end
+  return math.min(math.floor(math.ceil(p.cap / p.amount) * p.freq / 2), REFILL_LAG_US)
+end
+
 -- slot_for is the earliest instant at which a policy at (level, anchor) can
 -- give the k-th token from now on (k = 1 for the next caller, 2 for the one
 -- after it, ...), assuming no caller ahead gives its token back.
@@ -219,11 +241,35 @@ local function slot_for(level, anchor, now, k, amount, freq)
   return anchor + math.ceil((k - level) / amount) * freq
 end
 
+-- lag_shift is how far (µs) a grant at slot moves a policy's grid of
+-- refills (take_at), before being its level at the slot and at its last
+-- refill by then. The request may find the upstream full up to a lag
+-- after the slot, and its refills start then: ours may come no more
+-- refills ahead of the upstream's than the room the grant found, whole
+-- refills of it. So the grid moves to slot + lag less those periods: a
+-- full bucket's next refill comes at slot + lag + freq, and one a lag of
+-- refills or more below its capacity is not moved.
+local function lag_shift(p, before, slot, at)
+  if p.kind ~= 0 then return 0 end
+  local back = math.floor((p.cap - before) / p.amount) * p.freq
+  return math.max(0, slot + refill_lag(p) - back - at)
+end
+
+-- lag_anchor is the anchor slot_for counts from for a policy at (level,
+-- anchor) at now, for a token past the level: a full token bucket's
+-- next grant, now, moves its refills to a lag after now (lag_shift).
+-- Only estimates ask for more than a full bucket holds: a grant's own
+-- slot never waits for the refills its own lag moves.
+local function lag_anchor(p, level, anchor, now)
+  if p.kind == 0 and level >= p.cap then return math.max(anchor, now + refill_lag(p)) end
+  return anchor
+end
+
 -- policy_slot is slot_for for policy i of any kind.
 local function policy_slot(st, ps, i, now, k)
   local p, s = ps[i], st[i]
   if p.kind == ROLLING then return window_slot(s, p, i, now, k) end
-  return slot_for(s.level, s.anchor, now, k, p.amount, p.freq)
+  return slot_for(s.level, lag_anchor(p, s.level, s.anchor, now), now, k, p.amount, p.freq)
 end
 
 -- A hold (st.hold, µs; state.lua) keeps every slot that takes from a held
@@ -251,7 +297,7 @@ local function slot_all(st, ps, now, k)
   if #ps == 1 and ps.rolling == 0 then -- the common case, without a loop
     local s, p = st[1], ps[1]
     if s.level < k then
-      slot = math.max(now, s.anchor + math.ceil((k - s.level) / p.amount) * p.freq)
+      slot = math.max(now, lag_anchor(p, s.level, s.anchor, now) + math.ceil((k - s.level) / p.amount) * p.freq)
     end
   else
     for i = 1, #ps do
@@ -299,6 +345,16 @@ end
 -- slot it counts fewer tokens than it has, which costs nobody anything,
 -- since no caller after this one comes before its slot.
 --
+-- A token bucket full at the slot starts its refills a lag after it
+-- (refill_lag), one nearly full a little less (lag_shift): its grid
+-- moves so that the refill that filled it, at or before the slot, comes
+-- that much later, and every refill after it with it. When the bucket
+-- was full now already (the usual case: a grant at once, after idling or
+-- new) its next refill comes at slot + lag + freq, exactly. When it fills
+-- by a later slot (a scheduler's step), the refills until then come later
+-- too: until slot + lag its level counts a refill fewer than it holds
+-- (the grants at the slot borrow it), and exactly what it holds after.
+--
 -- It also notes, for the state's peaks (state.lua, "Peaks"), each
 -- policy's level at the slot before the grant: the highest the bucket
 -- holds since the grant before it.
@@ -307,14 +363,15 @@ local function take_at(st, ps, slot, ks, now)
     local p, s = ps[i], st[i]
     local k = ks and ks[i] or p.call
     if k > 0 then
-      local before = s.level
+      local before, at = s.level, s.anchor -- at: the last refill by the slot
       if p.kind ~= ROLLING and slot > now and slot > s.anchor then
         local level, anchor = refill(s.level, s.anchor, slot, p.cap, p.amount, p.freq)
         local gained = (anchor - s.anchor) / p.freq * p.amount
         s.level = s.level - (s.level + gained - level) -- the refills lost to the capacity
-        before = level
+        before, at = level, anchor
       end
       note_peak(st, i, before, slot)
+      s.anchor = s.anchor + lag_shift(p, before, slot, at)
       s.level = s.level - k
     end
   end

@@ -64,9 +64,13 @@ if unit and st.costed == 0 then
       -- take_at's peak, without its refill: the level reaches the token
       -- at the slot and loses nothing to the capacity before it.
       local s, p = st[1], ps[1]
-      local v = s.level
-      if v < 1 and slot > s.anchor then v = math.min(p.cap, v + math.floor((slot - s.anchor) / p.freq) * p.amount) end
+      local v, at = s.level, s.anchor
+      if v < 1 and slot > s.anchor then
+        local n = math.floor((slot - s.anchor) / p.freq)
+        v, at = math.min(p.cap, v + n * p.amount), s.anchor + n * p.freq
+      end
       note_peak(st, 1, v, slot)
+      s.anchor = s.anchor + lag_shift(p, v, slot, at) -- take_at's lag
       s.level = s.level - 1
     else
       take_at(st, ps, slot, nil, now)
