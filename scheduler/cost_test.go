@@ -200,7 +200,7 @@ func TestDirectPollMatchesScript(t *testing.T) {
 				s = scriptOnly{rdb}
 			}
 			q := newQ(s, "sluice", t.Name(), []queue.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}},
-				queue.Options{Lookahead: time.Second, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 30 * time.Millisecond})
+				queue.Options{Lookahead: time.Second, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 300 * time.Millisecond})
 			ids := enqueueN(t, rdb, q, 3)
 			takeLock(t, rdb, q, "tok")
 			if r, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil || r.Scheduled != 3 {
@@ -226,7 +226,7 @@ func TestDirectPollMatchesScript(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if now.UnixMicro() > want[2]+(40*time.Millisecond).Microseconds() {
+				if now.UnixMicro() > want[2]+(320*time.Millisecond).Microseconds() {
 					break
 				}
 				if time.Now().After(deadline) {
@@ -234,7 +234,7 @@ func TestDirectPollMatchesScript(t *testing.T) {
 				}
 				time.Sleep(5 * time.Millisecond)
 			}
-			if p, err := q.Poll(ctx, ids[2]); err != nil || pollKindOf(p) != pStale || p.Delay > -30*time.Millisecond {
+			if p, err := q.Poll(ctx, ids[2]); err != nil || pollKindOf(p) != pStale || p.Delay > -300*time.Millisecond {
 				t.Fatalf("late poll: %+v %v, want stale", p, err)
 			}
 			if n := countSlots(t, rdb, q); n != 1 {

@@ -1,6 +1,7 @@
 package scheduler_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -13,20 +14,26 @@ import (
 	"github.com/sluicehq/sluice/scheduler"
 )
 
-// setup makes n callers arrive at a bucket of one token a millisecond and
-// returns how many of them queued (the others were served at once).
+// setup makes n callers arrive at once (one batch, one instant of the
+// Redis clock) at a bucket of one token a millisecond and returns how many
+// of them queued (the others, due within the lookahead, were served at
+// once): n less about 10, however slow the test process.
 func setup(t *testing.T, n int) (*redis.Client, *queue.Queue, int) {
 	t.Helper()
 	rdb := redistest.New(t).Client()
 	t.Cleanup(func() { rdb.Close() })
 	q := newQ(rdb, "sluice", t.Name(), []queue.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Millisecond}},
 		queue.Options{Lookahead: 10 * time.Millisecond, LockTTL: 500 * time.Millisecond, Grace: 10 * time.Second, MaxLateness: time.Second})
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprint("c", i)
+	}
+	rs, err := q.Enqueue(context.Background(), ids, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	queued := 0
-	for i := 0; i < n; i++ {
-		r, err := enqueueOne(q, fmt.Sprint("c", i))
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, r := range rs {
 		if kindOf(r) == kQueued {
 			queued++
 		}
