@@ -1,0 +1,101 @@
+package bucket_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/enterdetail"
+	"github.com/sluicehq/sluice/internal/testing/redistest"
+)
+
+// refillLag is tokens.lua's refill_lag for the policies below: min(fill /
+// 2, 5 ms), fill being the time from empty to full.
+const refillLag = 5 * time.Millisecond
+
+// TestRefillLagReserve: a Reserve that takes a full bucket below its
+// capacity starts its refills the lag after its slot, on a new bucket and
+// on one full again after idling (issue 31's reproduction: 1,000 tokens
+// refilling 1 every 100 µs; Reserve 1,000, then 100): the second slot
+// comes the lag plus the 10 ms of refills it needs after the first, so
+// that an upstream that stayed full until the first request arrived, up
+// to the lag late, has the 100 when the second arrives.
+func TestRefillLagReserve(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.New(t)
+	cfg := bucket.Config{Name: t.Name(), Policies: []bucket.Policy{
+		{Unit: "tokens", Capacity: 1000, RefillAmount: 1, RefillFrequency: 100 * time.Microsecond},
+	}}
+	b := newBucket(t, clientOf(t, srv), cfg)
+	reserve := func(n int) time.Time {
+		t.Helper()
+		var d enterdetail.Detail
+		r, err := b.Reserve(enterdetail.With(ctx, &d), bucket.Cost{"tokens": n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Settle(ctx, bucket.Cost{"tokens": n}); err != nil {
+			t.Fatal(err)
+		}
+		if d.Slot.IsZero() {
+			t.Fatal("no slot in the detail")
+		}
+		return d.Slot
+	}
+	for _, what := range []string{"a new bucket", "a bucket full again after idling"} {
+		if what != "a new bucket" {
+			time.Sleep(300 * time.Millisecond) // 100 ms refills it
+			wantLevels(t, b, "after idling", 1000)
+		}
+		first := reserve(1000)
+		second := reserve(100)
+		want := refillLag + 100*100*time.Microsecond
+		if d := second.Sub(first); d != want {
+			t.Errorf("%s: the second slot came %v after the first, want the lag %v + 10 ms = %v", what, d, refillLag, want)
+		}
+	}
+}
+
+// TestRefillLagEnter: through the scheduler's step (one policy counting
+// calls, whose step pops without take_at), a bucket of 1 refilling 1
+// every 20 ms is full at every slot of a saturating queue, and each slot
+// starts its refills the lag after it: the slots come 25 ms apart.
+func TestRefillLagEnter(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.New(t)
+	cfg := bucket.Config{Name: t.Name(), Policies: []bucket.Policy{
+		{Capacity: 1, RefillAmount: 1, RefillFrequency: 20 * time.Millisecond},
+	}}
+	b := newBucket(t, clientOf(t, srv), cfg)
+	const n = 5
+	var (
+		mu    sync.Mutex
+		slots []time.Time
+		wg    sync.WaitGroup
+	)
+	for range n {
+		wg.Go(func() {
+			rep, err := enterReport(ctx, b)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			slots = append(slots, rep.Slot)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if len(slots) != n {
+		t.Fatalf("%d of %d callers entered", len(slots), n)
+	}
+	slices.SortFunc(slots, func(a, b time.Time) int { return a.Compare(b) })
+	for i := 1; i < n; i++ {
+		if d := slots[i].Sub(slots[i-1]); d != 20*time.Millisecond+refillLag {
+			t.Errorf("slot %d came %v after the one before, want 20 ms + the lag %v", i, d, refillLag)
+		}
+	}
+}
