@@ -29,19 +29,7 @@ func retimeSetup(t *testing.T, name string) (*queue.Queue, []string, []time.Time
 	// gives both queued callers their slots.
 	opt.Lookahead = 250 * time.Millisecond
 	stepper := newQ(rdb, "sluice", name, ps, opt)
-	var slots []time.Time
-	var entries []string
-	for i := range 4 {
-		a, err := enqueueOne(q, fmt.Sprint("c", i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if a.Entry != "" {
-			entries = append(entries, a.Entry)
-		} else {
-			slots = append(slots, time.UnixMicro(a.Slot))
-		}
-	}
+	entries, slots := arrive(t, q, 4)
 	if len(entries) != 2 {
 		t.Fatalf("%d callers queued, want 2", len(entries))
 	}
@@ -61,6 +49,24 @@ func retimeSetup(t *testing.T, name string) (*queue.Queue, []string, []time.Time
 		}
 	}
 	return q, entries, slots, step
+}
+
+// arrive makes n callers arrive one after the other and returns the
+// entries of those queued and the slots of those served at once.
+func arrive(t *testing.T, q *queue.Queue, n int) (entries []string, slots []time.Time) {
+	t.Helper()
+	for i := range n {
+		a, err := enqueueOne(q, fmt.Sprint("c", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Entry != "" {
+			entries = append(entries, a.Entry)
+		} else {
+			slots = append(slots, time.UnixMicro(a.Slot))
+		}
+	}
+	return entries, slots
 }
 
 // TestLateCallerStartsAtOnce: a caller that comes too late for its slot
@@ -145,19 +151,7 @@ func TestLateCallerStartsAtSaturation(t *testing.T) {
 	// give-back out from 200 ms of lateness.
 	ps := []queue.Policy{{Capacity: 10, RefillAmount: 1, RefillFrequency: 20 * time.Millisecond}}
 	q := newQ(rdb, "sluice", t.Name(), ps, queue.Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Minute, Grace: 10 * time.Second, MaxLateness: 10 * time.Millisecond})
-	var entries []string
-	var slots []time.Time
-	for i := range 40 {
-		a, err := enqueueOne(q, fmt.Sprint("c", i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if a.Entry != "" {
-			entries = append(entries, a.Entry)
-		} else {
-			slots = append(slots, time.UnixMicro(a.Slot))
-		}
-	}
+	entries, slots := arrive(t, q, 40)
 	if err := rdb.Set(ctx, q.Keys().Lock, "tok", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
