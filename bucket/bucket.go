@@ -324,7 +324,9 @@ func (b *Bucket) EnterN(ctx context.Context, n int) error {
 // policy at once (each policy takes c[its Unit]) or from none. The caller
 // waits its turn in arrival order whatever its cost: a large cost at the
 // head of the queue waits for its tokens and those behind it wait too,
-// never overtaking it. A cost that takes nothing returns at once. A cost
+// never overtaking it. A nil c is Enter's cost (as for Reserve and
+// Estimate); a cost that takes nothing (Cost{}, or only zeros) returns at
+// once. A cost
 // above a policy's Capacity is refused at once with sluice.ErrCostExceedsCapacity;
 // a negative cost, or one in a unit no policy counts, is an error.
 //
@@ -373,12 +375,16 @@ type Estimate struct {
 // would wait if it entered now, counting the callers already queued in
 // every process and their costs. The wait is exact unless callers ahead
 // give up (then it is shorter) or the caller would be refused (MaxQueue,
-// MaxWait). A cost is checked as EnterCost checks it. One round trip.
+// MaxWait). A cost is checked as EnterCost checks it; nil is Enter's.
+// One round trip.
 func (b *Bucket) Estimate(ctx context.Context, c Cost) (Estimate, error) {
 	for settled := 0; ; settled++ {
-		costs, _, err := b.costs(c)
-		if err != nil {
-			return Estimate{}, err
+		var costs []int64 // nil: Enter's
+		var err error
+		if c != nil {
+			if costs, _, err = b.costs(c); err != nil {
+				return Estimate{}, err
+			}
 		}
 		wait, ahead, err := b.q.Estimate(ctx, costs)
 		retry, serr := b.followInForce(ctx, err, settled)
@@ -402,10 +408,7 @@ func (b *Bucket) EnterReport(ctx context.Context, cost ...Cost) (Report, error) 
 		e, err := b.enter(ctx, nil)
 		return e.Report, err
 	case 1:
-		if cost[0] == nil {
-			cost[0] = Cost{}
-		}
-		e, err := b.enter(ctx, cost[0])
+		e, err := b.enter(ctx, cost[0]) // nil: Enter's
 		return e.Report, err
 	}
 	return Report{}, fmt.Errorf("bucket: EnterReport with %d costs, want at most one", len(cost))

@@ -195,7 +195,7 @@ func TestZeroAndNegativeCosts(t *testing.T) {
 		Policies: []bucket.Policy{{Unit: "pu", Capacity: 5, RefillAmount: 1, RefillFrequency: time.Hour}}}
 	b := newBucket(t, rdb, cfg)
 	ctx := withTimeout(t, 5*time.Second)
-	for _, c := range []bucket.Cost{{}, {"": 0}, {"pu": 0}, nil} {
+	for _, c := range []bucket.Cost{{}, {"": 0}, {"pu": 0}} {
 		if err := b.EnterCost(ctx, c); err != nil {
 			t.Errorf("EnterCost(%v) = %v, want nil", c, err)
 		}
@@ -224,6 +224,20 @@ func TestZeroAndNegativeCosts(t *testing.T) {
 		if err != nil || rep.Position != 0 || rep.Wait > time.Second {
 			t.Errorf("EnterCost(%v) = %+v, %v: want granted at once", c, rep, err)
 		}
+	}
+	// A nil cost is Enter's, not nothing: the bucket is out of calls for
+	// an hour, so its estimate is that long and a caller bound to a
+	// second is refused.
+	if est, err := b.Estimate(ctx, nil); err != nil || est.Wait < 50*time.Minute {
+		t.Errorf("Estimate(nil) = %+v, %v: want Enter's wait, about an hour", est, err)
+	}
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if _, err := b.EnterReport(short, nil); !errors.Is(err, sluice.ErrWaitTooLong) {
+		t.Errorf("EnterReport(nil) with a second to live = %v, want ErrWaitTooLong (Enter's cost)", err)
+	}
+	if err := b.EnterCost(short, nil); !errors.Is(err, sluice.ErrWaitTooLong) {
+		t.Errorf("EnterCost(nil) with a second to live = %v, want ErrWaitTooLong (Enter's cost)", err)
 	}
 }
 
