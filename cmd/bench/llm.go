@@ -32,7 +32,11 @@ import (
 // requests and tokens, fed back OpenAI's headers. Each run is made twice:
 // reserving each call's prompt + max_tokens and settling it at the usage
 // the answer reports (transport.WithReserve), and charging that estimate
-// alone (EnterCost), as a limiter that cannot know the output does.
+// alone (EnterCost), as a limiter that cannot know the output does; and a
+// third time reserving and settling, with the bucket's policies equal to
+// the upstream's and the workers' connections cold (issue 31: the first
+// calls arrive a few ms after their slots, while the upstream, full,
+// loses its refills).
 type LLM struct {
 	Procs    int           `json:"procs"`
 	Callers  int           `json:"callers"`
@@ -45,7 +49,7 @@ type LLM struct {
 
 // LLMRow is one run, as the upstream saw it.
 type LLMRow struct {
-	Charge string `json:"charge"` // llmSettle or llmEstimate
+	Charge string `json:"charge"` // llmSettle, llmEstimate or llmExactCold
 	// Arrivals is every call the upstream judged; Refused those it
 	// answered 429.
 	Arrivals int `json:"arrivals"`
@@ -72,6 +76,10 @@ type LLMRow struct {
 const (
 	llmSettle   = "settle"   // Reserve prompt + max_tokens, Settle at the usage
 	llmEstimate = "estimate" // EnterCost of prompt + max_tokens
+	// llmExactCold settles as llmSettle, the bucket's policies equal to
+	// the upstream's (no headroom), and the workers start on cold
+	// connections: no Ping before the start.
+	llmExactCold = "settle-exact-cold"
 )
 
 // The goals of the settled run.
@@ -102,8 +110,8 @@ const llmEnv = "SLUICE_BENCH_LLM_WORKER"
 func init() { workers.Serve(llmEnv, "llm worker", llmWorker) }
 
 func (*LLM) about() about {
-	return about{name: "llm", takes: "~35 s",
-		what: "an LLM API's requests and tokens limits shared by several processes through the transport: each call's tokens reserved, then settled at its usage, against charging the estimate"}
+	return about{name: "llm", takes: "~50 s",
+		what: "an LLM API's requests and tokens limits shared by several processes through the transport: each call's tokens reserved, then settled at its usage, against charging the estimate; and settled with the bucket at the upstream's bursts on cold connections"}
 }
 
 func (l *LLM) flags(fs *flag.FlagSet) {
@@ -133,7 +141,7 @@ func (l *LLM) check() error {
 
 func (l *LLM) run(ctx context.Context, e *env) error {
 	l.Rows = nil
-	for _, charge := range []string{llmSettle, llmEstimate} {
+	for _, charge := range []string{llmSettle, llmEstimate, llmExactCold} {
 		e.logf("llm: charging %s: %d callers in %d processes for %v, upstream %d requests/s and %d tokens/s...",
 			charge, l.Callers, l.Procs, l.Duration, l.Requests, l.Tokens)
 		row, err := l.runOnce(ctx, e, charge)
@@ -154,8 +162,12 @@ func (l *LLM) runOnce(ctx context.Context, e *env, charge string) (LLMRow, error
 		Latency:  l.Latency, Seed: 1,
 	})
 	defer up.Close()
-	requests := bucket.Rate(l.Requests, time.Second, max(int(float64(l.Requests)*llmHeadroom), 1))
-	tokens := bucket.Rate(l.Tokens, time.Second, int(float64(l.Tokens)*llmHeadroom))
+	headroom := llmHeadroom
+	if charge == llmExactCold {
+		headroom = 1
+	}
+	requests := bucket.Rate(l.Requests, time.Second, max(int(float64(l.Requests)*headroom), 1))
+	tokens := bucket.Rate(l.Tokens, time.Second, int(float64(l.Tokens)*headroom))
 	tokens.Unit = "tokens"
 	cfg := bucket.Config{Name: e.name + "-" + charge, Policies: []bucket.Policy{requests, tokens}}
 	// Time for the workers to start and connect before the run begins.
@@ -163,7 +175,7 @@ func (l *LLM) runOnce(ctx context.Context, e *env, charge string) (LLMRow, error
 	specs := make([]llmSpec, l.Procs)
 	for i := range specs {
 		specs[i] = llmSpec{Proc: i, Addr: e.opt.Addr, URL: e.url, Bucket: cfg, Upstream: up.URL(), Callers: share(l.Callers, l.Procs, i),
-			Settle: charge == llmSettle, Begin: begin.UnixNano(), Until: begin.Add(l.Duration).UnixNano()}
+			Settle: charge != llmEstimate, Cold: charge == llmExactCold, Begin: begin.UnixNano(), Until: begin.Add(l.Duration).UnixNano()}
 	}
 	results, err := workers.Run[llmSpec, llmResult](ctx, llmEnv, specs)
 	if err != nil {
@@ -198,9 +210,10 @@ type llmSpec struct {
 	Bucket   bucket.Config `json:"bucket"`
 	Upstream string        `json:"upstream"`
 	Callers  int           `json:"callers"`
-	Settle   bool          `json:"settle"`        // reserve and settle; else charge the estimate
-	Begin    int64         `json:"begin_unix_ns"` // the callers start then
-	Until    int64         `json:"until_unix_ns"` // and send nothing new after
+	Settle   bool          `json:"settle"`         // reserve and settle; else charge the estimate
+	Cold     bool          `json:"cold,omitempty"` // no Ping before the start: the first calls connect
+	Begin    int64         `json:"begin_unix_ns"`  // the callers start then
+	Until    int64         `json:"until_unix_ns"`  // and send nothing new after
 }
 
 // llmResult is what a worker process reports.
@@ -252,8 +265,10 @@ func llmWorker(raw string) error {
 	}
 	rdb := client(opt, spec.Callers)
 	defer rdb.Close()
-	if err := rdb.Ping(ctx).Err(); err != nil { // connect before the start
-		return err
+	if !spec.Cold {
+		if err := rdb.Ping(ctx).Err(); err != nil { // connect before the start
+			return err
+		}
 	}
 	b, err := bucket.New(rdb, spec.Bucket)
 	if err != nil {
@@ -328,7 +343,7 @@ func llmWorker(raw string) error {
 }
 
 func (l *LLM) table(t *table, _ Limit) {
-	t.title("LLM: an upstream limiting %s requests and %s tokens a second (bursts the same; a call takes prompt + max_tokens when it arrives, gets back what its output, 10–100 %% of max_tokens, did not use %v later), called through the transport by %d callers in %d processes sharing one bucket with a policy for each limit (%.0f %% of the bursts)",
+	t.title("LLM: an upstream limiting %s requests and %s tokens a second (bursts the same; a call takes prompt + max_tokens when it arrives, gets back what its output, 10–100 %% of max_tokens, did not use %v later), called through the transport by %d callers in %d processes sharing one bucket with a policy for each limit (%.0f %% of the bursts but in the last row)",
 		commas(l.Requests), commas(l.Tokens), l.Latency, l.Callers, l.Procs, 100*llmHeadroom)
 	t.row("each call charged", "tokens used / the upstream's token quota", "refused (429)", "tokens used", "quota", "")
 	for _, r := range l.Rows {
@@ -338,6 +353,9 @@ func (l *LLM) table(t *table, _ Limit) {
 		case llmSettle:
 			name = "reserved, then settled at its usage"
 			verdict = t.goal(r.Utilization >= llmUtilization, "tokens used ≥ 0.95 of the quota") + "; " + t.goal(share <= llmRefused, "refused ≤ 0.5 %")
+		case llmExactCold:
+			name = "the same, the bucket at 100 % of the bursts, cold connections"
+			verdict = t.goal(r.Utilization >= llmUtilization, "tokens used ≥ 0.95 of the quota") + "; " + t.goal(r.Refused == 0, "none refused")
 		default:
 			name = "its estimate, prompt + max_tokens"
 			verdict = "no goal: for contrast; the output's unused tokens are never given back"

@@ -13,7 +13,9 @@ import (
 
 // TestLlmScenario runs the llm scenario briefly in two worker processes
 // and checks what must hold even on a loaded machine: no errors, the
-// upstream refused at most 2 % of the settled calls, and settling at the
+// upstream refused at most 2 % of the settled calls (with headroom, and
+// with the bucket at the upstream's bursts on cold connections, where a
+// quiet machine refuses none), and settling at the
 // usage used clearly more of the upstream's tokens than charging the
 // estimate did (about 0.97 against 0.62 on a quiet machine; a 429 holds
 // every caller for a second, which in so short a run costs a quarter of
@@ -38,8 +40,8 @@ func TestLlmScenario(t *testing.T) {
 		t.Fatalf("no llm figures (%v): %s", err, stdout.String())
 	}
 	rows := rep.LLM.Rows
-	if len(rows) != 2 || rows[0].Charge != llmSettle || rows[1].Charge != llmEstimate {
-		t.Fatalf("rows %+v, want the settled run then the estimate's", rows)
+	if len(rows) != 3 || rows[0].Charge != llmSettle || rows[1].Charge != llmEstimate || rows[2].Charge != llmExactCold {
+		t.Fatalf("rows %+v, want the settled run, the estimate's, then the exact cold one", rows)
 	}
 	for _, r := range rows {
 		t.Logf("charging %s: %d calls, %d refused, %d of %.0f tokens used: %.4f", r.Charge, r.Arrivals, r.Refused, r.Used, r.Quota, r.Utilization)
@@ -48,8 +50,10 @@ func TestLlmScenario(t *testing.T) {
 		}
 	}
 	settled, estimate := rows[0], rows[1]
-	if share := per(int64(settled.Refused), settled.Arrivals); share > 0.02 {
-		t.Errorf("settled: %d of %d calls refused (%.2f %%), want ≤ 2 %%", settled.Refused, settled.Arrivals, 100*share)
+	for _, r := range []LLMRow{settled, rows[2]} {
+		if share := per(int64(r.Refused), r.Arrivals); share > 0.02 {
+			t.Errorf("%s: %d of %d calls refused (%.2f %%), want ≤ 2 %%", r.Charge, r.Refused, r.Arrivals, 100*share)
+		}
 	}
 	if settled.Utilization < estimate.Utilization+0.1 || settled.Utilization > 1.02 {
 		t.Errorf("settled: %.4f of the token quota used, the estimate alone %.4f: want the settled run at least 0.1 above, and not over the quota",

@@ -30,7 +30,7 @@ func TestUpstreamScenario(t *testing.T) {
 		rows  int
 		table []string
 	}{
-		{"at-limit,at-limit-headroom,25pct-over", 7, []string{"UPSTREAM", "at-limit", "25pct-over", "goal 429s ≤ 0.1 %", "goal utilization ≥ 0.9"}},
+		{"at-limit,at-limit-headroom,at-limit-cold,25pct-over", 8, []string{"UPSTREAM", "at-limit", "at-limit-cold", "25pct-over", "goal 429s ≤ 0.1 %", "goal no 429", "goal utilization ≥ 0.9"}},
 		{"outage", 3, []string{"UPSTREAM", "outage", "requests during the 2s hold"}},
 	} {
 		t.Run(tc.cases, func(t *testing.T) {
