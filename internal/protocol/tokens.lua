@@ -209,11 +209,11 @@ local function refill(level, anchor, now, cap, amount, freq)
   return level, anchor
 end
 
--- The refill lag. A token bucket's grant that takes it below its
--- capacity starts its refills a lag after its slot (take_at: a new
--- bucket's first grant too, and a bucket's full again after idling): an
--- upstream that keeps the same books, full too, loses its refills until
--- the request arrives, and starts them then. The lag is the
+-- The refill lag. A grant that finds a token bucket full starts its
+-- refills a lag after its slot (take_at: a new bucket's first grant too,
+-- and a bucket full again after idling; one nearly full, a little less):
+-- an upstream that keeps the same books, full too, loses its refills
+-- until the request arrives, and starts them then. The lag is the
 -- same for every process (it follows from the policy, part of the
 -- configuration's id) and is stored as the anchor: earlier versions read
 -- it as any anchor. REFILL_LAG_US (5 ms) covers a request's trip, cold
