@@ -20,9 +20,9 @@ import (
 // grant in the end, judged by the checker, keeps the promise. Each seed
 // runs a few hundred rounds against the Redis clock. Seeds from 7 on
 // have two policies, calls and tokens, and callers that cost 1 call and
-// a random number of tokens each.
+// a random number of tokens each; seed 10 a capacity of 1.
 func TestGiveBacksKeepThePromise(t *testing.T) {
-	for _, seed := range []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9} {
+	for _, seed := range []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10} {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			t.Parallel()
 			giveBackRounds(t, seed)
@@ -36,6 +36,9 @@ func giveBackRounds(t *testing.T, seed uint64) {
 	defer rdb.Close()
 	rng := rand.New(rand.NewPCG(seed, 7))
 	p := queue.Policy{Capacity: int64(1 + rng.IntN(16)), RefillAmount: 1, RefillFrequency: time.Duration(1+rng.IntN(4)) * time.Millisecond}
+	if seed == 10 {
+		p.Capacity = 1 // a late caller back within a period moves with no refill in between
+	}
 	ps := []queue.Policy{p}
 	if seed >= 7 {
 		ps = append(ps, queue.Policy{Unit: "tokens", Capacity: int64(20 + rng.IntN(80)), RefillAmount: int64(1 + rng.IntN(10)), RefillFrequency: time.Millisecond})

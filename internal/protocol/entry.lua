@@ -44,7 +44,7 @@ local function entry_parts(e)
 end
 
 -- A slot key holds "<slot µs> <step µs> <config id> <d>,<r1>,<r2>,...
--- <l1>,<l2>,..." (its Go twin is ParseSlotValue in entry.go): the slot the
+-- <l1>,<l2>,... <a1>,<a2>,..." (its Go twin is ParseSlotValue in entry.go): the slot the
 -- step gave its caller, when the step ran, under which configuration, the
 -- refunds key then (the upstream's changes to the refills, and the tokens
 -- late callers had given back per policy), and every
@@ -54,16 +54,23 @@ end
 -- slot (no room) is read as well.
 
 -- slot_value makes a slot key's value; refunds is the refunds key's value
--- ('' when missing).
+-- ('' when missing). After the levels come the anchors, each policy's
+-- last refill as the script that gave the slot left it (refund.lua: a
+-- policy whose anchor is still that one gained no refill since); the
+-- previous version's pattern does not match a value with them, so its
+-- late callers' tokens stay spent.
 local function slot_value(slot, now, id, st, refunds)
-  local ls = {}
-  for i = 1, #st do ls[i] = string.format('%d', st[i].level) end
+  local ls, as = {}, {}
+  for i = 1, #st do
+    ls[i] = string.format('%d', st[i].level)
+    as[i] = string.format('%d', st[i].anchor)
+  end
   if refunds == '' then
     local zs = {'0'}
     for i = 1, #st do zs[i + 1] = '0' end
     refunds = table.concat(zs, ',')
   end
-  return string.format('%d %d ', slot, now) .. id .. ' ' .. refunds .. ' ' .. table.concat(ls, ',')
+  return string.format('%d %d ', slot, now) .. id .. ' ' .. refunds .. ' ' .. table.concat(ls, ',') .. ' ' .. table.concat(as, ',')
 end
 
 -- slot_of is the slot a slot key's value holds.

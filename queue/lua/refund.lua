@@ -14,6 +14,9 @@
 --     max(peak over the span, level now) + c <= cap.
 -- t0, where the span begins, is the slot.
 --
+-- A span in which a policy gained no refill lost none of it, whatever
+-- its level: that policy passes without the peaks.
+--
 -- A late caller's grant moves from its slot to now: the span ends now,
 -- and the bucket from now on is the one the books already have (the
 -- grant happens, only later), so its level does not change; the peaks
@@ -32,8 +35,8 @@
 -- that left), in st (loaded under the configuration cid, at now), when
 -- that is exact. It returns whether it did.
 local function unused_back(st, ps, now, grace, value, ks, cid, upto)
-  local t0, id = string.match(value, '^(%d+) %d+ (%S+)')
-  t0 = tonumber(t0)
+  local t0, id, as = string.match(value, '^(%d+) %d+ (%S+) %S+ %S+ ?(%S*)')
+  t0, as = tonumber(t0), parse_costs(as or '') or {}
   if not t0 or id ~= cid or now - t0 > grace then
     return false
   end
@@ -41,8 +44,14 @@ local function unused_back(st, ps, now, grace, value, ks, cid, upto)
     local p, s = ps[i], st[i]
     if ks[i] > 0 then
       if p.kind == ROLLING then return false end
-      local top = peak_since(st, i, t0, upto)
-      if not top or math.max(top, s.level) + ks[i] > p.cap then
+      -- A policy that gained no refill since the script that gave the
+      -- slot (its anchor, the last refill, is still the one that script
+      -- left: the slot value's) lost none: the tokens kept over the span
+      -- only sat in it (a capacity of one, its caller back within a
+      -- period).
+      local quiet = upto and as[i] == s.anchor
+      local top = not quiet and peak_since(st, i, t0, upto)
+      if not quiet and (not top or math.max(top, s.level) + ks[i] > p.cap) then
         return false
       end
     end
