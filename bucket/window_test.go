@@ -30,6 +30,11 @@ func windowLimit(p bucket.Policy) guarantee.Limit {
 // the start times (with the lateness bound) break p's promise, counting
 // each grant's cost in p's unit; it returns the grants' units.
 func checkWindow(t *testing.T, gs []loadgen.Grant, p bucket.Policy) (units int, first, last time.Time) {
+	return checkWindowLate(t, gs, p, bucket.DefaultMaxLateness)
+}
+
+// checkWindowLate is checkWindow for callers whose MaxLateness is late.
+func checkWindowLate(t *testing.T, gs []loadgen.Grant, p bucket.Policy, late time.Duration) (units int, first, last time.Time) {
 	t.Helper()
 	var slots, starts []guarantee.Grant
 	for _, g := range gs {
@@ -54,7 +59,7 @@ func checkWindow(t *testing.T, gs []loadgen.Grant, p bucket.Policy) (units int, 
 	if r := guarantee.CheckCosts(slots, l, 0); !r.OK() {
 		t.Errorf("%s: the slots break it: %v", p.Kind, r)
 	}
-	if r := guarantee.CheckCosts(starts, l, bucket.DefaultMaxLateness+2*time.Millisecond); !r.OK() {
+	if r := guarantee.CheckCosts(starts, l, late+2*time.Millisecond); !r.OK() {
 		t.Errorf("%s: the start times break it: %v", p.Kind, r)
 	}
 	return units, first, last
@@ -100,7 +105,15 @@ func TestRollingWithCosts(t *testing.T) {
 	srv.RequireReal(t)
 	tokens := bucket.Rolling(500, 300*time.Millisecond)
 	tokens.Unit = "tokens"
-	cfg := bucket.Config{Name: t.Name(), Capacity: 10, RefillAmount: 1, RefillFrequency: 5 * time.Millisecond, Policies: []bucket.Policy{tokens}}
+	// MaxLateness 250 ms, as docs/guarantees.md advises for a host whose
+	// wake-ups come that late: three worker processes of ten callers on
+	// two CPUs beside the other tests came back later than the default
+	// 25 ms, and a rolling window's grant cannot move to when its caller
+	// comes (its tokens were spent: 57-84 % of what the windows allow in
+	// loaded runs, against the floor of 85 %). The start times are judged
+	// with that lateness as their slack.
+	cfg := bucket.Config{Name: t.Name(), Capacity: 10, RefillAmount: 1, RefillFrequency: 5 * time.Millisecond, Policies: []bucket.Policy{tokens},
+		MaxLateness: 250 * time.Millisecond}
 	var procs []*loadgen.Proc
 	for i := range 3 {
 		procs = append(procs, startWorker(t, loadgen.Spec{Proc: i, Addr: srv.Addr(), Bucket: cfg, Callers: 10, Until: 2 * time.Second,
@@ -111,7 +124,7 @@ func TestRollingWithCosts(t *testing.T) {
 		all = append(all, wait(t, p)...)
 	}
 	checkGrants(t, all, cfg)
-	n, first, last := checkWindow(t, all, tokens)
+	n, first, last := checkWindowLate(t, all, tokens, cfg.MaxLateness)
 	allowed := (int(last.Sub(first)/tokens.RefillFrequency) + 1) * tokens.Capacity
 	t.Logf("%d grants of %d tokens in %v (%d allowed by the windows)", len(all), n, last.Sub(first), allowed)
 	if n < allowed*85/100 {
