@@ -49,7 +49,7 @@ func TestOverloadScenario(t *testing.T) {
 	tw := newTable(&table, "overload")
 	o.table(tw, Limit{Capacity: 10, RefillAmount: 1, RefillFrequency: 5 * time.Millisecond, PerSecond: 200})
 	tw.Flush()
-	for _, w := range []string{"OVERLOAD", "busy goroutines", "utilization", "goal ≥ 90 %", "excess over the limit", "goal 0", "re-entries", "retimes", "went back to the bucket"} {
+	for _, w := range []string{"OVERLOAD", "busy goroutines", "utilization", "goal ≥ 90 %", "excess over the limit", "goal 0", "re-entries", "retimes", "started at once"} {
 		if !strings.Contains(table.String(), w) {
 			t.Errorf("table lacks %q:\n%s", w, table.String())
 		}
