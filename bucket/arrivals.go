@@ -138,8 +138,12 @@ func (c *comings) sendArrivals(ctx context.Context, batch []*arrival) {
 		}
 	}
 	sentFn, left := c.sentAt(ctx)
+	before := c.now()
 	replies, err := c.q.Enqueue(left, ids, costs, waits)
-	sent := sentFn()
+	sent := before // a call that failed may still be stamped later by the pipeline it was handed to (hub.SentAt)
+	if err == nil {
+		sent = sentFn()
+	}
 	var abandoned []string
 	c.handoff.Lock()
 	for i, ar := range batch {
