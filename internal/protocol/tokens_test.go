@@ -286,7 +286,9 @@ func TestFullBucketRefillLag(t *testing.T) {
 	if lag != 5000 {
 		t.Fatalf("lag %d µs, want 5 ms", lag)
 	}
-	idle := int64(300_000)
+	// Off the refill grid: a grant at a refill instant counts as one the
+	// refill filled the bucket for, which moves nothing (lag_shift).
+	idle := int64(300_037)
 	got := grants(t, rdb, p, [][2]int64{{epoch, 1000}, {epoch + 200, 100}, {epoch + idle, 1000}, {epoch + idle + 200, 100}})
 	for i, what := range []string{"a new bucket", "a bucket full again after idling"} {
 		first, second := got[2*i][3], got[2*i+1][3]
@@ -330,6 +332,7 @@ func TestRefillLagTwins(t *testing.T) {
 		got := grants(t, rdb, p, reqs)
 		level, anchor := capacity, reqs[0][0]+min(freq/2, 5000)
 		var slots []int64
+		var sat []bool // sat[i]: request i's grant found the bucket sitting full
 		for i, r := range reqs {
 			level, anchor = protocol.Refill(level, anchor, r[0], p)
 			slot := protocol.SlotFor(level, anchor, r[0], r[1], p)
@@ -337,6 +340,15 @@ func TestRefillLagTwins(t *testing.T) {
 			if want := [4]int64{level, anchor, est, slot}; got[i] != want {
 				t.Fatalf("trial %d %+v, caller %d (%v): Lua level, anchor, estimate, slot %v; Go %v", trial, p, i, r, got[i], want)
 			}
+			// Does this grant find the bucket sitting full (new, or
+			// full again after idling)? Only then may its request
+			// arrive up to the lag late: at saturation the grants come
+			// at the refills that fill it, and their requests on time.
+			lv, an := level, anchor
+			if slot > r[0] && slot > anchor {
+				lv, an = protocol.Refill(level, anchor, slot, p)
+			}
+			sat = append(sat, protocol.LagShift(p, lv, slot, an) > 0)
 			level, anchor = takeAt(level, anchor, slot, r[0], r[1], p)
 			slots = append(slots, slot)
 		}
@@ -347,7 +359,11 @@ func TestRefillLagTwins(t *testing.T) {
 		// request that finds it full (it lost them until then).
 		ul, ua, last := capacity, int64(0), int64(0)
 		for i, r := range reqs {
-			at := max(last, slots[i]+rng.Int64N(lag+1))
+			var late int64
+			if sat[i] {
+				late = rng.Int64N(lag + 1)
+			}
+			at := max(last, slots[i]+late)
 			last = at
 			if ul < capacity {
 				n := (at - ua) / freq
