@@ -72,10 +72,9 @@ type Config struct {
 	MaxWait time.Duration
 	// Lookahead is how far ahead slots are handed out: a caller whose token
 	// is due within it gets it without queueing, and the scheduler assigns
-	// slots this far ahead, further (up to LockTTL/2) while its own steps
-	// come late, as in a process starved of CPU. A caller that cancels
-	// after its slot was assigned passes its token on (see Enter). 0 means
-	// 20 ms; otherwise at least 1 ms and at most LockTTL/2.
+	// slots this far ahead. A caller that cancels after its slot was
+	// assigned passes its token on (see Enter). 0 means 20 ms; otherwise
+	// at least 1 ms and at most LockTTL/2.
 	Lookahead time.Duration
 	// Adopt makes this process enforce the policies in force in Redis when
 	// they differ from its own, instead of failing with

@@ -61,8 +61,6 @@ type Scheduler struct {
 	lock    *redislock.Lock
 	lastOK  time.Time
 	backoff time.Duration
-	due     time.Time     // when the run asked to run next (zero: it stopped)
-	behind  time.Duration // how late the runs came, at worst lately (lookahead)
 
 	steps  atomic.Int64
 	fenced atomic.Int64
@@ -181,12 +179,6 @@ func (s *Scheduler) handOver(ctx context.Context) {
 // run is one turn of the job: take the lock if this process does not hold
 // it, then one step. It returns when to run again.
 func (s *Scheduler) run(ctx context.Context) (time.Duration, bool) {
-	if !s.due.IsZero() {
-		// How late this run came: the worst lately, forgotten in a few
-		// dozen steps (lookahead).
-		s.behind = max(time.Since(s.due), s.behind-s.behind/16)
-		s.due = time.Time{}
-	}
 	s.mu.Lock()
 	waiting := s.waiting
 	s.mu.Unlock()
@@ -235,9 +227,7 @@ func (s *Scheduler) run(ctx context.Context) (time.Duration, bool) {
 		// step often enough to renew the lock.
 		rest = max(rest, s.minRest)
 	}
-	rest = min(rest, s.lockTTL/3)
-	s.due = time.Now().Add(rest)
-	return rest, true
+	return min(rest, s.lockTTL/3), true
 }
 
 // obtain takes the lock, and reports whether it did.
@@ -255,23 +245,12 @@ func (s *Scheduler) obtain(ctx context.Context) bool {
 	return true
 }
 
-// lookahead is how far ahead this step gives slots: the queue's Lookahead,
-// plus how late this process's steps came lately. A process held back
-// (starved of CPU, or in a container at its CPU limit) steps late, and
-// while it cannot step nobody is given a slot: the tokens that come meanwhile
-// wait unpromised in the bucket, which may fill and lose them. Giving
-// slots as far ahead as the scheduler has been away keeps them promised.
-// It stays under half the lock's TTL (the lock is renewed by the steps)
-// and under the shortest rolling window (tokens.lua's MAX_WALK reads its
-// log only that far).
+// lookahead is how far ahead this step gives slots: the queue's
+// Lookahead. (Growing it with this process's own lateness was tried: a
+// step that looks further than the queue reaches empties it and releases
+// the lock, and a starved process of 100 buckets then held fewer than 90
+// of their locks, bucket/TestSchedulerDiesWithManyBuckets; see
+// docs/design.md, "Overload".)
 func (s *Scheduler) lookahead() time.Duration {
-	base := s.q.Options().Lookahead
-	most := s.lockTTL / 2
-	_, ps := s.q.Policies()
-	for _, p := range ps {
-		if p.Kind == protocol.Rolling {
-			most = min(most, p.RefillFrequency-time.Millisecond)
-		}
-	}
-	return max(base, min(base+s.behind, most))
+	return s.q.Options().Lookahead
 }
