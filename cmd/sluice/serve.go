@@ -208,6 +208,8 @@ type sidecarOptions struct {
 type sidecar struct {
 	rdb redis.UniversalClient
 	opt sidecarOptions
+	// observer is every handle's Config.Observer, for /metrics.
+	observer *serveMetrics
 
 	// stopping ends every request's ctx: callers waiting are answered
 	// at shutdown rather than held until they give up.
@@ -226,11 +228,13 @@ type sidecar struct {
 type servedBucket struct {
 	b       *bucket.Bucket
 	waiting atomic.Int64
+	seen    seen // for /metrics
 }
 
 type servedSemaphore struct {
 	s       *semaphore.Semaphore
 	waiting atomic.Int64
+	seen    seen
 }
 
 type heldReservation struct {
@@ -247,7 +251,7 @@ type heldPermit struct {
 
 func newSidecar(rdb redis.UniversalClient, opt sidecarOptions) (*sidecar, error) {
 	s := &sidecar{
-		rdb: rdb, opt: opt,
+		rdb: rdb, opt: opt, observer: &serveMetrics{},
 		buckets:      map[string]*servedBucket{},
 		semaphores:   map[string]*servedSemaphore{},
 		reservations: map[string]*heldReservation{},
@@ -256,7 +260,7 @@ func newSidecar(rdb redis.UniversalClient, opt sidecarOptions) (*sidecar, error)
 	// Check the configured limits before serving: a bad one is a usage
 	// error at start, not a 500 at the first request.
 	for name, bc := range opt.config.Buckets {
-		b, err := bucket.New(rdb, bucket.Config{Name: name, KeyPrefix: opt.prefix, Policies: bc.policies})
+		b, err := bucket.New(rdb, bucket.Config{Name: name, KeyPrefix: opt.prefix, Policies: bc.policies, Observer: s.observer})
 		if err != nil {
 			s.closeHandles()
 			return nil, fmt.Errorf("--config: bucket %q: %w", name, err)
@@ -264,7 +268,7 @@ func newSidecar(rdb redis.UniversalClient, opt sidecarOptions) (*sidecar, error)
 		s.buckets[name] = &servedBucket{b: b}
 	}
 	for name, sc := range opt.config.Semaphores {
-		sem, err := semaphore.New(rdb, semaphore.Config{Name: name, KeyPrefix: opt.prefix, Capacity: sc.Capacity})
+		sem, err := semaphore.New(rdb, semaphore.Config{Name: name, KeyPrefix: opt.prefix, Capacity: sc.Capacity, Observer: s.observer})
 		if err != nil {
 			s.closeHandles()
 			return nil, fmt.Errorf("--config: semaphore %q: %w", name, err)
@@ -376,6 +380,7 @@ func (s *sidecar) sweep() {
 func (s *sidecar) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("GET /metrics", s.auth(s.metrics))
 	mux.HandleFunc("POST /v1/buckets/{name}/enter", s.auth(s.enter))
 	mux.HandleFunc("POST /v1/buckets/{name}/reserve", s.auth(s.reserve))
 	mux.HandleFunc("POST /v1/buckets/{name}/settle", s.auth(s.settle))
@@ -554,7 +559,7 @@ func (s *sidecar) bucketOf(w http.ResponseWriter, r *http.Request) *servedBucket
 		fail(w, http.StatusNotFound, "bucket %q: unknown: not in --config, and %s", name, noConfig)
 		return nil
 	}
-	b, err := bucket.New(s.rdb, bucket.Config{Name: name, KeyPrefix: s.opt.prefix, Policies: in.Policies, Adopt: true})
+	b, err := bucket.New(s.rdb, bucket.Config{Name: name, KeyPrefix: s.opt.prefix, Policies: in.Policies, Adopt: true, Observer: s.observer})
 	if err != nil {
 		fail(w, http.StatusInternalServerError, "bucket %q: the policies stored: %v", name, err)
 		return nil
@@ -907,7 +912,7 @@ func (s *sidecar) semaphoreOf(w http.ResponseWriter, r *http.Request) *servedSem
 		fail(w, http.StatusNotFound, "semaphore %q: unknown: not in --config, and no capacity stored: it was never used, or idle for a week", name)
 		return nil
 	}
-	sem, err := semaphore.New(s.rdb, semaphore.Config{Name: name, KeyPrefix: s.opt.prefix, Capacity: in.Capacity, Adopt: true})
+	sem, err := semaphore.New(s.rdb, semaphore.Config{Name: name, KeyPrefix: s.opt.prefix, Capacity: in.Capacity, Adopt: true, Observer: s.observer})
 	if err != nil {
 		fail(w, http.StatusInternalServerError, "semaphore %q: the capacity stored: %v", name, err)
 		return nil
