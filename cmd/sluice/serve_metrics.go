@@ -113,10 +113,10 @@ func (s *sidecar) metrics(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	handles := make([]tracked, 0, len(s.buckets)+len(s.semaphores))
 	for name, sb := range s.buckets {
-		handles = append(handles, tracked{kind: "bucket", name: name, stats: sb.b.Stats(), seen: &sb.seen})
+		handles = append(handles, tracked{kind: "bucket", name: name, stats: sb.l.Stats(), seen: &sb.seen})
 	}
 	for name, ss := range s.semaphores {
-		handles = append(handles, tracked{kind: "semaphore", name: name, stats: ss.s.Stats(), seen: &ss.seen})
+		handles = append(handles, tracked{kind: "semaphore", name: name, stats: ss.l.Stats(), seen: &ss.seen})
 	}
 	s.mu.Unlock()
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
