@@ -99,6 +99,9 @@ func (b *Bucket) retimeOnce(ctx context.Context, rep *entered, costs []int64, ro
 	if r.Refunded {
 		rep.Refunds++
 	}
+	if r.Claimed {
+		rep.Claims++
+	}
 	rep.Slot = time.UnixMicro(r.Slot)
 	return sent, received, r, nil
 }
@@ -134,4 +137,17 @@ func (b *Bucket) sleepLate(ctx context.Context, sent, received time.Time, delay 
 		return true, nil
 	}
 	return false, nil
+}
+
+// countPoll counts a poll that found a slot taken from another caller
+// (Claimed) or given for its own, which another caller took because this
+// one had not come for it (Swapped: a retime, as for a caller later than
+// MaxLateness; see queue.PollReply).
+func (rep *entered) countPoll(pr queue.PollReply) {
+	if pr.Claimed {
+		rep.Claims++
+	}
+	if pr.Swapped {
+		rep.Retimes++
+	}
 }

@@ -189,6 +189,7 @@ func (b *Bucket) afterPoll(ctx context.Context, w *waiting, pr queue.PollReply, 
 	case pr.Found:
 		w.dequeued()
 		w.rep.Slot = time.UnixMicro(pr.Slot)
+		w.rep.countPoll(pr)
 		again, err = b.sleepToSlot(ctx, sent, received, pr.Delay, w.rep, w.costs, w.entry, pr.Room)
 		return true, again, err
 	case pr.Stale:

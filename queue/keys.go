@@ -1,7 +1,6 @@
 package queue
 
 import (
-	"github.com/sluicehq/sluice/internal/protocol"
 	"github.com/sluicehq/sluice/internal/rediskey"
 )
 
@@ -35,6 +34,10 @@ type Keys struct {
 	// give-back can tell whether it is exact; it lives a while after the
 	// last change.
 	refunds string
+	// due is the sorted set of the slots written and not yet collected,
+	// of callers of the bucket's own costs: member the caller's bare ID,
+	// score its slot (µs): internal/protocol/claim.lua.
+	due string
 	// window is the prefix of the logs of the bucket's rolling windows:
 	// the list window+"<i>" (1-based) holds policy i's grants, "slot
 	// cost" (internal/protocol/tokens.lua, "Windows").
@@ -52,23 +55,25 @@ func newKeys(prefix, name string) Keys {
 		config:  base + "config",
 		refunds: base + "refunds",
 		window:  base + "window:",
+		due:     base + "due",
 		Procs:   base + "procs",
 	}
 }
 
-// slotKey is the key that holds the slot of the caller known by entry or by
-// its bare ID.
-func (k Keys) slotKey(entry string) string { return k.Slot + protocol.EntryID(entry) }
-
 // list is KEYS of the scripts that need them all: the queue, the state,
 // the prefix of the slot keys (declared so that Redis Cluster routes and
 // checks it like the keys made from it, which share its hash tag), the
-// lock, the config and the refunds.
-func (k Keys) list() []string { return []string{k.Queue, k.state, k.Slot, k.Lock, k.config, k.refunds} }
+// lock, the config, the refunds and the due set.
+func (k Keys) list() []string {
+	return []string{k.Queue, k.state, k.Slot, k.Lock, k.config, k.refunds, k.due}
+}
 
-// retime is KEYS of lua/retime.lua and lua/feedback.lua: arrival's and the
-// refunds.
-func (k Keys) retime() []string { return []string{k.Queue, k.state, k.config, k.refunds} }
+// retime is KEYS of lua/retime.lua, lua/settle.lua and lua/feedback.lua:
+// arrival's, the refunds, and (retime.lua's claims) the slot keys' prefix
+// and the due set.
+func (k Keys) retime() []string {
+	return []string{k.Queue, k.state, k.config, k.refunds, k.Slot, k.due}
+}
 
 // List is the keys a scheduler step names (package scheduler).
 func (k Keys) List() []string { return k.list() }
@@ -76,3 +81,10 @@ func (k Keys) List() []string { return k.list() }
 // arrival is KEYS of the scripts that need only the queue, the state and
 // the config (enqueue.lua, estimate.lua).
 func (k Keys) arrival() []string { return []string{k.Queue, k.state, k.config} }
+
+// enqueue is KEYS of lua/enqueue.lua: arrival's, then the slot keys'
+// prefix, the refunds and the due set, for its help (a late scheduler's
+// step).
+func (k Keys) enqueue() []string {
+	return []string{k.Queue, k.state, k.config, k.Slot, k.refunds, k.due}
+}

@@ -180,12 +180,13 @@ func (q *Queue) enqueueScript(ctx context.Context, ids []string, costs [][]int64
 			cs[i] = protocol.Costs(costs[i])
 		}
 	}
-	reply, err := q.runFor(ctx, enqueueScript, q.keys.arrival(), true, func(c *conf) ([]any, error) {
+	reply, err := q.runFor(ctx, enqueueScript, q.keys.enqueue(), true, func(c *conf) ([]any, error) {
 		if costs != nil && len(costs[0]) != len(c.policies) {
 			return nil, &ConfigError{mine: c.id} // costs of a configuration Follow replaced
 		}
-		args := make([]any, 0, 4+len(c.args)+1+3*len(ids))
-		args = append(args, us(q.opt.Lookahead), q.opt.MaxQueue, us(q.opt.MaxWait), us(q.opt.Grace))
+		o := q.opt
+		args := make([]any, 0, 7+len(c.args)+1+3*len(ids))
+		args = append(args, us(o.Lookahead), o.MaxQueue, us(o.MaxWait), us(o.Grace), o.MaxBatch, us(o.Lead), q.keys.Wake)
 		args = append(args, c.args...)
 		args = append(args, len(ids))
 		for i, id := range ids {
@@ -251,6 +252,12 @@ type PollReply struct {
 	Found bool // a slot: start after Delay (negative: late)
 	Stale bool // the slot passed more than MaxLateness ago; its token is spent: enter again
 	Lost  bool // the caller is neither queued nor scheduled: enter again
+	// Claimed (with Found): the slot is one whose caller did not come for
+	// it, taken in exchange for this caller's later one
+	// (internal/protocol/claim.lua); Swapped (with Found or Stale): this
+	// caller did not come for its own slot in time, and a running caller
+	// took it and gave it this later one.
+	Claimed, Swapped bool
 	// Delay is until the slot (Found, Stale) or the estimate of it (still
 	// queued), from when Redis read its clock.
 	Delay    time.Duration
@@ -261,46 +268,65 @@ type PollReply struct {
 	// Stale): a caller too late to use its slot passes it back.
 	Room string
 	// RoundTrips is how many round trips the poll took: 1, or 2 when the
-	// direct poll found no slot and the script ran after it.
+	// direct poll found no slot and the script ran after it, or claimed
+	// a slot.
 	RoundTrips int
 }
 
 // Poll asks for the slot of the caller queued as entry, consuming it if
 // found. On one server it first tries TIME and GETDEL of the slot key in
 // one pipeline; only when no slot is there yet (or on Cluster) does it run
-// the poll script, which also tells where in the queue the caller is.
+// the poll script, which also tells where in the queue the caller is. A
+// caller of the bucket's own costs that finds its slot ahead claims, in
+// exchange, a slot whose caller did not come for it within the window
+// its MaxLateness sets (protocol.ClaimWindow), if the due set holds one.
 func (q *Queue) Poll(ctx context.Context, entry string) (PollReply, error) {
 	tol := us(q.opt.MaxLateness)
 	if q.opt.MaxLateness < 0 {
 		tol = 1 << 52 // never stale
 	}
+	lo, hi := protocol.ClaimWindow(q.opt.MaxLateness)
 	trips := 0
 	if q.direct != nil {
 		trips++
-		r, found, err := q.pollDirect(ctx, entry, tol)
+		r, found, err := q.pollDirect(ctx, entry, tol, lo, hi)
 		if err != nil || found {
-			r.RoundTrips = trips
+			r.RoundTrips += trips
 			return r, err
 		}
 	}
 	r, err := parsePoll(q.runFor(ctx, pollScript, q.keys.list(), true, func(c *conf) ([]any, error) {
-		return append([]any{entry, tol}, c.args...), nil
+		o := q.opt
+		return append([]any{entry, tol, lo, hi, us(o.Lookahead), o.MaxBatch, us(o.Grace), us(o.Lead), q.keys.Wake}, c.args...), nil
 	}))
 	r.RoundTrips = trips + 1
 	return r, err
 }
 
 // pollDirect is the script's first branch in plain commands: a slot key,
-// once written, is only ever read and deleted by its own caller's poll, so
-// TIME need not run atomically with GETDEL; the pipeline only has to reach
-// the one server whose clock wrote the slot.
-func (q *Queue) pollDirect(ctx context.Context, entry string, tol int64) (PollReply, bool, error) {
+// once written, is only ever read and deleted by its own caller's poll
+// (or swapped whole by a claim, atomically), so TIME need not run
+// atomically with GETDEL; the pipeline only has to reach the one server
+// whose clock wrote the slot. For a caller of the bucket's own costs it
+// also takes the caller out of the due set and reads the set's first
+// entries: when one lies in the claim window [lo, hi] (µs back from now),
+// the claim script runs (one more round trip).
+func (q *Queue) pollDirect(ctx context.Context, entry string, tol, lo, hi int64) (PollReply, bool, error) {
 	var now *redis.TimeCmd
 	var slot *redis.StringCmd
 	var acks *redis.Cmd
+	var due *redis.ZSliceCmd
+	bare := protocol.EntryID(entry)
+	own := protocol.EntryCosts(entry) == ""
 	_, err := q.direct.Pipelined(ctx, func(p redis.Pipeliner) error {
 		now = p.Time(ctx)
-		slot = p.GetDel(ctx, q.keys.slotKey(entry))
+		slot = p.GetDel(ctx, q.keys.Slot+bare)
+		if own {
+			p.ZRem(ctx, q.keys.due, bare)
+			if lo > 0 {
+				due = p.ZRangeWithScores(ctx, q.keys.due, 0, 3)
+			}
+		}
 		acks = q.wait(ctx, p)
 		return nil
 	})
@@ -313,19 +339,72 @@ func (q *Queue) pollDirect(ctx context.Context, entry string, tol int64) (PollRe
 	if err := q.acked(acks); err != nil {
 		return PollReply{}, true, err // the slot was found, and is spent
 	}
-	s, room, ok := protocol.ParseSlotValue(slot.Val())
+	r, ok := slotReply(slot.Val(), now.Val().UnixMicro(), tol)
 	if !ok {
 		return PollReply{}, false, fmt.Errorf("%w: slot key holds %q", scriptreply.ErrReply, slot.Val())
 	}
-	d := s - now.Val().UnixMicro()
-	if d < -tol {
-		return PollReply{Stale: true, Delay: dur(d, time.Microsecond), Slot: s, Room: room}, true, nil
+	if r.Found && due != nil && claimable(due.Val(), now.Val().UnixMicro(), r.Slot, hi) {
+		return q.claimDirect(ctx, bare, slot.Val(), r, lo, hi)
 	}
-	return PollReply{Found: true, Delay: dur(d, time.Microsecond), Slot: s, Room: room}, true, nil
+	return r, true, nil
+}
+
+// slotReply is what a poll that read the slot key's value v at now (µs)
+// replies: Found, or Stale when the slot passed more than tol ago.
+func slotReply(v string, now, tol int64) (PollReply, bool) {
+	s, room, ok := protocol.ParseSlotValue(v)
+	if !ok {
+		return PollReply{}, false
+	}
+	r := PollReply{Found: true, Delay: dur(s-now, time.Microsecond), Slot: s}
+	r.Room, r.Swapped = protocol.Swapped(room)
+	if s-now < -tol {
+		r.Found, r.Stale = false, true
+	}
+	return r, true
+}
+
+// claimable reports whether the due set's first entries hold a slot a
+// caller whose own slot is mine may claim: one at least hi µs before now
+// (claim.lua takes it if it lies in the window, or if its grant can move
+// to now).
+func claimable(due []redis.Z, now, mine, hi int64) bool {
+	for _, z := range due {
+		if t := int64(z.Score); t <= now-hi && t < mine {
+			return true
+		}
+	}
+	return false
+}
+
+// claimDirect runs the claim script for the caller bare, whose direct
+// poll read (and deleted) its slot key's value v, replied as r: the
+// reply is the slot claimed, or r when there was none to claim.
+func (q *Queue) claimDirect(ctx context.Context, bare, v string, r PollReply, lo, hi int64) (PollReply, bool, error) {
+	keys := []string{q.keys.state, q.keys.config, q.keys.Slot, q.keys.due}
+	reply, err := q.runFor(ctx, claimScript, keys, true, func(c *conf) ([]any, error) {
+		return append([]any{bare, v, lo, hi, us(q.opt.Grace)}, c.args...), nil
+	})
+	if a, ok := reply.([]any); ok && err == nil && len(a) == 2 {
+		r.RoundTrips = 1
+		return r, true, nil // none to claim: the caller keeps its own
+	}
+	c, err := parsePoll(reply, err)
+	if err != nil {
+		// The caller's own slot is gone from Redis, and the claim may
+		// have given it away: it is spent.
+		return PollReply{}, true, err
+	}
+	if !c.Claimed {
+		return PollReply{}, true, fmt.Errorf("%w: claim %v", scriptreply.ErrReply, reply)
+	}
+	c.RoundTrips = 1
+	return c, true, nil
 }
 
 // parsePoll checks a poll reply: {kind, delay µs, position, lock TTL ms,
-// slot[, room]}, kind 1 found, 2 waiting, 3 stale, 4 lost (poll.lua).
+// slot[, room]}, kind 1 found, 2 waiting, 3 stale, 4 lost, 5 found by a
+// claim (poll.lua).
 func parsePoll(reply any, err error) (PollReply, error) {
 	var room string
 	if a, ok := reply.([]any); ok && len(a) == 6 && err == nil {
@@ -338,19 +417,21 @@ func parsePoll(reply any, err error) (PollReply, error) {
 	if err != nil {
 		return PollReply{}, err
 	}
-	if len(v) != 5 || v[0] < 1 || v[0] > 4 {
+	if len(v) != 5 || v[0] < 1 || v[0] > 5 {
 		return PollReply{}, fmt.Errorf("%w: poll %v", scriptreply.ErrReply, v)
 	}
 	r := PollReply{
-		Found:    v[0] == 1,
+		Found:    v[0] == 1 || v[0] == 5,
+		Claimed:  v[0] == 5,
 		Stale:    v[0] == 3,
 		Lost:     v[0] == 4,
 		Delay:    dur(v[1], time.Microsecond),
 		Position: int(v[2]),
 		LockTTL:  dur(v[3], time.Millisecond),
 		Slot:     v[4],
-		Room:     room,
 	}
+	r.Room, r.Swapped = protocol.Swapped(room)
+	r.Swapped = r.Swapped && !r.Claimed
 	if v[3] < 0 {
 		r.LockTTL = -1
 	}

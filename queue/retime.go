@@ -14,7 +14,11 @@ type Retimed struct {
 	Delay    time.Duration // until the new slot, from when Redis read its clock
 	Slot     int64         // the new slot, µs on the Redis clock (for analysis only)
 	Refunded bool          // the missed slot's tokens were still there: the caller starts now (Delay 0) with them
-	Room     string        // the new slot's room, for a caller late again
+	// Claimed: the caller was given another caller's slot, which that
+	// caller had not come for (Delay negative: it starts at once), and
+	// that caller the next slot instead (internal/protocol/claim.lua).
+	Claimed bool
+	Room    string // the new slot's room, for a caller late again
 }
 
 // Retime serves a caller that came too late to use its slot: at once, with
@@ -30,31 +34,29 @@ func (q *Queue) Retime(ctx context.Context, slot int64, room string, costs []int
 		if costs != nil && len(costs) != len(c.policies) {
 			return nil, &ConfigError{mine: c.id}
 		}
-		args := make([]any, 0, 3+len(c.args))
+		args := make([]any, 0, 5+len(c.args))
 		value := ""
 		if room != "" {
 			value = protocol.SlotValue(slot, room)
 		}
-		args = append(args, value, protocol.Costs(costs), us(q.opt.Grace))
+		lo, hi := protocol.ClaimWindow(q.opt.MaxLateness)
+		args = append(args, value, protocol.Costs(costs), us(q.opt.Grace), lo, hi)
 		return append(args, c.args...), nil
 	})
 	if err != nil {
 		return Retimed{}, err
 	}
 	v, ok := reply.([]any)
-	if !ok || len(v) != 3 {
+	if !ok || len(v) != 4 {
 		return Retimed{}, fmt.Errorf("%w: retime %v", scriptreply.ErrReply, reply)
 	}
 	delay, ok1 := v[0].(int64)
-	refunded, ok2 := v[1].(int64)
+	moved, ok2 := v[1].(int64)
 	r, ok3 := v[2].(string)
-	if !ok1 || !ok2 || !ok3 {
+	now, ok4 := v[3].(int64)
+	if !ok1 || !ok2 || !ok3 || !ok4 {
 		return Retimed{}, fmt.Errorf("%w: retime %v", scriptreply.ErrReply, reply)
 	}
-	out := Retimed{Delay: dur(delay, time.Microsecond), Refunded: refunded == 1, Room: r}
-	// The room starts with Redis's now (slot_value): the slot is now + delay.
-	if now, _, ok := protocol.ParseSlotValue(r); ok {
-		out.Slot = now + delay
-	}
+	out := Retimed{Delay: dur(delay, time.Microsecond), Slot: now + delay, Refunded: moved == 1, Claimed: moved == 2, Room: r}
 	return out, nil
 }

@@ -19,12 +19,15 @@ var (
 	retimeLua string
 	//go:embed lua/refund.lua
 	refundLua string
+	//go:embed lua/claim.lua
+	claimLua string
 )
 
 var (
-	enqueueScript  = protocol.Script(enqueueLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
-	pollScript     = protocol.Script(pollLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
+	enqueueScript  = protocol.Script(enqueueLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua, protocol.ScheduleLua)
+	pollScript     = protocol.Script(pollLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua, refundLua, protocol.ClaimLua, protocol.ScheduleLua)
 	cancelScript   = protocol.Script(cancelLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua, refundLua)
 	estimateScript = protocol.Script(estimateLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
-	retimeScript   = protocol.Script(retimeLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, refundLua)
+	claimScript    = protocol.Script(claimLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, refundLua, protocol.ClaimLua)
+	retimeScript   = protocol.Script(retimeLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, refundLua, protocol.ClaimLua)
 )

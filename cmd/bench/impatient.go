@@ -262,6 +262,9 @@ type LimiterRun struct {
 	// those that started at once with the missed grant's tokens.
 	Retimes int `json:"retimes"`
 	Refunds int `json:"refunds"`
+	// Claims counts the grants a sluice caller took from one that had
+	// not come for it (enterdetail.Detail.Claims).
+	Claims int `json:"claims"`
 	// RoundTrips counts the commands and pipelines of the limiter's
 	// clients in every process (loadgen.RoundTripCounter).
 	RoundTrips int64 `json:"round_trips"`
@@ -325,6 +328,8 @@ func (run *LimiterRun) judge(calls []callRecord, l guarantee.Limit, begin time.T
 		run.Granted++
 		run.Retimes += c.Retimes
 		run.Refunds += c.Refunds
+		run.Claims += c.Claims
+		run.Claims += c.Claims
 		start := time.Unix(0, c.End)
 		starts = append(starts, start)
 		waits = append(waits, took)
@@ -399,6 +404,7 @@ type callRecord struct {
 	Err       string `json:"err,omitempty"`
 	Retimes   int    `json:"rtm,omitempty"`
 	Refunds   int    `json:"rf,omitempty"` // enterdetail.Detail.Refunds
+	Claims    int    `json:"cl,omitempty"` // enterdetail.Detail.Claims
 }
 
 // errPastDeadline is redis_rate's caller giving up at once: the
@@ -447,7 +453,7 @@ func callersWorker(raw string) error {
 				if !d.Slot.IsZero() {
 					rec.Slot = d.Slot.UnixMicro()
 				}
-				rec.Retimes, rec.Refunds = rep.Retimes, d.Refunds
+				rec.Retimes, rec.Refunds, rec.Claims = rep.Retimes, d.Refunds, d.Claims
 				return err
 			}
 		case limRedisRate:

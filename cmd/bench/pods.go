@@ -244,7 +244,7 @@ func (p *Pods) table(t *table, _ Limit) {
 			return "—"
 		}
 		return commas(r.Retimes)
-	}, fmt.Sprintf("sluice callers that came > MaxLateness (%s) after their grant time (their pod throttled); %s of them started at once with the missed grant's token, still unused in the bucket, the others took the next grant time", dur(defaultMaxLateness), commas(sl.Refunds)))
+	}, fmt.Sprintf("sluice callers that came > MaxLateness (%s) after their grant time (their pod throttled); %s of them started at once with the missed grant's token, still unused in the bucket, the others took the next grant time; %s grants were claimed by a running caller from one whose pod was stopped", dur(defaultMaxLateness), commas(sl.Refunds), commas(sl.Claims)))
 	row("throttled: periods", func(r PodsRun) string { return pct(int(r.Throttled), int(r.Periods)) },
 		fmt.Sprintf("of the pods' CFS periods in the run, those in which the pod used up its quota and was stopped (cpu.stat: %d of %d, %d of %d)", sl.Throttled, sl.Periods, rr.Throttled, rr.Periods))
 	row("throttled: time a pod", func(r PodsRun) string { return dur(r.Time / time.Duration(max(p.Pods, 1))) },

@@ -38,6 +38,9 @@ type Detail struct {
 	// tokens stayed unused in the bucket: the caller started at once with
 	// them; the others were spent.
 	Refunds int
+	// Claims counts the slots this caller took from callers that had not
+	// come for them (queue.PollReply.Claimed, queue.Retimed.Claimed).
+	Claims int
 }
 
 type key struct{}

@@ -22,6 +22,10 @@ var (
 	EntryLua string
 	//go:embed wake.lua
 	WakeLua string
+	//go:embed claim.lua
+	ClaimLua string
+	//go:embed schedule.lua
+	ScheduleLua string
 )
 
 // Script returns the script made of parts followed by body, so the

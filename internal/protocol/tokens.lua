@@ -330,6 +330,22 @@ local function slot_k(st, ps, now, ks)
   return slot
 end
 
+-- lag_peak is the most a bucket without the refill lag could hold at
+-- slot, for a policy whose books hold before there, their last refill by
+-- then at at: a grant that found the books full or nearly moved their
+-- refills up to a lag later (lag_shift), so such a bucket may already
+-- hold the refills the books count in (slot, slot + lag]. The peaks note
+-- it, so that the tokens a late or leaving caller takes back (refund.lua)
+-- are judged against what the bucket may really have held, lag or none:
+-- at saturation with refills a lag or more apart, each grant at its
+-- refill, it is the books' level itself.
+local function lag_peak(p, before, slot, at)
+  if p.kind ~= 0 then return before end
+  local n = math.floor((slot + refill_lag(p) - at) / p.freq)
+  if n <= 0 then return before end
+  return math.min(p.cap, before + n * p.amount)
+end
+
 -- note_peak notes that policy i held level v at slot, just before a grant
 -- took from it: a script saves the highest it noted per policy, with the
 -- latest slot, in the state's peaks (state.lua, "Peaks").
@@ -377,7 +393,7 @@ local function take_at(st, ps, slot, ks, now)
         s.level = s.level - (s.level + gained - level) -- the refills lost to the capacity
         before, at = level, anchor
       end
-      note_peak(st, i, before, slot)
+      note_peak(st, i, lag_peak(p, before, slot, at), slot)
       s.anchor = s.anchor + lag_shift(p, before, slot, at)
       s.level = s.level - k
     end

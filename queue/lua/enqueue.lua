@@ -6,15 +6,16 @@
 -- KEYS[2] state  string "done until l1 a1 ... format id": state.lua
 -- KEYS[3] config the configuration in force, "<format> <id> <json>"; read
 --         only when the state does not carry this process's id (state.lua)
--- (Only these keys: the state's until tells whether a scheduler holds
--- the lock, and slot keys are the step's and the poll's. The other
--- scripts name the prefix of the slot keys and the scheduler lock, a
--- bsm/redislock key.)
+-- KEYS[4] slot key prefix, KEYS[5] refunds, KEYS[6] due: for the help
+-- (the state's until tells whether a scheduler holds the lock; the lock
+-- itself is the step's, a bsm/redislock key)
 -- ARGV[1] lookahead µs: a slot this close may be given without queueing
 -- ARGV[2] max queue length, 0 = unbounded
 -- ARGV[3] max wait µs, 0 = unbounded
 -- ARGV[4] grace µs added to every key's TTL
--- ARGV[5..] policies: configuration id, n, then cap, amount, freq µs, call, kind for each
+-- ARGV[5..7] the step's max callers, lead µs and wake channel (as
+--         step.lua's), for the help
+-- ARGV[8..] policies: configuration id, n, then cap, amount, freq µs, call, kind for each
 -- ARGV[after policies] m, then for each of m callers its ID (fresh per
 --         Enter), its costs, "c1,c2,..." one per policy, or "" to take
 --         each policy's call (entry.lua), and the longest it may wait, µs
@@ -45,12 +46,41 @@ local lookahead = tonumber(ARGV[1])
 local max_queue = tonumber(ARGV[2])
 local max_wait = tonumber(ARGV[3])
 local grace = tonumber(ARGV[4])
-local ps, i, unit, id = read_policies(ARGV, 5)
+local ps, i, unit, id = read_policies(ARGV, 8)
 local m = tonumber(ARGV[i])
 local st, done, till, fresh, raw = load(KEYS[2], ps, now, KEYS[3], id)
 local qlen = redis.call('LLEN', KEYS[1])
 local created = qlen == 0
 local took, costed, pushed, tail = false, false, {}, now
+if qlen > 0 then
+  -- The help: the head of the queue could have had its slot a lookahead
+  -- ago and no step gave it (the scheduler's process is starved or
+  -- stopped: a pod at its CPU limit; a running scheduler gives slots a
+  -- lookahead ahead), so its tokens sit unpromised in the bucket,
+  -- which may fill and lose them. An arrival, whose process runs, does
+  -- the step's work first (schedule.lua): the callers due within the
+  -- lookahead get their slots, in arrival order. The lock stays the
+  -- scheduler's; the state lives here, so two steps at once cannot
+  -- double a slot.
+  local head
+  if unit and st.costed == 0 then
+    head = slot_all(st, ps, now, 1)
+  else
+    head = slot_k(st, ps, now, ahead_k(st, ps, 0, nil)) -- all extras: at most the head's slot's
+  end
+  if head <= now - lookahead then
+    local keys = {queue = KEYS[1], slot = KEYS[4], refunds = KEYS[5], due = KEYS[6]}
+    local scheduled
+    scheduled, qlen = schedule(keys, now, lookahead, tonumber(ARGV[5]), grace, tonumber(ARGV[6]), ARGV[7], ps, unit, id, st)
+    if scheduled > 0 then
+      done, took = done + scheduled, true
+      if qlen == 0 then
+        st.costed = 0 -- nothing queued: no extras either
+        for k = 1, #ps do st[k].extra = 0 end
+      end
+    end
+  end
+end
 if qlen == 0 and st.costed ~= 0 then
   -- The queue is gone (drained, or expired): so are its callers' extras.
   st.costed, costed = 0, true

@@ -1,14 +1,24 @@
 -- poll.lua: a queued caller asks for its slot. A slot is consumed by the
 -- poll that finds it: it cannot be used twice.
 --
+-- A caller of the bucket's own costs that finds its slot ahead claims,
+-- in exchange, a slot of the due set whose caller did not come for it
+-- (claim.lua), if there is one in its window.
+--
 -- KEYS[1] queue, KEYS[2] state, KEYS[3] slot key prefix, KEYS[4] lock,
--- KEYS[5] config (as in enqueue.lua)
+-- KEYS[5] config (as in enqueue.lua), KEYS[6] refunds (unused), KEYS[7]
+-- due (claim.lua)
 -- ARGV[1] caller's entry, "<id>|<estimate>"
 -- ARGV[2] tolerance µs: a slot older than this is stale and not handed out
--- ARGV[3..] policies: configuration id, n, then cap, amount, freq µs, call, kind for each
+-- ARGV[3], ARGV[4] the claim window, µs back from now: lo, hi
+--         (protocol.ClaimWindow; 0, 0 claims nothing)
+-- ARGV[5..9] the step's lookahead µs, max callers, grace µs, lead µs and
+--         wake channel (as step.lua's), for the help
+-- ARGV[10..] policies: configuration id, n, then cap, amount, freq µs, call, kind for each
 --
 -- Reply {kind, delay µs, position, lock TTL ms, slot[, room]}:
---   kind 1 slot found: start after delay (may be negative: late);
+--   kind 1 slot found: start after delay (may be negative: late); 5 the
+--   same, the slot claimed from a caller that did not come for it;
 --   2 still queued: delay = estimate of the slot, lock TTL as PTTL (-2: no
 --   scheduler); 3 stale: the slot passed more than tolerance ago, the token
 --   is spent, enter again; 4 lost: neither queued nor scheduled (expired, or
@@ -24,11 +34,19 @@ local key = KEYS[3] .. entry_parts(id)
 -- client's direct poll (see Queue.Poll), never this script's.
 local raw = redis.call('GET', key)
 if raw then
+  local px = redis.call('PTTL', key)
   redis.call('DEL', key)
   local slot = slot_of(raw)
   local d = slot - now
+  local bare, _, costs = entry_parts(id)
+  if not costs then redis.call('ZREM', KEYS[7], bare) end -- collected
   if d < -tolerance then
     return {3, d, 0, 0, slot, room_of(raw)}
+  end
+  local lo, hi = tonumber(ARGV[3]), tonumber(ARGV[4])
+  if not costs and lo > 0 then
+    local c = claim_for(KEYS[2], KEYS[5], KEYS[3], KEYS[7], now, lo, hi, tonumber(ARGV[7]), ARGV, 10, bare, raw, slot, px)
+    if c then return c end
   end
   return {1, d, 0, 0, slot, room_of(raw)}
 end
@@ -37,8 +55,8 @@ local pos = redis.call('LPOS', KEYS[1], id)
 if not pos then
   return {4, 0, 0, 0, 0}
 end
-local ps, _, unit, cid = read_policies(ARGV, 3)
-local st = load(KEYS[2], ps, now, KEYS[5], cid)
+local ps, _, unit, cid = read_policies(ARGV, 10)
+local st, done, till = load(KEYS[2], ps, now, KEYS[5], cid)
 local est
 if unit and st.costed == 0 then
   est = slot_all(st, ps, now, pos + 1)
@@ -51,5 +69,24 @@ else
     for k = 1, #ps do ks[k] = ks[k] + (costs and costs[k] or ps[k].call) end
   end
   est = slot_k(st, ps, now, ks)
+end
+if est <= now then
+  -- The caller's turn has come and no step gave it its slot: the
+  -- scheduler is late (its process starved or stopped). A caller that
+  -- runs does the step's work itself (schedule.lua), for every caller
+  -- due, and starts if its own slot is among them. The lock stays the
+  -- scheduler's: this only saves it the work.
+  local keys = {queue = KEYS[1], slot = KEYS[3], refunds = KEYS[6], due = KEYS[7]}
+  local scheduled = schedule(keys, now, tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9], ps, unit, cid, st)
+  if scheduled > 0 then
+    save(KEYS[2], st, ps, now, tonumber(ARGV[7]), done + scheduled, till, KEYS[5])
+    raw = redis.call('GET', key)
+    if raw then
+      redis.call('DEL', key)
+      redis.call('ZREM', KEYS[7], (entry_parts(id)))
+      local slot = slot_of(raw)
+      return {1, slot - now, 0, 0, slot, room_of(raw)}
+    end
+  end
 end
 return {2, est - now, pos + 1, redis.call('PTTL', KEYS[4]), 0}

@@ -64,3 +64,18 @@ local function unused_back(st, ps, now, grace, value, ks, cid, upto)
   peaks_raise(st, ps, t0, ks, upto)
   return true
 end
+
+-- move_now moves the grant of the slot whose slot key's value is value
+-- (tokens ks) to now, when that is exact (unused_back): a caller starts
+-- now with them, the one that came too late for it (retime.lua) or one
+-- that claimed it (claim.lua). It returns whether it did.
+local function move_now(st, ps, now, grace, value, ks, cid)
+  if not unused_back(st, ps, now, grace, value, ks, cid, now) then
+    return false
+  end
+  -- The bucket just before now held the tokens it kept for this grant.
+  for i = 1, #ps do
+    if ks[i] > 0 then note_peak(st, i, lag_peak(ps[i], st[i].level + ks[i], now, st[i].anchor), now) end
+  end
+  return true
+end

@@ -1,0 +1,41 @@
+package protocol
+
+import (
+	"strings"
+	"time"
+)
+
+// ClaimReach is the furthest after its instant that any caller claims an
+// uncollected slot (claim.lua): the step drops older entries of the due
+// set. step.lua spells it out (1000000 µs).
+const ClaimReach = time.Second
+
+// swapped is claim.lua's SWAPPED: the end of a slot value given in
+// exchange for one a running caller claimed.
+const swapped = " s"
+
+// Swapped reads a room (ParseSlotValue's) for claim.lua's mark: the slot
+// was given in exchange for the caller's own, which a running caller took
+// because this one had not come for it. It returns the room without the
+// mark.
+func Swapped(room string) (string, bool) {
+	r, ok := strings.CutSuffix(room, swapped)
+	return r, ok
+}
+
+// ClaimWindow is how long after an uncollected slot's instant a caller
+// whose MaxLateness is maxLate claims it (claim.lua), as offsets back
+// from Redis's now, in µs: from hi (the slot's caller, which polls a lead
+// before it, is then surely not running: half of maxLate) to lo (the
+// claimer, starting at once, still starts within maxLate of the slot: a
+// fifth of it, at least 1 ms, is left for its reply's trip and its own
+// wake-up). 0, 0: the caller claims nothing (maxLate negative, or too
+// short to leave a window).
+func ClaimWindow(maxLate time.Duration) (lo, hi int64) {
+	lateLo := min(maxLate-max(maxLate/5, time.Millisecond), ClaimReach)
+	lateHi := maxLate / 2
+	if maxLate <= 0 || lateLo <= lateHi {
+		return 0, 0
+	}
+	return lateLo.Microseconds(), lateHi.Microseconds()
+}

@@ -1,0 +1,92 @@
+-- claim.lua: a running caller takes a slot whose own caller did not come
+-- for it (its process stopped: a pod at its CPU limit, a starved host),
+-- and gives that caller its own later slot in exchange. Needs tokens.lua
+-- and entry.lua before it; claim_for also state.lua and queue/lua's
+-- refund.lua.
+--
+-- The step adds every slot it writes for a caller of the bucket's own
+-- costs to the due set (a sorted set: member the caller's bare ID, score
+-- its slot); a poll that collects the slot takes it out. A slot still in
+-- the set some time after its instant was not collected: its caller is
+-- not running. A caller that is running and holds a later slot (a poll
+-- that found its slot ahead, or a late caller given the next slot) swaps
+-- with it: it starts now with the uncollected slot, and the uncollected
+-- slot's key holds the later slot instead, marked (SWAPPED) so that its
+-- caller knows it was passed over. Both grants keep the instants and the
+-- tokens the steps gave them, so the limit holds by construction; only
+-- who starts at which changes. The window [lo, hi] (Redis µs) is the
+-- claimer's: hi far enough after the slot that its caller, which polls a
+-- lead before it, is surely not running; lo near enough that the claimer,
+-- starting at once, starts within its MaxLateness of the slot.
+
+-- SWAPPED ends the slot value given in exchange (entry.lua's slot_value
+-- then " s"); the room's readers ignore what follows the anchors.
+local SWAPPED = ' s'
+
+-- CLAIM_REACH is the furthest back (µs) a claim looks: protocol.ClaimReach.
+local CLAIM_REACH = 1000000
+
+-- claim swaps the slot value give (a slot at give_slot, µs, whose key
+-- lives px ms) of the caller self (a bare ID) with the earliest
+-- uncollected slot of the due set due (whose slot keys are prefix .. ID)
+-- that lies between lo and hi µs before now, and returns the value taken
+-- and whether it moved; nil when there is none. With move, it also takes
+-- an older slot (up to CLAIM_REACH back) when move(value) moves that
+-- slot's grant to now (refund.lua's unused_back: its tokens sat unused in
+-- a bucket that never filled since); the claimer then starts now with
+-- them. Entries older than CLAIM_REACH are dropped.
+local function claim(due, prefix, now, lo, hi, self, give, give_slot, px, move)
+  redis.call('ZREMRANGEBYSCORE', due, '-inf', '(' .. string.format('%d', now - CLAIM_REACH))
+  if hi >= lo or give_slot <= now - hi then return nil end
+  local from = move and now - CLAIM_REACH or now - lo
+  local ms = redis.call('ZRANGEBYSCORE', due, string.format('%d', from), string.format('%d', now - hi), 'LIMIT', 0, 8)
+  for _, m in ipairs(ms) do
+    if m ~= self then
+      local key = prefix .. m
+      local raw = redis.call('GET', key)
+      local t = raw and slot_of(raw)
+      if not t or t < from or t > now - hi then
+        redis.call('ZREM', due, m) -- collected, given up, expired, or given a later slot
+      else
+        if string.sub(raw, -#SWAPPED) == SWAPPED then raw = string.sub(raw, 1, -#SWAPPED - 1) end
+        local moved = t < now - lo
+        if not moved or move(raw) then
+          if string.sub(give, -#SWAPPED) ~= SWAPPED then give = give .. SWAPPED end
+          redis.call('SET', key, give, 'PX', math.max(px, 1))
+          redis.call('ZADD', due, give_slot, m)
+          return raw, moved
+        end
+        -- Its tokens would not have stayed in the bucket: later they
+        -- will not either (the peaks since its slot only rise). Its
+        -- caller keeps it, to move or spend when it comes.
+        redis.call('ZREM', due, m)
+      end
+    end
+  end
+  return nil
+end
+
+-- claim_for is a poll's claim (poll.lua, and queue/lua/claim.lua for the
+-- direct poll): the caller bare (of the bucket's own costs), which found
+-- its slot key's value raw (slot at slot, px ms to live) ahead, claims
+-- with it (claim) under the policies in ARGV from index at, the state
+-- and config keys state_key and config_key, and grace µs. It returns the
+-- poll's reply for a claim, {5, delay µs, 0, 0, slot, room}, or nil when
+-- there was none to claim.
+local function claim_for(state_key, config_key, prefix, due, now, lo, hi, grace, argv, at, bare, raw, slot, px)
+  local ps, _, _, cid = read_policies(argv, at)
+  local ks = {}
+  for i = 1, #ps do ks[i] = ps[i].call end
+  local st, done, till
+  local taken, moved = claim(due, prefix, now, lo, hi, bare, raw, slot, px, function(v)
+    if not st then st, done, till = load(state_key, ps, now, config_key, cid) end
+    return move_now(st, ps, now, grace, v, ks, cid)
+  end)
+  if not taken then return nil end
+  if moved then
+    save(state_key, st, ps, now, grace, done, till, config_key)
+    return {5, 0, 0, 0, now, room_of(slot_value(now, now, cid, st, ''))}
+  end
+  local t = slot_of(taken)
+  return {5, t - now, 0, 0, t, room_of(taken)}
+end
