@@ -35,7 +35,7 @@ type Keys struct {
 	// last change.
 	refunds string
 	// due is the sorted set of the slots written and not yet collected,
-	// of callers of the bucket's own costs: member the caller's bare ID,
+	// of callers of the bucket's own costs: member the caller's entry,
 	// score its slot (µs): internal/protocol/claim.lua.
 	due string
 	// window is the prefix of the logs of the bucket's rolling windows:

@@ -322,7 +322,7 @@ func (q *Queue) pollDirect(ctx context.Context, entry string, tol, lo, hi int64)
 		now = p.Time(ctx)
 		slot = p.GetDel(ctx, q.keys.Slot+bare)
 		if own {
-			p.ZRem(ctx, q.keys.due, bare)
+			p.ZRem(ctx, q.keys.due, entry)
 			if lo > 0 {
 				due = p.ZRangeWithScores(ctx, q.keys.due, 0, 3)
 			}
@@ -344,7 +344,7 @@ func (q *Queue) pollDirect(ctx context.Context, entry string, tol, lo, hi int64)
 		return PollReply{}, false, fmt.Errorf("%w: slot key holds %q", scriptreply.ErrReply, slot.Val())
 	}
 	if r.Found && due != nil && claimable(due.Val(), now.Val().UnixMicro(), r.Slot, hi) {
-		return q.claimDirect(ctx, bare, slot.Val(), r, lo, hi)
+		return q.claimDirect(ctx, entry, slot.Val(), r, lo, hi)
 	}
 	return r, true, nil
 }
@@ -377,13 +377,13 @@ func claimable(due []redis.Z, now, mine, hi int64) bool {
 	return false
 }
 
-// claimDirect runs the claim script for the caller bare, whose direct
+// claimDirect runs the claim script for the caller entry, whose direct
 // poll read (and deleted) its slot key's value v, replied as r: the
 // reply is the slot claimed, or r when there was none to claim.
-func (q *Queue) claimDirect(ctx context.Context, bare, v string, r PollReply, lo, hi int64) (PollReply, bool, error) {
+func (q *Queue) claimDirect(ctx context.Context, entry, v string, r PollReply, lo, hi int64) (PollReply, bool, error) {
 	keys := []string{q.keys.state, q.keys.config, q.keys.Slot, q.keys.due}
 	reply, err := q.runFor(ctx, claimScript, keys, true, func(c *conf) ([]any, error) {
-		return append([]any{bare, v, lo, hi, us(q.opt.Grace)}, c.args...), nil
+		return append([]any{entry, v, lo, hi, us(q.opt.Grace)}, c.args...), nil
 	})
 	if a, ok := reply.([]any); ok && err == nil && len(a) == 2 {
 		r.RoundTrips = 1

@@ -25,6 +25,9 @@ type fleetGrant struct {
 	// retimed: the caller came later than MaxLateness for its slot and
 	// took the next one, ahead of the callers queued, by design.
 	retimed bool
+	// claimed: the caller took a slot another caller had not come for
+	// (enterdetail.Detail.Claims).
+	claimed bool
 }
 
 // pythonWorker runs tasks asyncio tasks, each entering bucket name through
@@ -72,9 +75,9 @@ func TestMixedFleet(t *testing.T) {
 	s, err := newSidecar(rdb, sidecarOptions{
 		prefix: "sluice", addr: "test", maxWaiting: 1000, lease: time.Second,
 		config: serveConfig{Buckets: map[string]bucketConfig{cfg.Name: {policies: cfg.Policies}}},
-		granted: func(name string, slot time.Time, rep bucket.Report, c bucket.Cost) {
+		granted: func(name string, d enterdetail.Detail, rep bucket.Report, c bucket.Cost) {
 			mu.Lock()
-			grants = append(grants, fleetGrant{slot: slot, ticket: rep.Ticket, python: true, retimed: rep.Retimes > 0})
+			grants = append(grants, fleetGrant{slot: d.Slot, ticket: rep.Ticket, python: true, retimed: rep.Retimes > 0, claimed: d.Claims > 0})
 			mu.Unlock()
 		},
 	})
@@ -118,7 +121,7 @@ func TestMixedFleet(t *testing.T) {
 				if err != nil {
 					libErrs = append(libErrs, err)
 				} else {
-					grants = append(grants, fleetGrant{slot: d.Slot, ticket: rep.Ticket, retimed: rep.Retimes > 0})
+					grants = append(grants, fleetGrant{slot: d.Slot, ticket: rep.Ticket, retimed: rep.Retimes > 0, claimed: d.Claims > 0})
 				}
 				mu.Unlock()
 			}
@@ -167,13 +170,15 @@ func TestMixedFleet(t *testing.T) {
 	// Arrival order: sorted by ticket, a queued caller whose slot is
 	// before one of an earlier ticket overtook it. Retimed callers are
 	// left out, as the bench leaves them out: a caller too late for its
-	// slot takes the next one, ahead of those queued, by design.
+	// slot takes the next one, ahead of those queued, by design; so are
+	// callers that claimed a slot another had not come for (its caller
+	// is retimed), ahead of those between, by design too.
 	retimed := 0
 	queued := slices.DeleteFunc(slices.Clone(grants), func(g fleetGrant) bool {
-		if g.retimed {
+		if g.retimed || g.claimed {
 			retimed++
 		}
-		return g.ticket == 0 || g.retimed
+		return g.ticket == 0 || g.retimed || g.claimed
 	})
 	slices.SortFunc(queued, func(a, b fleetGrant) int { return int(a.ticket - b.ticket) })
 	overtaken := 0
@@ -187,7 +192,7 @@ func TestMixedFleet(t *testing.T) {
 		}
 	}
 	first, last := slices.MinFunc(slots, time.Time.Compare), slices.MaxFunc(slots, time.Time.Compare)
-	t.Logf("%d grants in %v of slots (%d through the sidecar to Python; the limit allows %d), %d retimed, %d of %d others out of arrival order",
+	t.Logf("%d grants in %v of slots (%d through the sidecar to Python; the limit allows %d), %d retimed or claiming, %d of %d others out of arrival order",
 		len(grants), last.Sub(first).Round(time.Millisecond), pyGrants, limit.Allowed(last.Sub(first)), retimed, overtaken, len(queued))
 	if overtaken > 0 {
 		t.Errorf("%d of %d queued callers (retimed ones left out) were given a slot before one that arrived earlier", overtaken, len(queued))

@@ -22,6 +22,7 @@ import (
 
 	sl "github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/enterdetail"
 	"github.com/sluicehq/sluice/semaphore"
 )
 
@@ -193,8 +194,9 @@ type sidecarOptions struct {
 	maxWaiting   int
 	lease        time.Duration
 	// granted, when set, is told of every grant of enter and reserve with
-	// its slot on the Redis clock (tests judge them with the checker).
-	granted func(name string, slot time.Time, rep bucket.Report, c bucket.Cost)
+	// its detail (its slot on the Redis clock, its claims: tests judge
+	// them with the checker).
+	granted func(name string, d enterdetail.Detail, rep bucket.Report, c bucket.Cost)
 	// detail adds grantDetail to the replies (envDetail).
 	detail bool
 }

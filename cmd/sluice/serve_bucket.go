@@ -106,7 +106,7 @@ func (s *sidecar) grant(w http.ResponseWriter, r *http.Request, reserve bool) {
 		return
 	}
 	if s.opt.granted != nil {
-		s.opt.granted(name, detail.Slot, rep, cost)
+		s.opt.granted(name, detail, rep, cost)
 	}
 	out := grantReply{WaitedMS: float64(rep.Wait.Microseconds()) / 1000, Ticket: rep.Ticket}
 	if s.opt.detail {

@@ -5,7 +5,7 @@
 -- refund.lua.
 --
 -- The step adds every slot it writes for a caller of the bucket's own
--- costs to the due set (a sorted set: member the caller's bare ID, score
+-- costs to the due set (a sorted set: member the caller's entry, score
 -- its slot); a poll that collects the slot takes it out. A slot still in
 -- the set some time after its instant was not collected: its caller is
 -- not running. A caller that is running and holds a later slot (a poll
@@ -26,23 +26,25 @@ local SWAPPED = ' s'
 -- CLAIM_REACH is the furthest back (µs) a claim looks: protocol.ClaimReach.
 local CLAIM_REACH = 1000000
 
--- claim swaps the slot value give (a slot at give_slot, µs, whose key
--- lives px ms) of the caller self (a bare ID) with the earliest
--- uncollected slot of the due set due (whose slot keys are prefix .. ID)
--- that lies between lo and hi µs before now, and returns the value taken
--- and whether it moved; nil when there is none. With move, it also takes
--- an older slot (up to CLAIM_REACH back) when move(value) moves that
+-- claim finds, for a running caller (its entry self), the earliest
+-- uncollected slot of the due set due (members entries, whose slot keys
+-- are prefix .. ID) that lies between lo and hi µs before now, or, with
+-- move, an older one (up to CLAIM_REACH back) when move(value) moves that
 -- slot's grant to now (refund.lua's unused_back: its tokens sat unused in
--- a bucket that never filled since); the claimer then starts now with
--- them. Entries older than CLAIM_REACH are dropped.
-local function claim(due, prefix, now, lo, hi, self, give, give_slot, px, move)
+-- a bucket that never filled since): the claimer then starts now with
+-- them. Only a claimer whose own slot comes after now - hi gains: mine
+-- (µs).
+-- give(member, key) gives the caller that did not come the claimer's
+-- place instead. It returns the value taken (unmarked) and whether it
+-- moved; nil when there is none. Entries older than CLAIM_REACH go.
+local function claim(due, prefix, now, lo, hi, self, mine, give, move)
   redis.call('ZREMRANGEBYSCORE', due, '-inf', '(' .. string.format('%d', now - CLAIM_REACH))
-  if hi >= lo or give_slot <= now - hi then return nil end
+  if hi >= lo or mine <= now - hi then return nil end
   local from = move and now - CLAIM_REACH or now - lo
   local ms = redis.call('ZRANGEBYSCORE', due, string.format('%d', from), string.format('%d', now - hi), 'LIMIT', 0, 8)
   for _, m in ipairs(ms) do
     if m ~= self then
-      local key = prefix .. m
+      local key = prefix .. entry_parts(m)
       local raw = redis.call('GET', key)
       local t = raw and slot_of(raw)
       if not t or t < from or t > now - hi then
@@ -51,9 +53,7 @@ local function claim(due, prefix, now, lo, hi, self, give, give_slot, px, move)
         if string.sub(raw, -#SWAPPED) == SWAPPED then raw = string.sub(raw, 1, -#SWAPPED - 1) end
         local moved = t < now - lo
         if not moved or move(raw) then
-          if string.sub(give, -#SWAPPED) ~= SWAPPED then give = give .. SWAPPED end
-          redis.call('SET', key, give, 'PX', math.max(px, 1))
-          redis.call('ZADD', due, give_slot, m)
+          give(m, key)
           return raw, moved
         end
         -- Its tokens would not have stayed in the bucket: later they
@@ -66,19 +66,30 @@ local function claim(due, prefix, now, lo, hi, self, give, give_slot, px, move)
   return nil
 end
 
+-- swap_to is claim's give for a claimer that holds a slot: the slot key
+-- of the caller that did not come holds the claimer's value v (its slot
+-- at slot µs, px ms to live), marked SWAPPED, and the due set has it at
+-- that slot.
+local function swap_to(due, v, slot, px)
+  if string.sub(v, -#SWAPPED) ~= SWAPPED then v = v .. SWAPPED end
+  return function(m, key)
+    redis.call('SET', key, v, 'PX', math.max(px, 1))
+    redis.call('ZADD', due, slot, m)
+  end
+end
+
 -- claim_for is a poll's claim (poll.lua, and queue/lua/claim.lua for the
--- direct poll): the caller bare (of the bucket's own costs), which found
--- its slot key's value raw (slot at slot, px ms to live) ahead, claims
--- with it (claim) under the policies in ARGV from index at, the state
--- and config keys state_key and config_key, and grace µs. It returns the
--- poll's reply for a claim, {5, delay µs, 0, 0, slot, room}, or nil when
--- there was none to claim.
-local function claim_for(state_key, config_key, prefix, due, now, lo, hi, grace, argv, at, bare, raw, slot, px)
+-- direct poll): the caller entry (of the bucket's own costs) claims
+-- (claim) under the policies in ARGV from index at, the state and config
+-- keys state_key and config_key, and grace µs; mine and give as claim's.
+-- It returns the poll's reply for a claim, {5, delay µs, 0, 0, slot,
+-- room}, or nil when there was none to claim.
+local function claim_for(state_key, config_key, prefix, due, now, lo, hi, grace, argv, at, entry, mine, give)
   local ps, _, _, cid = read_policies(argv, at)
   local ks = {}
   for i = 1, #ps do ks[i] = ps[i].call end
   local st, done, till
-  local taken, moved = claim(due, prefix, now, lo, hi, bare, raw, slot, px, function(v)
+  local taken, moved = claim(due, prefix, now, lo, hi, entry, mine, give, function(v)
     if not st then st, done, till = load(state_key, ps, now, config_key, cid) end
     return move_now(st, ps, now, grace, v, ks, cid)
   end)

@@ -103,7 +103,7 @@ local function schedule(keys, now, lookahead, batch, grace, lead, channel, ps, u
     redis.call('SET', keys.slot .. bare, slot_value(slot, now, cid, st, refunds), 'PX', ceil_ms(slot - now + grace))
     if not costs then
       due[#due + 1] = slot
-      due[#due + 1] = bare
+      due[#due + 1] = id
     end
     -- An estimate of 0: pushed without one (queue/push.go); its caller
     -- waits for this message.

@@ -38,14 +38,14 @@ if raw then
   redis.call('DEL', key)
   local slot = slot_of(raw)
   local d = slot - now
-  local bare, _, costs = entry_parts(id)
-  if not costs then redis.call('ZREM', KEYS[7], bare) end -- collected
+  local _, _, costs = entry_parts(id)
+  if not costs then redis.call('ZREM', KEYS[7], id) end -- collected
   if d < -tolerance then
     return {3, d, 0, 0, slot, room_of(raw)}
   end
   local lo, hi = tonumber(ARGV[3]), tonumber(ARGV[4])
   if not costs and lo > 0 then
-    local c = claim_for(KEYS[2], KEYS[5], KEYS[3], KEYS[7], now, lo, hi, tonumber(ARGV[7]), ARGV, 10, bare, raw, slot, px)
+    local c = claim_for(KEYS[2], KEYS[5], KEYS[3], KEYS[7], now, lo, hi, tonumber(ARGV[7]), ARGV, 10, id, slot, swap_to(KEYS[7], raw, slot, px))
     if c then return c end
   end
   return {1, d, 0, 0, slot, room_of(raw)}

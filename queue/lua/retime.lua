@@ -47,7 +47,7 @@ if not moved then
 end
 local value = slot_value(slot, now, cid, st, '')
 if not moved and not cs and lo > 0 then
-  local taken, tmoved = claim(KEYS[6], KEYS[5], now, lo, hi, '', value, slot, ceil_ms(slot - now + grace),
+  local taken, tmoved = claim(KEYS[6], KEYS[5], now, lo, hi, '', slot, swap_to(KEYS[6], value, slot, ceil_ms(slot - now + grace)),
     function(v) return move_now(st, ps, now, grace, v, ks, cid) end)
   if taken and tmoved then
     slot, kind, value = now, 2, slot_value(now, now, cid, st, '')

@@ -43,6 +43,7 @@ type Grant struct {
 	Reentries  int    `json:"re,omitempty"`
 	Retimes    int    `json:"rtm,omitempty"` // bucket.Report.Retimes
 	Refunds    int    `json:"rf,omitempty"`  // enterdetail.Detail.Refunds
+	Claims     int    `json:"cl,omitempty"`  // enterdetail.Detail.Claims
 	Slot       int64  `json:"sl,omitempty"`  // unix µs of the slot on the Redis clock
 	Margin     int64  `json:"mg,omitempty"`  // ns: enterdetail.Detail.Margin
 	Err        string `json:"err,omitempty"`
@@ -190,7 +191,7 @@ func Run(ctx context.Context, b *bucket.Bucket, spec Spec, out func(Grant)) {
 				end := time.Now()
 				cancel()
 				g := Grant{Proc: spec.Proc, Caller: c, Ticket: rep.Ticket, Start: start.UnixNano(), End: end.UnixNano(),
-					Position: rep.Position, Polls: d.Polls, RoundTrips: d.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries, Retimes: rep.Retimes, Refunds: d.Refunds, Margin: int64(d.Margin), Local: rep.Local, Seq: seq, Cost: cost}
+					Position: rep.Position, Polls: d.Polls, RoundTrips: d.RoundTrips, Late: int64(rep.Late), Reentries: rep.Reentries, Retimes: rep.Retimes, Refunds: d.Refunds, Claims: d.Claims, Margin: int64(d.Margin), Local: rep.Local, Seq: seq, Cost: cost}
 				if !d.Slot.IsZero() {
 					g.Slot = d.Slot.UnixMicro()
 				}
