@@ -38,16 +38,19 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	return sorted[min(max(k, 1), len(sorted))-1]
 }
 
-// overtakenInOrder counts, among the successful grants not retimed, those
-// some later ticket's slot preceded (bySlot, no tolerance) and those some
-// later ticket's start preceded by more than startTol (byStart). A
-// retimed caller missed its slot (it came back later than MaxLateness)
-// and took a later one by design: retimes are counted on their own.
+// overtakenInOrder counts, among the successful grants not retimed and
+// not claimed, those some later ticket's slot preceded (bySlot, no
+// tolerance) and those some later ticket's start preceded by more than
+// startTol (byStart). A retimed caller missed its slot (it came back
+// later than MaxLateness, or did not come for it and a running caller
+// claimed it) and took a later one by design: retimes are counted on
+// their own; so is a caller that claimed a slot another did not come
+// for, ahead of the callers between, by design too.
 func overtakenInOrder(grants []loadgen.Grant, startTol time.Duration) (bySlot, byStart int) {
 	var tickets []int64
 	var slots, starts []time.Time
 	for _, g := range grants {
-		if g.OK() && g.Retimes == 0 {
+		if g.OK() && g.Retimes == 0 && g.Claims == 0 {
 			tickets = append(tickets, g.Ticket)
 			slots, starts = append(slots, g.SlotTime()), append(starts, g.Time())
 		}
@@ -219,7 +222,8 @@ type Saturation struct {
 	// OvertakenSlot counts grants whose slot some later ticket's slot
 	// preceded (µs resolution, no tolerance); OvertakenStart those whose
 	// start some later ticket's start preceded by more than StartTol.
-	// Both leave retimed grants out (their callers missed their slot).
+	// Both leave retimed grants out (their callers missed their slot),
+	// and claiming ones (Claims: they took a slot another missed).
 	OvertakenSlot  int           `json:"overtaken_slot"`
 	OvertakenStart int           `json:"overtaken_start"`
 	StartTol       time.Duration `json:"overtaken_start_tol_ns"`

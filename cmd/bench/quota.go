@@ -107,7 +107,8 @@ type QuotaFigures struct {
 	// OvertakenSlot counts grants whose slot some later arrival's slot
 	// preceded; OvertakenStart those whose start some later arrival's
 	// start preceded by more than StartTol. Both leave out the callers
-	// retimed for lateness (Retimes), whose later slots are by design.
+	// retimed for lateness (Retimes), whose later slots are by design,
+	// and those that claimed a slot another did not come for (Claims).
 	OvertakenSlot  int           `json:"overtaken_slot"`
 	OvertakenStart int           `json:"overtaken_start"`
 	StartTol       time.Duration `json:"overtaken_start_tol_ns"`

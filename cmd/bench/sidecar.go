@@ -181,7 +181,7 @@ func (s *Sidecar) run(ctx context.Context, e *env) error {
 					g.Err = "the server gave no grant detail"
 				} else {
 					g.Ticket, g.Slot, g.Position, g.Polls = rep.Ticket, d.SlotUS, d.Position, d.Polls
-					g.Retimes, g.Reentries, g.Late = d.Retimes, d.Reentries, d.LateNS
+					g.Retimes, g.Reentries, g.Late, g.Claims = d.Retimes, d.Reentries, d.LateNS, d.Claims
 				}
 				record(g)
 			}
@@ -313,6 +313,7 @@ type sidecarReply struct {
 		Retimes   int   `json:"retimes"`
 		Reentries int   `json:"reentries"`
 		LateNS    int64 `json:"late_ns"`
+		Claims    int   `json:"claims"`
 	} `json:"detail"`
 	Error string `json:"error"`
 }

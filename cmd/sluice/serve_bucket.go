@@ -50,6 +50,7 @@ type grantDetail struct {
 	Retimes   int   `json:"retimes"`
 	Reentries int   `json:"reentries"`
 	LateNS    int64 `json:"late_ns"`
+	Claims    int   `json:"claims"`
 }
 
 func (s *sidecar) enter(w http.ResponseWriter, r *http.Request)   { s.grant(w, r, false) }
@@ -111,7 +112,7 @@ func (s *sidecar) grant(w http.ResponseWriter, r *http.Request, reserve bool) {
 	out := grantReply{WaitedMS: float64(rep.Wait.Microseconds()) / 1000, Ticket: rep.Ticket}
 	if s.opt.detail {
 		out.Detail = &grantDetail{SlotUS: detail.Slot.UnixMicro(), Position: rep.Position, Polls: detail.Polls,
-			Retimes: rep.Retimes, Reentries: rep.Reentries, LateNS: int64(rep.Late)}
+			Retimes: rep.Retimes, Reentries: rep.Reentries, LateNS: int64(rep.Late), Claims: detail.Claims}
 	}
 	if reserve {
 		out.Reservation = newID()
