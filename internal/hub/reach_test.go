@@ -140,3 +140,49 @@ func TestAnswers(t *testing.T) {
 		t.Errorf("a frozen Redis: %d of 100 said it answers, back in %v (bound 300ms each, shared)", yes.Load(), took)
 	}
 }
+
+// TestAnswersAfterStarvation: a PING this process saw fail late (its
+// goroutine ran past the read's deadline, as in a process starved of CPU,
+// while Redis's answer sat unread) is asked once more; one that failed on
+// time is not. The PING is a stand-in here: a real process cannot starve
+// itself on cue (bucket/TestThousandsOfHandlesOneClient met it in a
+// loaded CI run).
+func TestAnswersAfterStarvation(t *testing.T) {
+	srv := redistest.New(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	// A bound of 1 s: a process seen late by more than 100 ms is starved;
+	// the late PING here comes back 500 ms late.
+	const within = time.Second
+	for _, tc := range []struct {
+		name  string
+		late  bool // the first PING comes back past the bound
+		want  bool
+		calls int32
+	}{
+		{"failed late: asked again", true, true, 2},
+		{"failed on time: not asked again", false, false, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := Acquire(rdb)
+			defer h.Release()
+			var calls atomic.Int32
+			h.reach.amu.Lock()
+			h.reach.aat = time.Time{}
+			h.reach.aping = func(ctx context.Context) error {
+				if calls.Add(1) > 1 {
+					return nil // the second: the process runs again
+				}
+				<-ctx.Done()
+				if tc.late {
+					time.Sleep(within / 2) // the goroutine ran late
+				}
+				return ctx.Err()
+			}
+			h.reach.amu.Unlock()
+			if got := h.Answers(context.Background(), within); got != tc.want || calls.Load() != tc.calls {
+				t.Errorf("Answers = %v after %d PINGs, want %v after %d", got, calls.Load(), tc.want, tc.calls)
+			}
+		})
+	}
+}
