@@ -19,8 +19,6 @@ var (
 	retimeLua string
 	//go:embed lua/refund.lua
 	refundLua string
-	//go:embed lua/claim.lua
-	claimLua string
 )
 
 var (
@@ -28,6 +26,5 @@ var (
 	pollScript     = protocol.Script(pollLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua, refundLua, protocol.ClaimLua, protocol.ScheduleLua)
 	cancelScript   = protocol.Script(cancelLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua, refundLua)
 	estimateScript = protocol.Script(estimateLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
-	claimScript    = protocol.Script(claimLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, refundLua, protocol.ClaimLua)
 	retimeScript   = protocol.Script(retimeLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, refundLua, protocol.ClaimLua)
 )

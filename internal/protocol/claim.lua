@@ -78,8 +78,8 @@ local function swap_to(due, v, slot, px)
   end
 end
 
--- claim_for is a poll's claim (poll.lua, and queue/lua/claim.lua for the
--- direct poll): the caller entry (of the bucket's own costs) claims
+-- claim_for is a poll's claim (poll.lua; a direct poll claims nothing):
+-- the caller entry (of the bucket's own costs) claims
 -- (claim) under the policies in ARGV from index at, the state and config
 -- keys state_key and config_key, and grace µs; mine and give as claim's.
 -- It returns the poll's reply for a claim, {5, delay µs, 0, 0, slot,

@@ -70,6 +70,10 @@ end
 -- now with them, the one that came too late for it (retime.lua) or one
 -- that claimed it (claim.lua). It returns whether it did.
 local function move_now(st, ps, now, grace, value, ks, cid)
+  -- Never into a hold (feedback.lua): the upstream said to wait.
+  if (st.hold or 0) > now and held(st, ks) then
+    return false
+  end
   if not unused_back(st, ps, now, grace, value, ks, cid, now) then
     return false
   end
