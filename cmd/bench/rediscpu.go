@@ -26,9 +26,8 @@ import (
 // MULTI/EXEC. Their rows are therefore left out of the sum. The one
 // exception is TIME, which a bucket's direct poll also sends, with one
 // GETDEL (which no script runs): see directTime. (A direct poll also
-// sends a ZREM and a ZRANGE of the due set: the ZREMs are left out with
-// the scripts', and the ZRANGEs, which no script runs, are counted
-// nowhere, so the figure leaves those two commands of a poll out.)
+// sends a ZREM of the due set: the ZREMs are left out with the scripts',
+// so the figure leaves that command of a poll out.)
 var scriptCommands = []string{
 	"time", "get", "set", "getrange", "del", "exists", "pexpire", "pttl", "publish",
 	"llen", "rpush", "lpop", "lpos", "lrem", "lrange", "ltrim", "lset", "lindex",
