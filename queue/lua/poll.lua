@@ -34,7 +34,6 @@ local key = KEYS[3] .. entry_parts(id)
 -- client's direct poll (see Queue.Poll), never this script's.
 local raw = redis.call('GET', key)
 if raw then
-  local px = redis.call('PTTL', key)
   redis.call('DEL', key)
   local slot = slot_of(raw)
   local d = slot - now
@@ -45,7 +44,10 @@ if raw then
   end
   local lo, hi = tonumber(ARGV[3]), tonumber(ARGV[4])
   if not costs and lo > 0 then
-    local c = claim_for(KEYS[2], KEYS[5], KEYS[3], KEYS[7], now, lo, hi, tonumber(ARGV[7]), ARGV, 10, id, slot, swap_to(KEYS[7], raw, slot, px))
+    local grace = tonumber(ARGV[7])
+    -- The slot key given in exchange expires when this one would have:
+    -- grace after its slot (step.lua).
+    local c = claim_for(KEYS[2], KEYS[5], KEYS[3], KEYS[7], now, lo, hi, grace, ARGV, 10, id, slot, swap_to(KEYS[7], raw, slot, ceil_ms(slot - now + grace)))
     if c then return c end
   end
   return {1, d, 0, 0, slot, room_of(raw)}
