@@ -39,6 +39,9 @@ func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, dela
 		if sent, received, r, err = b.retimeOnce(ctx, rep, costs, room); err != nil {
 			return b.retimeFailed(ctx, err)
 		}
+		if r.Entry != "" {
+			return b.awaitAgain(ctx, r, received, rep, costs)
+		}
 		delay, room = r.Delay, r.Room
 		if own := b.ownWait(ctx); own > 0 && delay > own {
 			b.leave(queue.Leaver{Entry: entry, Room: room, Slot: rep.Slot.UnixMicro(), Costs: costs})
@@ -53,6 +56,9 @@ func (b *Bucket) retime(ctx context.Context, rep *entered, costs []int64, entry,
 	sent, received, r, err := b.retimeOnce(ctx, rep, costs, room)
 	if err != nil {
 		return b.retimeFailed(ctx, err)
+	}
+	if r.Entry != "" {
+		return b.awaitAgain(ctx, r, received, rep, costs)
 	}
 	if own := b.ownWait(ctx); own > 0 && r.Delay > own {
 		b.leave(queue.Leaver{Entry: entry, Room: r.Room, Slot: r.Slot, Costs: costs})
@@ -75,7 +81,7 @@ func (b *Bucket) retimeOnce(ctx context.Context, rep *entered, costs []int64, ro
 	for limit := b.answerWithin(); ; limit = min(2*limit, time.Minute) {
 		cctx, done, within := rediscall.CallCtx(ctx, limit)
 		sentFn, rctx := sentAt(cctx, b.now)
-		r, err = b.q.Retime(rctx, rep.Slot.UnixMicro(), room, costs)
+		r, err = b.q.Retime(rctx, rep.Slot.UnixMicro(), room, costs, b.newID())
 		done()
 		received = b.now()
 		rep.RoundTrips++
@@ -104,6 +110,22 @@ func (b *Bucket) retimeOnce(ctx context.Context, rep *entered, costs []int64, ro
 	}
 	rep.Slot = time.UnixMicro(r.Slot)
 	return sent, received, r, nil
+}
+
+// awaitAgain waits for its slot, as a queued caller does (awaitSlot), a
+// late caller that Retime queued again at the head of the queue (r.Entry,
+// received when its reply was).
+func (b *Bucket) awaitAgain(ctx context.Context, r queue.Retimed, received time.Time, rep *entered, costs []int64) (bool, error) {
+	if own := b.ownWait(ctx); own > 0 && r.Delay > own {
+		b.cancel(r.Entry)
+		return false, b.tooLong(r.Delay, own)
+	}
+	if b.queued.Add(1) == 1 {
+		b.sched.Ensure()
+	}
+	limit := b.answerWithin()
+	er := queue.Arrival{Entry: r.Entry, Delay: r.Delay, Position: 1, SchedulerRunning: true, Ticket: rep.Ticket, Now: r.Now}
+	return b.awaitSlot(ctx, er, received, rep, costs, &limit)
 }
 
 // retimeFailed: a Retime that failed leaves the missed slot's tokens spent;

@@ -46,6 +46,9 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 	defer w.dequeued()
 	w.backoff = time.Millisecond
 	w.wait = er.Delay - b.leadNow()
+	if er.Claim {
+		w.wait = 0
+	}
 	for {
 		if repeat, err := b.sleepToPoll(ctx, w); err != nil {
 			return false, err

@@ -88,11 +88,13 @@ func (q *Queue) push(ctx context.Context, ids []string) ([]Arrival, error) {
 		now   *redis.TimeCmd
 		state *redis.StringCmd
 		push  *redis.IntCmd
+		due   *redis.ZSliceCmd
 	)
 	_, err := q.direct.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		now = p.Time(ctx)
 		state = p.Get(ctx, q.keys.state)
 		push = p.RPush(ctx, q.keys.Queue, entries...)
+		due = p.ZRangeByScoreWithScores(ctx, q.keys.due, &redis.ZRangeBy{Min: "-inf", Max: "+inf", Count: 1})
 		// A queue this push creates gets a TTL; one that exists keeps the
 		// one the scheduler's steps renew (tail + grace).
 		p.Do(ctx, "PEXPIRE", q.keys.Queue, q.opt.Grace.Milliseconds(), "NX")
@@ -124,6 +126,9 @@ func (q *Queue) push(ctx context.Context, ids []string) ([]Arrival, error) {
 	}
 	c := q.conf.Load()
 	rs, ours, err := pushReplies(ids, now.Val().UnixMicro(), raw, push.Val(), c.policies[0], c.id)
+	if err == nil {
+		q.claimable(rs, due.Val(), now.Val().UnixMicro())
+	}
 	if !ours {
 		// The state is of another configuration (a live change this
 		// process has not heard of) or format: the estimates are only
@@ -174,4 +179,18 @@ func pushReplies(ids []string, now int64, raw string, length int64, p Policy, id
 		}
 	}
 	return out, ours, nil
+}
+
+// claimable marks the first of the arrivals rs to poll at once when the
+// earliest slot of the due set (first, as read at now µs) was not
+// collected within the claim window's start: a caller still queued
+// claims it (poll.lua), which its caller, not running, would lose.
+func (q *Queue) claimable(rs []Arrival, first []redis.Z, now int64) {
+	lo, hi := protocol.ClaimWindow(q.opt.MaxLateness)
+	if len(first) == 0 || lo == 0 || len(rs) == 0 {
+		return
+	}
+	if at := int64(first[0].Score); at <= now-hi && at >= now-protocol.ClaimReach.Microseconds() {
+		rs[0].Claim = true
+	}
 }

@@ -134,6 +134,9 @@ type Arrival struct {
 	Ticket           int64 // arrival order at Redis (callers not refused)
 	Slot             int64 // given a slot at once: the slot, µs on the Redis clock (for analysis only)
 	Now              int64 // the Redis clock (µs) when the call read it: Delay is from then
+	// Claim (queued): a slot nobody came for is due; poll at once, to
+	// claim it (Poll).
+	Claim bool
 }
 
 // queued reports whether the caller waits in the queue.
@@ -250,10 +253,11 @@ func parseEnqueue(ids, costs []string, reply any, err error) ([]Arrival, error) 
 // none: the caller is still queued.
 type PollReply struct {
 	Found bool // a slot: start after Delay (negative: late)
-	Stale bool // the slot passed more than MaxLateness ago; its token is spent: enter again
+	Stale bool // the slot passed more than MaxLateness ago, or a running caller took it (Room ""); its token is spent: Retime
 	Lost  bool // the caller is neither queued nor scheduled: enter again
 	// Claimed (with Found): the slot is one whose caller did not come for
-	// it, taken in exchange for this caller's later one
+	// it, taken in exchange for this caller's later one, or by this
+	// caller still queued, which left the queue
 	// (internal/protocol/claim.lua); Swapped (with Found or Stale): this
 	// caller did not come for its own slot in time, and a running caller
 	// took it and gave it this later one.
@@ -280,7 +284,8 @@ type PollReply struct {
 // caller of the bucket's own costs whose poll script finds its slot ahead
 // claims, in exchange, a slot whose caller did not come for it within the
 // window its MaxLateness sets (protocol.ClaimWindow), if the due set
-// holds one.
+// holds one; a caller still queued takes such a slot, and leaves the
+// queue (Arrival.Claim says when to poll for one at once).
 func (q *Queue) Poll(ctx context.Context, entry string) (PollReply, error) {
 	tol := us(q.opt.MaxLateness)
 	if q.opt.MaxLateness < 0 {
@@ -354,7 +359,9 @@ func slotReply(v string, now, tol int64) (PollReply, bool) {
 	}
 	r := PollReply{Found: true, Delay: dur(s-now, time.Microsecond), Slot: s}
 	r.Room, r.Swapped = protocol.Swapped(room)
-	if s-now < -tol {
+	if protocol.Taken(room) {
+		r.Found, r.Stale, r.Room = false, true, ""
+	} else if s-now < -tol {
 		r.Found, r.Stale = false, true
 	}
 	return r, true

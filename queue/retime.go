@@ -19,6 +19,11 @@ type Retimed struct {
 	// that caller the next slot instead (internal/protocol/claim.lua).
 	Claimed bool
 	Room    string // the new slot's room, for a caller late again
+	// Entry (set when Retime queued the caller again, at the head): the
+	// caller waits for its slot as a queued caller does (Poll), its
+	// estimate Delay from Now.
+	Entry string
+	Now   int64 // the Redis clock (µs) when the script read it
 }
 
 // Retime serves a caller that came too late to use its slot: at once, with
@@ -27,9 +32,16 @@ type Retimed struct {
 // callers still queued (lua/retime.lua). slot (µs, Redis clock) and room
 // are what the poll that found the slot said of it (PollReply.Slot and
 // Room, or Retimed's; a room "" for none: the tokens then stay spent);
-// costs are the caller's, one per policy (nil: each policy's Call). One
-// round trip.
-func (q *Queue) Retime(ctx context.Context, slot int64, room string, costs []int64) (Retimed, error) {
+// costs are the caller's, one per policy (nil: each policy's Call). With
+// an id (fresh, as Enqueue's), a caller whose next slot is further off
+// than the lead goes back to the head of the queue instead, as a caller
+// pushed (Retimed.Entry): a slot it has not polled for can be claimed by
+// a running caller should its process stop again. One round trip.
+func (q *Queue) Retime(ctx context.Context, slot int64, room string, costs []int64, id string) (Retimed, error) {
+	again := ""
+	if id != "" {
+		again = protocol.MakeEntry(id, 0, protocol.Costs(costs))
+	}
 	reply, err := q.runFor(ctx, retimeScript, q.keys.retime(), true, func(c *conf) ([]any, error) {
 		if costs != nil && len(costs) != len(c.policies) {
 			return nil, &ConfigError{mine: c.id}
@@ -40,7 +52,7 @@ func (q *Queue) Retime(ctx context.Context, slot int64, room string, costs []int
 			value = protocol.SlotValue(slot, room)
 		}
 		lo, hi := protocol.ClaimWindow(q.opt.MaxLateness)
-		args = append(args, value, protocol.Costs(costs), us(q.opt.Grace), lo, hi)
+		args = append(args, value, protocol.Costs(costs), us(q.opt.Grace), lo, hi, again, us(q.opt.Lead))
 		return append(args, c.args...), nil
 	})
 	if err != nil {
@@ -57,6 +69,14 @@ func (q *Queue) Retime(ctx context.Context, slot int64, room string, costs []int
 	if !ok1 || !ok2 || !ok3 || !ok4 {
 		return Retimed{}, fmt.Errorf("%w: retime %v", scriptreply.ErrReply, reply)
 	}
-	out := Retimed{Delay: dur(delay, time.Microsecond), Slot: now + delay, Refunded: moved == 1, Claimed: moved == 2, Room: r}
+	if moved < 0 || moved > 3 {
+		return Retimed{}, fmt.Errorf("%w: retime %v", scriptreply.ErrReply, reply)
+	}
+	out := Retimed{Delay: dur(delay, time.Microsecond), Refunded: moved == 1, Claimed: moved == 2, Room: r, Now: now}
+	if moved == 3 {
+		out.Entry = again
+	} else {
+		out.Slot = now + delay
+	}
 	return out, nil
 }

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
 	"github.com/sluicehq/sluice/internal/testing/redistest"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler"
@@ -70,5 +72,123 @@ func TestClaimSwapsSlots(t *testing.T) {
 				t.Fatalf("the first caller's poll: %+v %v, want the third's slot %d, swapped", p, err, want[2])
 			}
 		})
+	}
+}
+
+// TestQueuedCallerTakesSlot: two callers queued, the first given its slot
+// and not coming for it (its process stopped). Once it is 55 ms past, the
+// second, still queued and polling, takes it (Claimed) and leaves the
+// queue; the first, when it comes, finds its slot taken (Stale, no room:
+// its tokens are not its to move) and is served as a caller too late for
+// it. The grants judged by the checker: the taken slot once, the first
+// caller's next one.
+func TestQueuedCallerTakesSlot(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	for _, direct := range []bool{true, false} {
+		t.Run(fmt.Sprint("direct=", direct), func(t *testing.T) {
+			var s queue.Client = rdb
+			if !direct {
+				s = scriptOnly{rdb}
+			}
+			// MaxLateness 100 ms: claims as they are from 50 ms to 80 ms
+			// after a slot; a lookahead of 5 ms gives the first caller its
+			// slot and leaves the second queued.
+			l := queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}
+			q := newQ(s, "sluice", t.Name(), []queue.Policy{l},
+				queue.Options{Lookahead: 5 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 100 * time.Millisecond})
+			ids := enqueueN(t, rdb, q, 2)
+			takeLock(t, rdb, q, "tok")
+			if r, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil || r.Scheduled != 1 {
+				t.Fatalf("step: %+v %v", r, err)
+			}
+			first := slotsOf(t, rdb, q, ids[:1])[0]
+			var late int64
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				now, err := rdb.Time(ctx).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if late = now.UnixMicro() - first; late >= 55000 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the Redis clock never passed the slot")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			p, err := q.Poll(ctx, ids[1])
+			if err != nil || !p.Found || !p.Claimed {
+				t.Fatalf("the queued caller's poll: %+v %v, want the first's slot, claimed", p, err)
+			}
+			if late <= 75000 && p.Slot != first {
+				// Older than 80 ms, the claim moves the grant to now.
+				t.Fatalf("the queued caller's slot %d, want the first's %d as it was", p.Slot, first)
+			}
+			if n, err := rdb.LLen(ctx, q.Keys().Queue).Result(); err != nil || n != 0 {
+				t.Fatalf("queue length %d %v after the claim, want 0: the claimer left it", n, err)
+			}
+			a, err := q.Poll(ctx, ids[0])
+			if err != nil || !a.Stale || a.Found || a.Room != "" || a.Slot != first {
+				t.Fatalf("the first caller's poll: %+v %v, want its slot %d, stale and without a room", a, err, first)
+			}
+			r, err := q.Retime(ctx, a.Slot, a.Room, nil, "")
+			if err != nil || r.Refunded || r.Claimed {
+				t.Fatalf("the first caller's retime: %+v %v, want the next slot", r, err)
+			}
+			slots := []time.Time{time.UnixMicro(p.Slot), time.UnixMicro(r.Slot)}
+			if res := guarantee.Check(slots, guarantee.Limit{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}); !res.OK() {
+				t.Fatalf("grants %v break the promise: %v", slots, res)
+			}
+		})
+	}
+}
+
+// TestRetimeQueuesAgain: a late caller whose tokens cannot move and who
+// finds no slot to claim, with the next slot further off than the lead,
+// goes back to the head of the queue as the entry it named (not learning
+// that slot now: a process that stopped once may stop again before it);
+// the next step gives it the slot after those already given, which its
+// poll finds. Without an ID it is given that slot at once.
+func TestRetimeQueuesAgain(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	l := queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}
+	q := newQ(rdb, "sluice", t.Name(), []queue.Policy{l},
+		queue.Options{Lookahead: time.Second, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 100 * time.Millisecond, Lead: 2 * time.Millisecond})
+	ids := enqueueN(t, rdb, q, 4)
+	takeLock(t, rdb, q, "tok")
+	if r, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil || r.Scheduled != 4 {
+		t.Fatalf("step: %+v %v", r, err)
+	}
+	slots := slotsOf(t, rdb, q, ids)
+	if _, err := q.Poll(ctx, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	// No room: its tokens stay spent (a slot given at arrival).
+	r, err := q.Retime(ctx, slots[0], "", nil, "again-0")
+	if err != nil || r.Entry != protocol.MakeEntry("again-0", 0, "") || r.Refunded || r.Claimed || r.Slot != 0 {
+		t.Fatalf("retime: %+v %v, want queued again as again-0", r, err)
+	}
+	if head, err := rdb.LIndex(ctx, q.Keys().Queue, 0).Result(); err != nil || head != r.Entry {
+		t.Fatalf("the queue's head %q %v, want %q", head, err, r.Entry)
+	}
+	takeLock(t, rdb, q, "tok")
+	if s, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil || s.Scheduled != 1 {
+		t.Fatalf("second step: %+v %v", s, err)
+	}
+	p, err := q.Poll(ctx, r.Entry)
+	if err != nil || !(p.Found || p.Stale) || p.Slot < slots[3]+10_000 {
+		t.Fatalf("the poll of the caller queued again: %+v %v, want a slot after the last given (%d)", p, err, slots[3])
+	}
+	got := []time.Time{time.UnixMicro(slots[0]), time.UnixMicro(slots[1]), time.UnixMicro(slots[2]), time.UnixMicro(slots[3]), time.UnixMicro(p.Slot)}
+	if res := guarantee.Check(got, guarantee.Limit{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}); !res.OK() {
+		t.Fatalf("grants %v break the promise: %v", got, res)
+	}
+	// Without an ID: the next slot at once, as before.
+	n, err := q.Retime(ctx, slots[1], "", nil, "")
+	if err != nil || n.Entry != "" || n.Slot <= p.Slot {
+		t.Fatalf("retime without an ID: %+v %v, want the next slot after %d", n, err, p.Slot)
 	}
 }

@@ -83,7 +83,7 @@ func TestLateCallerStartsAtOnce(t *testing.T) {
 	}
 	// Too late for it: 50 ms past the slot, before the next refill.
 	time.Sleep(late.Delay + 50*time.Millisecond)
-	r, err := q.Retime(ctx, late.Slot, late.Room, nil)
+	r, err := q.Retime(ctx, late.Slot, late.Room, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestRetimeKeepsSpentWhenItCouldHaveFilled(t *testing.T) {
 		t.Fatalf("poll = %+v, %v", late, err)
 	}
 	time.Sleep(late.Delay + 400*time.Millisecond)
-	r, err := q.Retime(ctx, late.Slot, late.Room, nil)
+	r, err := q.Retime(ctx, late.Slot, late.Room, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestRetimeKeepsSpentWhenItCouldHaveFilled(t *testing.T) {
 		t.Fatalf("retime gave a slot %v in the past", r.Delay)
 	}
 	// Without a room (a slot given at arrival) nothing goes back either.
-	r, err = q.Retime(ctx, 0, "", nil)
+	r, err = q.Retime(ctx, 0, "", nil, "")
 	if err != nil || r.Refunded {
 		t.Fatalf("retime without a room = %+v, %v", r, err)
 	}
@@ -183,7 +183,7 @@ func TestLateCallerStartsAtSaturation(t *testing.T) {
 			next++
 		}
 		if !retimed && !foundAt.IsZero() && time.Since(foundAt) > 300*time.Millisecond {
-			r, err := q.Retime(ctx, late.Slot, late.Room, nil)
+			r, err := q.Retime(ctx, late.Slot, late.Room, nil, "")
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -23,6 +23,15 @@ func Swapped(room string) (string, bool) {
 	return r, ok
 }
 
+// taken is claim.lua's TAKEN: the room of a slot value whose slot a
+// running caller that held none of its own took.
+const taken = "t"
+
+// Taken reads a room (ParseSlotValue's) for claim.lua's TAKEN: a running
+// caller that held no slot took this caller's, because this one had not
+// come for it; its caller is served as one too late for its slot.
+func Taken(room string) bool { return room == taken }
+
 // ClaimWindow is how long after an uncollected slot's instant a caller
 // whose MaxLateness is maxLate claims it (claim.lua), as offsets back
 // from Redis's now, in µs: from hi (the slot's caller, which polls a lead

@@ -1,23 +1,28 @@
 -- claim.lua: a running caller takes a slot whose own caller did not come
--- for it (its process stopped: a pod at its CPU limit, a starved host),
--- and gives that caller its own later slot in exchange. Needs tokens.lua
--- and entry.lua before it; claim_for also state.lua and queue/lua's
--- refund.lua.
+-- for it (its process stopped: a pod at its CPU limit, a starved host).
+-- Needs tokens.lua and entry.lua before it; claim_for also state.lua and
+-- queue/lua's refund.lua.
 --
 -- The step adds every slot it writes for a caller of the bucket's own
 -- costs to the due set (a sorted set: member the caller's entry, score
 -- its slot); a poll that collects the slot takes it out. A slot still in
 -- the set some time after its instant was not collected: its caller is
--- not running. A caller that is running and holds a later slot (a poll
--- that found its slot ahead, or a late caller given the next slot) swaps
--- with it: it starts now with the uncollected slot, and the uncollected
--- slot's key holds the later slot instead, marked (SWAPPED) so that its
--- caller knows it was passed over. Both grants keep the instants and the
--- tokens the steps gave them, so the limit holds by construction; only
--- who starts at which changes. The window [lo, hi] (Redis µs) is the
--- claimer's: hi far enough after the slot that its caller, which polls a
--- lead before it, is surely not running; lo near enough that the claimer,
--- starting at once, starts within its MaxLateness of the slot.
+-- not running. A caller that is running claims it:
+--   - one that holds a later slot (a poll that found its slot ahead)
+--     swaps with it: the uncollected slot's key holds the later slot
+--     instead, marked (SWAPPED) so that its caller knows it was passed
+--     over (swap_to);
+--   - one that holds none (a caller still queued whose poll finds one,
+--     or a late caller whose own tokens could not move) takes it: the
+--     uncollected slot's key says TAKEN (entry.lua), and its caller, when
+--     it comes, is served as one too late for its slot (mark_taken).
+-- The grants keep the instants and the tokens the steps gave them, so
+-- the limit holds by construction; only who starts at which changes. The
+-- window [lo, hi] (Redis µs) is the claimer's: hi far enough after the
+-- slot that its caller, which polls a lead before it, is surely not
+-- running; lo near enough that the claimer, starting at once, starts
+-- within its MaxLateness of the slot. An older slot is claimed only when
+-- its grant can move to now (refund.lua).
 
 -- SWAPPED ends the slot value given in exchange (entry.lua's slot_value
 -- then " s"); the room's readers ignore what follows the anchors.
@@ -33,9 +38,9 @@ local CLAIM_REACH = 1000000
 -- slot's grant to now (refund.lua's unused_back: its tokens sat unused in
 -- a bucket that never filled since): the claimer then starts now with
 -- them. Only a claimer whose own slot comes after now - hi gains: mine
--- (µs).
--- give(member, key) gives the caller that did not come the claimer's
--- place instead. It returns the value taken (unmarked) and whether it
+-- (µs; one that holds none passes now).
+-- give(member, key, slot) tells the caller that did not come (swap_to,
+-- mark_taken); slot is the one taken. It returns the value taken (unmarked) and whether it
 -- moved; nil when there is none. Entries older than CLAIM_REACH go.
 local function claim(due, prefix, now, lo, hi, self, mine, give, move)
   redis.call('ZREMRANGEBYSCORE', due, '-inf', '(' .. string.format('%d', now - CLAIM_REACH))
@@ -53,7 +58,7 @@ local function claim(due, prefix, now, lo, hi, self, mine, give, move)
         if string.sub(raw, -#SWAPPED) == SWAPPED then raw = string.sub(raw, 1, -#SWAPPED - 1) end
         local moved = t < now - lo
         if not moved or move(raw) then
-          give(m, key)
+          give(m, key, t)
           return raw, moved
         end
         -- Its tokens would not have stayed in the bucket: later they
@@ -78,8 +83,19 @@ local function swap_to(due, v, slot, px)
   end
 end
 
+-- mark_taken is claim's give for a claimer that holds no slot: the slot
+-- key of the caller that did not come says TAKEN, with its expiry, and
+-- the due set lets that caller go.
+local function mark_taken(due)
+  return function(m, key, t)
+    redis.call('SET', key, string.format('%d ', t) .. TAKEN, 'KEEPTTL')
+    redis.call('ZREM', due, m)
+  end
+end
+
 -- claim_for is a poll's claim (poll.lua; a direct poll claims nothing):
--- the caller entry (of the bucket's own costs) claims
+-- the caller entry (of the bucket's own costs; found ahead, or queued)
+-- claims
 -- (claim) under the policies in ARGV from index at, the state and config
 -- keys state_key and config_key, and grace µs; mine and give as claim's.
 -- It returns the poll's reply for a claim, {5, delay µs, 0, 0, slot,

@@ -82,3 +82,12 @@ end
 local function room_of(v)
   return string.match(v, '^%-?%d+ (.*)$') or ''
 end
+
+-- TAKEN is the room of the slot value left for a caller whose slot a
+-- running caller that held no slot of its own (one still queued, or
+-- late and given none) took because this one had not come for it
+-- (claim.lua's mark_taken): its slot, then TAKEN. Its tokens were used,
+-- so they are nobody's to move or give back (refund.lua reads no room
+-- in it); its caller, when it comes, is served as one too late for its
+-- slot (retime.lua). protocol.Taken reads it.
+local TAKEN = 't'

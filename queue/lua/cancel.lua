@@ -79,8 +79,8 @@ for c = 1, (#ARGV - i + 1) / 3 do
     fewer(entry)
   else
     local raw = id ~= '' and redis.call('GET', KEYS[2] .. id)
-    if raw == GONE then
-      value = '' -- it left before: its slot went its way then
+    if raw == GONE or (raw and room_of(raw) == TAKEN) then
+      value = '' -- it left before, or a running caller took its slot
     elseif raw then
       value = raw
     end

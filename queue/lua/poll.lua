@@ -3,7 +3,9 @@
 --
 -- A caller of the bucket's own costs that finds its slot ahead claims,
 -- in exchange, a slot of the due set whose caller did not come for it
--- (claim.lua), if there is one in its window.
+-- (claim.lua), if there is one in its window; one still queued takes
+-- such a slot and leaves the queue (its ticket counted as done). A caller
+-- that finds its own slot taken (TAKEN) is told stale, without a room.
 --
 -- KEYS[1] queue, KEYS[2] state, KEYS[3] slot key prefix, KEYS[4] lock,
 -- KEYS[5] config (as in enqueue.lua), KEYS[6] refunds (unused), KEYS[7]
@@ -20,8 +22,8 @@
 --   kind 1 slot found: start after delay (may be negative: late); 5 the
 --   same, the slot claimed from a caller that did not come for it;
 --   2 still queued: delay = estimate of the slot, lock TTL as PTTL (-2: no
---   scheduler); 3 stale: the slot passed more than tolerance ago, the token
---   is spent, enter again; 4 lost: neither queued nor scheduled (expired, or
+--   scheduler); 3 stale: the slot passed more than tolerance ago, or a
+--   running caller took it (room ''), the token is spent: retime; 4 lost: neither queued nor scheduled (expired, or
 --   Redis lost its data), enter again. slot (µs, Redis time) is set for
 --   kinds 1 and 3, for analysis only; room (entry.lua's room_of) too, for
 --   retime.lua.
@@ -39,8 +41,10 @@ if raw then
   local d = slot - now
   local _, _, costs = entry_parts(id)
   if not costs then redis.call('ZREM', KEYS[7], id) end -- collected
-  if d < -tolerance then
-    return {3, d, 0, 0, slot, room_of(raw)}
+  if d < -tolerance or room_of(raw) == TAKEN then
+    -- A slot taken by a running caller holds nothing for this one: its
+    -- caller is served as one too late for it (retime.lua).
+    return {3, d, 0, 0, slot, room_of(raw) == TAKEN and '' or room_of(raw)}
   end
   local lo, hi = tonumber(ARGV[3]), tonumber(ARGV[4])
   if not costs and lo > 0 then
@@ -56,6 +60,19 @@ end
 local pos = redis.call('LPOS', KEYS[1], id)
 if not pos then
   return {4, 0, 0, 0, 0}
+end
+local _, _, costs = entry_parts(id)
+local lo, hi = tonumber(ARGV[3]), tonumber(ARGV[4])
+if not costs and lo > 0 then
+  -- A caller still queued, whose process runs, takes a slot whose caller
+  -- did not come for it (claim.lua), and leaves the queue: that caller
+  -- is served as one too late for its slot.
+  local c = claim_for(KEYS[2], KEYS[5], KEYS[3], KEYS[7], now, lo, hi, tonumber(ARGV[7]), ARGV, 10, id, now, mark_taken(KEYS[7]))
+  if c then
+    redis.call('LREM', KEYS[1], 1, id)
+    add_done(KEYS[2], 1, nil, KEYS[5], '')
+    return c
+  end
 end
 local ps, _, unit, cid = read_policies(ARGV, 10)
 local st, done, till = load(KEYS[2], ps, now, KEYS[5], cid)

@@ -9,11 +9,16 @@
 -- the bucket keeps granting at its rate: a late caller is served when its
 -- process runs, as a limiter that takes a token at that moment would.
 --
--- A caller of the bucket's own costs given the next slot claims, in
--- exchange for it, a slot whose caller did not come for it, when the due
--- set holds one in its window (claim.lua), or an older one whose grant
--- can move to now as its own could not: it starts at once with that one,
--- and that caller is given the next slot instead.
+-- A caller whose grant could not move claims, instead, a slot whose
+-- caller did not come for it, when the due set holds one in its window
+-- (claim.lua), or an older one whose grant can move to now as its own
+-- could not: it starts at once with that one, and that caller is served
+-- as one too late for its slot when it comes (TAKEN). Otherwise, when the
+-- next slot is further off than the lead, it goes back to the head of the
+-- queue as entry (ARGV[6]) rather than learn that slot now: a process
+-- that stopped once (a pod at its CPU limit) may stop again before it,
+-- and a slot its caller did not poll for is one a running caller can
+-- claim, where one it knows would be lost.
 --
 -- KEYS[1] queue, KEYS[2] state, KEYS[3] config (as in enqueue.lua),
 -- KEYS[4] refunds (unused; kept for the key list's shape), KEYS[5] slot
@@ -24,36 +29,50 @@
 -- ARGV[3] grace µs added to the state's TTL
 -- ARGV[4], ARGV[5] the claim window, µs back from now: lo, hi
 --         (protocol.ClaimWindow; 0, 0 claims nothing)
--- ARGV[6..] policies: configuration id, n, then cap, amount, freq µs, call, kind for each
+-- ARGV[6] the entry to queue the caller as ("<id>|0[|<costs>]", entry.lua),
+--         "" to give it the next slot however far
+-- ARGV[7] lead µs: a next slot at most this far off is given at once
+-- ARGV[8..] policies: configuration id, n, then cap, amount, freq µs, call, kind for each
 --
--- Reply {delay µs, moved, room, now µs}: the new slot is delay from Redis's now
--- (0 when moved, negative when claimed); moved is 1 when the caller
--- starts now with the missed slot's tokens, 2 when it claimed another
--- caller's slot; room is the new slot's, for a caller late again.
+-- Reply {delay µs, kind, room, now µs}: kind 0 the next slot, delay from
+-- Redis's now; 1 moved: the caller starts now with the missed slot's
+-- tokens; 2 claimed another caller's slot (delay 0 or negative); 3 queued
+-- again at the head as ARGV[6], delay the estimate of its slot. room is
+-- the slot's, for a caller late again ('' for kind 3).
 local now = now_us()
 local grace = tonumber(ARGV[3])
 local lo, hi = tonumber(ARGV[4]), tonumber(ARGV[5])
-local ps, _, _, cid = read_policies(ARGV, 6)
+local again, lead = ARGV[6], tonumber(ARGV[7])
+local ps, _, _, cid = read_policies(ARGV, 8)
 local st, done, till = load(KEYS[2], ps, now, KEYS[3], cid)
 local cs = parse_costs(ARGV[2])
 local ks = {}
 for i = 1, #ps do ks[i] = cs and cs[i] or ps[i].call end
 local moved = move_now(st, ps, now, grace, ARGV[1], ks, cid)
-local slot, kind = now, moved and 1 or 0
-if not moved then
-  slot = slot_k(st, ps, now, ks)
-  take_at(st, ps, slot, ks, now)
-  window_record(st, ps, slot, ks)
-end
-local value = slot_value(slot, now, cid, st, '')
+local slot, kind, value = now, moved and 1 or 0, nil
 if not moved and not cs and lo > 0 then
-  local taken, tmoved = claim(KEYS[6], KEYS[5], now, lo, hi, '', slot, swap_to(KEYS[6], value, slot, ceil_ms(slot - now + grace)),
+  local taken, tmoved = claim(KEYS[6], KEYS[5], now, lo, hi, '', now, mark_taken(KEYS[6]),
     function(v) return move_now(st, ps, now, grace, v, ks, cid) end)
   if taken and tmoved then
-    slot, kind, value = now, 2, slot_value(now, now, cid, st, '')
+    kind = 2
   elseif taken then
     slot, kind, value = slot_of(taken), 2, taken
   end
 end
+if kind == 0 then
+  slot = slot_k(st, ps, now, ks)
+  if again ~= '' and slot - now > lead then
+    redis.call('LPUSH', KEYS[1], again)
+    if cs then
+      st.costed = st.costed + 1
+      for k = 1, #ps do st[k].extra = st[k].extra + cs[k] - ps[k].call end
+    end
+    save(KEYS[2], st, ps, now, grace, done, till, KEYS[3])
+    return {slot - now, 3, '', now}
+  end
+  take_at(st, ps, slot, ks, now)
+  window_record(st, ps, slot, ks)
+end
+value = value or slot_value(slot, now, cid, st, '')
 save(KEYS[2], st, ps, now, grace, done, till, KEYS[3])
 return {slot - now, kind, room_of(value), now}
