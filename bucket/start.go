@@ -112,17 +112,15 @@ func (b *Bucket) retimeOnce(ctx context.Context, rep *entered, costs []int64, ro
 	return sent, received, r, nil
 }
 
-// awaitAgain waits for its slot, as a queued caller does (awaitSlot), a
-// late caller that Retime queued again at the head of the queue (r.Entry,
+// awaitAgain polls for its slot, as a queued caller does (awaitSlot), a
+// late caller whose next slot Retime wrote rather than told (r.Entry,
 // received when its reply was).
 func (b *Bucket) awaitAgain(ctx context.Context, r queue.Retimed, received time.Time, rep *entered, costs []int64) (bool, error) {
 	if own := b.ownWait(ctx); own > 0 && r.Delay > own {
 		b.cancel(r.Entry)
 		return false, b.tooLong(r.Delay, own)
 	}
-	if b.queued.Add(1) == 1 {
-		b.sched.Ensure()
-	}
+	b.queued.Add(1) // awaitSlot's dequeued takes it off
 	limit := b.answerWithin()
 	er := queue.Arrival{Entry: r.Entry, Delay: r.Delay, Position: 1, SchedulerRunning: true, Ticket: rep.Ticket, Now: r.Now}
 	return b.awaitSlot(ctx, er, received, rep, costs, &limit)

@@ -182,13 +182,18 @@ func pushReplies(ids []string, now int64, raw string, length int64, p Policy, id
 }
 
 // claimable marks the first of the arrivals rs to poll at once when the
-// earliest slot of the due set (first, as read at now µs) was not
-// collected within the claim window's start: a caller still queued
-// claims it (poll.lua), which its caller, not running, would lose.
+// earliest slot of the due set (first, as read at now µs), another
+// handle's, was not collected within the claim window's start: a caller
+// still queued claims it (poll.lua), which its caller, not running,
+// would lose.
 func (q *Queue) claimable(rs []Arrival, first []redis.Z, now int64) {
 	lo, hi := protocol.ClaimWindow(q.opt.MaxLateness)
 	if len(first) == 0 || lo == 0 || len(rs) == 0 {
 		return
+	}
+	m, _ := first[0].Member.(string)
+	if protocol.SameHandle(m, rs[0].Entry) {
+		return // its own handle's callers run when it does (claim.lua)
 	}
 	if at := int64(first[0].Score); at <= now-hi && at >= now-protocol.ClaimReach.Microseconds() {
 		rs[0].Claim = true

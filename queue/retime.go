@@ -19,9 +19,9 @@ type Retimed struct {
 	// that caller the next slot instead (internal/protocol/claim.lua).
 	Claimed bool
 	Room    string // the new slot's room, for a caller late again
-	// Entry (set when Retime queued the caller again, at the head): the
-	// caller waits for its slot as a queued caller does (Poll), its
-	// estimate Delay from Now.
+	// Entry (set when Retime wrote the next slot rather than told it):
+	// the caller polls for its slot (Poll) as a queued caller does, a
+	// lead before Delay from Now.
 	Entry string
 	Now   int64 // the Redis clock (µs) when the script read it
 }
@@ -33,14 +33,15 @@ type Retimed struct {
 // are what the poll that found the slot said of it (PollReply.Slot and
 // Room, or Retimed's; a room "" for none: the tokens then stay spent);
 // costs are the caller's, one per policy (nil: each policy's Call). With
-// an id (fresh, as Enqueue's), a caller whose next slot is further off
-// than the lead goes back to the head of the queue instead, as a caller
-// pushed (Retimed.Entry): a slot it has not polled for can be claimed by
-// a running caller should its process stop again. One round trip.
+// an id (fresh, as Enqueue's) and no costs of its own, a caller whose
+// next slot is further off than the lead is not told it: the slot is
+// written as a step writes one, and the caller polls for it as
+// Retimed.Entry, so that a running caller can claim it should the
+// caller's process stop again. One round trip.
 func (q *Queue) Retime(ctx context.Context, slot int64, room string, costs []int64, id string) (Retimed, error) {
 	again := ""
-	if id != "" {
-		again = protocol.MakeEntry(id, 0, protocol.Costs(costs))
+	if id != "" && costs == nil {
+		again = protocol.MakeEntry(id, 0, "")
 	}
 	reply, err := q.runFor(ctx, retimeScript, q.keys.retime(), true, func(c *conf) ([]any, error) {
 		if costs != nil && len(costs) != len(c.policies) {
@@ -73,10 +74,9 @@ func (q *Queue) Retime(ctx context.Context, slot int64, room string, costs []int
 		return Retimed{}, fmt.Errorf("%w: retime %v", scriptreply.ErrReply, reply)
 	}
 	out := Retimed{Delay: dur(delay, time.Microsecond), Refunded: moved == 1, Claimed: moved == 2, Room: r, Now: now}
+	out.Slot = now + delay
 	if moved == 3 {
 		out.Entry = again
-	} else {
-		out.Slot = now + delay
 	}
 	return out, nil
 }

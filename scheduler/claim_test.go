@@ -2,6 +2,7 @@ package scheduler_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -145,13 +146,13 @@ func TestQueuedCallerTakesSlot(t *testing.T) {
 	}
 }
 
-// TestRetimeQueuesAgain: a late caller whose tokens cannot move and who
-// finds no slot to claim, with the next slot further off than the lead,
-// goes back to the head of the queue as the entry it named (not learning
-// that slot now: a process that stopped once may stop again before it);
-// the next step gives it the slot after those already given, which its
-// poll finds. Without an ID it is given that slot at once.
-func TestRetimeQueuesAgain(t *testing.T) {
+// TestRetimeWritesNextSlot: a late caller whose tokens cannot move and
+// who finds no slot to claim, with the next slot further off than the
+// lead, is not told that slot: it is written as a step writes one (its
+// key under the entry the caller named, the due set), so that a running
+// caller could claim it should this one's process stop again; the
+// caller's poll finds it. Without an ID it is told the slot at once.
+func TestRetimeWritesNextSlot(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
 	l := queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}
@@ -168,25 +169,21 @@ func TestRetimeQueuesAgain(t *testing.T) {
 	}
 	// No room: its tokens stay spent (a slot given at arrival).
 	r, err := q.Retime(ctx, slots[0], "", nil, "again-0")
-	if err != nil || r.Entry != protocol.MakeEntry("again-0", 0, "") || r.Refunded || r.Claimed || r.Slot != 0 {
-		t.Fatalf("retime: %+v %v, want queued again as again-0", r, err)
+	if err != nil || r.Entry != protocol.MakeEntry("again-0", 0, "") || r.Refunded || r.Claimed || r.Room != "" || r.Slot < slots[3]+10_000 {
+		t.Fatalf("retime: %+v %v, want the slot after the last given (%d), written for again-0", r, err, slots[3])
 	}
-	if head, err := rdb.LIndex(ctx, q.Keys().Queue, 0).Result(); err != nil || head != r.Entry {
-		t.Fatalf("the queue's head %q %v, want %q", head, err, r.Entry)
-	}
-	takeLock(t, rdb, q, "tok")
-	if s, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil || s.Scheduled != 1 {
-		t.Fatalf("second step: %+v %v", s, err)
+	if score, err := rdb.ZScore(ctx, strings.TrimSuffix(q.Keys().Queue, "queue")+"due", r.Entry).Result(); err != nil || int64(score) != r.Slot {
+		t.Fatalf("the due set has %v %v for the entry, want its slot %d", score, err, r.Slot)
 	}
 	p, err := q.Poll(ctx, r.Entry)
-	if err != nil || !(p.Found || p.Stale) || p.Slot < slots[3]+10_000 {
-		t.Fatalf("the poll of the caller queued again: %+v %v, want a slot after the last given (%d)", p, err, slots[3])
+	if err != nil || !p.Found || p.Slot != r.Slot || p.Room == "" {
+		t.Fatalf("the poll of the caller retimed: %+v %v, want its slot %d with its room", p, err, r.Slot)
 	}
 	got := []time.Time{time.UnixMicro(slots[0]), time.UnixMicro(slots[1]), time.UnixMicro(slots[2]), time.UnixMicro(slots[3]), time.UnixMicro(p.Slot)}
 	if res := guarantee.Check(got, guarantee.Limit{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}); !res.OK() {
 		t.Fatalf("grants %v break the promise: %v", got, res)
 	}
-	// Without an ID: the next slot at once, as before.
+	// Without an ID: the next slot, told at once.
 	n, err := q.Retime(ctx, slots[1], "", nil, "")
 	if err != nil || n.Entry != "" || n.Slot <= p.Slot {
 		t.Fatalf("retime without an ID: %+v %v, want the next slot after %d", n, err, p.Slot)

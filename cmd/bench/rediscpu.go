@@ -30,7 +30,7 @@ import (
 // so the figure leaves that command of a poll out.)
 var scriptCommands = []string{
 	"time", "get", "set", "getrange", "del", "exists", "pexpire", "pttl", "publish",
-	"llen", "rpush", "lpush", "lpop", "lpos", "lrem", "lrange", "ltrim", "lset", "lindex",
+	"llen", "rpush", "lpop", "lpos", "lrem", "lrange", "ltrim", "lset", "lindex",
 	"zadd", "zrangebyscore", "zremrangebyscore", "zcard", "zrem",
 }
 

@@ -32,6 +32,21 @@ const taken = "t"
 // come for it; its caller is served as one too late for its slot.
 func Taken(room string) bool { return room == taken }
 
+// SameHandle says whether queue entries (or IDs) a and b are of callers
+// of one handle: their IDs share its prefix, up to the first '.'
+// (bucket's IDs; claim.lua claims only from other handles).
+func SameHandle(a, b string) bool {
+	pa, ok := handlePrefix(a)
+	pb, okb := handlePrefix(b)
+	return ok && okb && pa == pb
+}
+
+func handlePrefix(e string) (string, bool) {
+	id, _, _ := strings.Cut(e, "|")
+	p, _, ok := strings.Cut(id, ".")
+	return p, ok
+}
+
 // ClaimWindow is how long after an uncollected slot's instant a caller
 // whose MaxLateness is maxLate claims it (claim.lua), as offsets back
 // from Redis's now, in µs: from hi (the slot's caller, which polls a lead

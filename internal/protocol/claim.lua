@@ -31,24 +31,49 @@ local SWAPPED = ' s'
 -- CLAIM_REACH is the furthest back (µs) a claim looks: protocol.ClaimReach.
 local CLAIM_REACH = 1000000
 
--- claim finds, for a running caller (its entry self), the earliest
--- uncollected slot of the due set due (members entries, whose slot keys
--- are prefix .. ID) that lies between lo and hi µs before now, or, with
--- move, an older one (up to CLAIM_REACH back) when move(value) moves that
--- slot's grant to now (refund.lua's unused_back: its tokens sat unused in
--- a bucket that never filled since): the claimer then starts now with
--- them. Only a claimer whose own slot comes after now - hi gains: mine
--- (µs; one that holds none passes now).
--- give(member, key, slot) tells the caller that did not come (swap_to,
--- mark_taken); slot is the one taken. It returns the value taken (unmarked) and whether it
--- moved; nil when there is none. Entries older than CLAIM_REACH go.
+-- own_prefix is the prefix the IDs of a handle's callers share, up to
+-- the first '.', of the entry or ID e (nil when it has none).
+local function own_prefix(e)
+  return string.match(e, '^[^.|]*%.')
+end
+
+-- others_due says whether the due set due holds, among its first slots
+-- (those a claim still reaches, and later ones), one of a caller of
+-- another handle than self's (an entry or ID): another process has
+-- callers of this bucket, which could claim a slot self's caller did
+-- not come for.
+local function others_due(due, self, now)
+  local own = own_prefix(self)
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', due, string.format('%d', now - CLAIM_REACH), '+inf', 'LIMIT', 0, 8)) do
+    if not own or string.sub(m, 1, #own) ~= own then return true end
+  end
+  return false
+end
+
+-- claim finds, for a running caller (self: its entry, or its ID), the
+-- earliest uncollected slot of the due set due (members entries, whose
+-- slot keys are prefix .. ID) of another handle's caller that lies
+-- between lo and hi µs before now, or, with move, an older one (up to
+-- CLAIM_REACH back) when move(value) moves that slot's grant to now
+-- (refund.lua's unused_back: its tokens sat unused in a bucket that never
+-- filled since): the claimer then starts now with them. Only a claimer
+-- whose own slot comes after now - hi gains: mine (µs; one that holds
+-- none passes now). give(member, key, slot) tells the caller that did
+-- not come (swap_to, mark_taken); slot is the one taken. It returns the
+-- value taken (unmarked) and whether it moved; nil when there is none.
+-- Entries older than CLAIM_REACH go.
 local function claim(due, prefix, now, lo, hi, self, mine, give, move)
   redis.call('ZREMRANGEBYSCORE', due, '-inf', '(' .. string.format('%d', now - CLAIM_REACH))
   if hi >= lo or mine <= now - hi then return nil end
   local from = move and now - CLAIM_REACH or now - lo
   local ms = redis.call('ZRANGEBYSCORE', due, string.format('%d', from), string.format('%d', now - hi), 'LIMIT', 0, 8)
+  -- The callers of one handle (their IDs share its prefix, up to the
+  -- first '.') run in one process: when the claimer runs, so do they,
+  -- only slower, and taking their slots would only pass tokens around
+  -- among them, each pass a retime. A claim takes from other handles.
+  local own = own_prefix(self)
   for _, m in ipairs(ms) do
-    if m ~= self then
+    if m ~= self and not (own and string.sub(m, 1, #own) == own) then
       local key = prefix .. entry_parts(m)
       local raw = redis.call('GET', key)
       local t = raw and slot_of(raw)

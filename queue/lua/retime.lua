@@ -14,11 +14,11 @@
 -- (claim.lua), or an older one whose grant can move to now as its own
 -- could not: it starts at once with that one, and that caller is served
 -- as one too late for its slot when it comes (TAKEN). Otherwise, when the
--- next slot is further off than the lead, it goes back to the head of the
--- queue as entry (ARGV[6]) rather than learn that slot now: a process
--- that stopped once (a pod at its CPU limit) may stop again before it,
--- and a slot its caller did not poll for is one a running caller can
--- claim, where one it knows would be lost.
+-- next slot is further off than the lead and callers of other handles
+-- have slots coming, it is written as the step writes one, for the
+-- caller to poll for (as entry, ARGV[6]), rather than told: a process that stopped once (a pod at its CPU limit) may stop
+-- again before it, and a slot its caller has not polled for is one a
+-- running caller can claim, where one it was told would be lost.
 --
 -- KEYS[1] queue, KEYS[2] state, KEYS[3] config (as in enqueue.lua),
 -- KEYS[4] refunds (unused; kept for the key list's shape), KEYS[5] slot
@@ -29,16 +29,18 @@
 -- ARGV[3] grace µs added to the state's TTL
 -- ARGV[4], ARGV[5] the claim window, µs back from now: lo, hi
 --         (protocol.ClaimWindow; 0, 0 claims nothing)
--- ARGV[6] the entry to queue the caller as ("<id>|0[|<costs>]", entry.lua),
---         "" to give it the next slot however far
+-- ARGV[6] the entry ("<id>|0", entry.lua) under which the caller polls
+--         for a next slot further off than the lead; "" to tell it that
+--         slot however far
 -- ARGV[7] lead µs: a next slot at most this far off is given at once
 -- ARGV[8..] policies: configuration id, n, then cap, amount, freq µs, call, kind for each
 --
 -- Reply {delay µs, kind, room, now µs}: kind 0 the next slot, delay from
 -- Redis's now; 1 moved: the caller starts now with the missed slot's
--- tokens; 2 claimed another caller's slot (delay 0 or negative); 3 queued
--- again at the head as ARGV[6], delay the estimate of its slot. room is
--- the slot's, for a caller late again ('' for kind 3).
+-- tokens; 2 claimed another caller's slot (delay 0 or negative); 3 the
+-- next slot, delay from now, written for the caller to poll for as
+-- ARGV[6]. room is the slot's, for a caller late again ('' for kind 3:
+-- its poll tells it).
 local now = now_us()
 local grace = tonumber(ARGV[3])
 local lo, hi = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -51,7 +53,7 @@ for i = 1, #ps do ks[i] = cs and cs[i] or ps[i].call end
 local moved = move_now(st, ps, now, grace, ARGV[1], ks, cid)
 local slot, kind, value = now, moved and 1 or 0, nil
 if not moved and not cs and lo > 0 then
-  local taken, tmoved = claim(KEYS[6], KEYS[5], now, lo, hi, '', now, mark_taken(KEYS[6]),
+  local taken, tmoved = claim(KEYS[6], KEYS[5], now, lo, hi, again, now, mark_taken(KEYS[6]),
     function(v) return move_now(st, ps, now, grace, v, ks, cid) end)
   if taken and tmoved then
     kind = 2
@@ -61,18 +63,20 @@ if not moved and not cs and lo > 0 then
 end
 if kind == 0 then
   slot = slot_k(st, ps, now, ks)
-  if again ~= '' and slot - now > lead then
-    redis.call('LPUSH', KEYS[1], again)
-    if cs then
-      st.costed = st.costed + 1
-      for k = 1, #ps do st[k].extra = st[k].extra + cs[k] - ps[k].call end
-    end
-    save(KEYS[2], st, ps, now, grace, done, till, KEYS[3])
-    return {slot - now, 3, '', now}
-  end
   take_at(st, ps, slot, ks, now)
   window_record(st, ps, slot, ks)
 end
 value = value or slot_value(slot, now, cid, st, '')
+if kind == 0 and again ~= '' and not cs and slot - now > lead and others_due(KEYS[6], again, now) then
+  -- The slot is written as the step writes one (its key, the due set),
+  -- for the caller to poll for a lead before it; only when callers of
+  -- other handles have slots coming, which could claim it (with none,
+  -- the poll would only cost this one's process a round trip).
+  local id = entry_parts(again)
+  redis.call('SET', KEYS[5] .. id, value, 'PX', ceil_ms(slot - now + grace))
+  redis.call('ZADD', KEYS[6], slot, again)
+  redis.call('PEXPIRE', KEYS[6], ceil_ms(slot - now + grace)) -- the latest slot given
+  kind, value = 3, ''
+end
 save(KEYS[2], st, ps, now, grace, done, till, KEYS[3])
 return {slot - now, kind, room_of(value), now}
