@@ -189,3 +189,61 @@ func TestRetimeWritesNextSlot(t *testing.T) {
 		t.Fatalf("retime without an ID: %+v %v, want the next slot after %d", n, err, p.Slot)
 	}
 }
+
+// TestClaimsSkipOwnHandle: callers of one handle (their IDs share its
+// prefix, up to the first '.') run in one process, so one that polls
+// does not take the slot of another that has not come yet: it is only
+// slower. The first keeps its slot, late as it is.
+func TestClaimsSkipOwnHandle(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	l := queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}
+	q := newQ(scriptOnly{rdb}, "sluice", t.Name(), []queue.Policy{l},
+		queue.Options{Lookahead: 5 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 100 * time.Millisecond})
+	// Both queued (behind a placeholder, taken out), the first given its
+	// slot by a step.
+	if err := rdb.RPush(ctx, q.Keys().Queue, "placeholder").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var entries []string
+	for _, id := range []string{"handle1.a", "handle1.b"} {
+		a, err := enqueueOne(q, id)
+		if err != nil || kindOf(a) != kQueued {
+			t.Fatalf("enqueue %s: %+v %v, want queued", id, a, err)
+		}
+		entries = append(entries, a.Entry)
+	}
+	if err := rdb.LRem(ctx, q.Keys().Queue, 1, "placeholder").Err(); err != nil {
+		t.Fatal(err)
+	}
+	takeLock(t, rdb, q, "tok")
+	if r, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil || r.Scheduled != 1 {
+		t.Fatalf("step: %+v %v", r, err)
+	}
+	first, err := rdb.Get(ctx, slotKey(q, "handle1.a")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot, _, _ := protocol.ParseSlotValue(first)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now.UnixMicro()-slot >= 55000 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the Redis clock never passed the slot")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	p, err := q.Poll(ctx, entries[1])
+	if err != nil || p.Claimed || (p.Found && p.Slot == slot) {
+		t.Fatalf("the second caller's poll: %+v %v, want no claim of its own handle's slot %d", p, err, slot)
+	}
+	if v, err := rdb.Get(ctx, slotKey(q, "handle1.a")).Result(); err != nil || v != first {
+		t.Fatalf("the first caller's slot key holds %q %v, want %q untouched", v, err, first)
+	}
+}
