@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/bench/loadgen"
+	"github.com/sluicehq/sluice/internal/enterdetail"
 	"github.com/sluicehq/sluice/internal/testing/guarantee"
 )
 
@@ -305,17 +306,9 @@ func (p *sidecarProc) stop() {
 // sidecarReply is the server's answer to enter, with the detail it adds
 // for the bench (SLUICE_SERVE_DETAIL).
 type sidecarReply struct {
-	Ticket int64 `json:"ticket"`
-	Detail *struct {
-		SlotUS    int64 `json:"slot_us"`
-		Position  int   `json:"position"`
-		Polls     int   `json:"polls"`
-		Retimes   int   `json:"retimes"`
-		Reentries int   `json:"reentries"`
-		LateNS    int64 `json:"late_ns"`
-		Claims    int   `json:"claims"`
-	} `json:"detail"`
-	Error string `json:"error"`
+	Ticket int64             `json:"ticket"`
+	Detail *enterdetail.Wire `json:"detail"`
+	Error  string            `json:"error"`
 }
 
 // enter sends one enter of one call for bucket name.

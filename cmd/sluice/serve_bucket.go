@@ -38,19 +38,7 @@ type grantReply struct {
 	// callers (bucket.Report.Ticket); 0 when it did not queue.
 	Ticket int64 `json:"ticket"`
 	// Detail is for cmd/bench only (envDetail).
-	Detail *grantDetail `json:"detail,omitempty"`
-}
-
-// grantDetail is what cmd/bench needs of a grant to judge it as it judges
-// the library's: its slot on the Redis clock and how it got it.
-type grantDetail struct {
-	SlotUS    int64 `json:"slot_us"` // unix µs, Redis clock
-	Position  int   `json:"position"`
-	Polls     int   `json:"polls"`
-	Retimes   int   `json:"retimes"`
-	Reentries int   `json:"reentries"`
-	LateNS    int64 `json:"late_ns"`
-	Claims    int   `json:"claims"`
+	Detail *enterdetail.Wire `json:"detail,omitempty"` // what cmd/bench needs of a grant to judge it as it judges the library's
 }
 
 func (s *sidecar) enter(w http.ResponseWriter, r *http.Request)   { s.grant(w, r, false) }
@@ -111,7 +99,7 @@ func (s *sidecar) grant(w http.ResponseWriter, r *http.Request, reserve bool) {
 	}
 	out := grantReply{WaitedMS: float64(rep.Wait.Microseconds()) / 1000, Ticket: rep.Ticket}
 	if s.opt.detail {
-		out.Detail = &grantDetail{SlotUS: detail.Slot.UnixMicro(), Position: rep.Position, Polls: detail.Polls,
+		out.Detail = &enterdetail.Wire{SlotUS: detail.Slot.UnixMicro(), Position: rep.Position, Polls: detail.Polls,
 			Retimes: rep.Retimes, Reentries: rep.Reentries, LateNS: int64(rep.Late), Claims: detail.Claims}
 	}
 	if reserve {
