@@ -408,6 +408,25 @@ func answer(code int, format string, a ...any) error {
 	return &answerError{code: code, msg: fmt.Sprintf(format, a...)}
 }
 
+// waitIn is what every request that waits in a limiter does once its
+// body is decoded: its timeout (timeoutMS), the handle (look), a place
+// among the callers waiting here (admit), and the ctx the wait runs
+// under. ok false: the reply is written. Otherwise the request defers
+// leave, which gives the place back and ends ctx.
+func waitIn[L limiter](s *sidecar, w http.ResponseWriter, r *http.Request, kind string, timeoutMS int64, look func(http.ResponseWriter, *http.Request) *served[L]) (h *served[L], ctx context.Context, d time.Duration, leave func(), ok bool) {
+	if d, ok = timeout(w, timeoutMS); !ok {
+		return nil, nil, 0, nil, false
+	}
+	if h = look(w, r); h == nil {
+		return nil, nil, 0, nil, false
+	}
+	if !s.admit(w, kind, r.PathValue("name"), &h.waiting) {
+		return nil, nil, 0, nil, false
+	}
+	ctx, cancel := withTimeout(r.Context(), d)
+	return h, ctx, d, func() { cancel(); h.waiting.Add(-1) }, true
+}
+
 // admit counts one more caller waiting at this server on the limiter
 // whose waiting callers are *waiting; beyond --max-waiting it answers 429
 // and returns false. The caller that was admitted counts itself out when

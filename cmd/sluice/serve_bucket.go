@@ -50,21 +50,12 @@ func (s *sidecar) grant(w http.ResponseWriter, r *http.Request, reserve bool) {
 	if !decode(w, r, &req) {
 		return
 	}
-	d, ok := timeout(w, req.TimeoutMS)
+	sb, ctx, d, leave, ok := waitIn(s, w, r, "bucket", req.TimeoutMS, s.bucketOf)
 	if !ok {
 		return
 	}
-	sb := s.bucketOf(w, r)
-	if sb == nil {
-		return
-	}
+	defer leave()
 	name := r.PathValue("name")
-	if !s.admit(w, "bucket", name, &sb.waiting) {
-		return
-	}
-	defer sb.waiting.Add(-1)
-	ctx, cancel := withTimeout(r.Context(), d)
-	defer cancel()
 	var detail enterdetail.Detail
 	if s.opt.granted != nil || s.opt.detail {
 		ctx = enterdetail.With(ctx, &detail)

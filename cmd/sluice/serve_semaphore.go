@@ -31,25 +31,16 @@ func (s *sidecar) acquire(w http.ResponseWriter, r *http.Request) {
 	if !decode(w, r, &req) {
 		return
 	}
-	d, ok := timeout(w, req.TimeoutMS)
-	if !ok {
-		return
-	}
 	if req.Weight < 0 {
 		fail(w, http.StatusBadRequest, "weight %d, want ≥ 1 (0 means 1)", req.Weight)
 		return
 	}
-	ss := s.semaphoreOf(w, r)
-	if ss == nil {
+	ss, ctx, d, leave, ok := waitIn(s, w, r, "semaphore", req.TimeoutMS, s.semaphoreOf)
+	if !ok {
 		return
 	}
+	defer leave()
 	name := r.PathValue("name")
-	if !s.admit(w, "semaphore", name, &ss.waiting) {
-		return
-	}
-	defer ss.waiting.Add(-1)
-	ctx, cancel := withTimeout(r.Context(), d)
-	defer cancel()
 	start := time.Now()
 	p, err := ss.l.AcquireN(ctx, max(req.Weight, 1))
 	if err != nil {
