@@ -37,8 +37,9 @@ local FORMAT = 2
 -- shorter than that, and a bucket in steady use renews it every 64 grants.
 local CONFIG_RENEW_EVERY = 64
 
--- FRESH_LAG_US bounds how late a new bucket's refills start (load).
-local FRESH_LAG_US = 5000
+-- FRESH_LAG_US bounds how late a new bucket's refills start (load):
+-- tokens.lua's REFILL_LAG_US.
+local FRESH_LAG_US = REFILL_LAG_US
 local CONFIG_TTL_MS = 2592000000
 
 -- check_format refuses a state of a format this code does not know.

@@ -150,7 +150,7 @@ func ParseWindowEntry(raw string) (WindowEntry, bool) {
 // rolling window's grant still counts, µs.
 func WindowSpan(p Policy) int64 {
 	w := p.RefillFrequency.Microseconds()
-	return w + min(w/2, 5000)
+	return w + min(w/2, RefillLagMax)
 }
 
 // WindowRefill is tokens.lua's window_refill: a rolling policy's level at

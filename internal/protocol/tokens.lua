@@ -71,13 +71,19 @@ end
 -- expiring them: window_refill), its anchor the slot of the last entry
 -- logged (0: none), which bounds when the log empties.
 
+-- REFILL_LAG_US is the longest lag (µs) of a grant behind its slot that
+-- the books allow for: a token bucket's refill lag (refill_lag, below), a
+-- rolling window's (window_span) and a new bucket's (state.lua's
+-- FRESH_LAG_US). protocol.RefillLagMax is its Go twin.
+local REFILL_LAG_US = 5000
+
 -- window_span is how long after its slot a rolling window's grant still
--- counts: its window W plus a lag of min(W / 2, 5 ms), as a new bucket's
--- refills lag (state.lua's FRESH_LAG_US): an upstream that counts
--- requests as they arrive sees one start a little after its slot, and
--- the next one after the window must not arrive before it leaves.
+-- counts: its window W plus a lag of min(W / 2, REFILL_LAG_US), as a new
+-- bucket's refills lag (state.lua's FRESH_LAG_US): an upstream that
+-- counts requests as they arrive sees one start a little after its slot,
+-- and the next one after the window must not arrive before it leaves.
 local function window_span(p)
-  return p.freq + math.min(math.floor(p.freq / 2), 5000)
+  return p.freq + math.min(math.floor(p.freq / 2), REFILL_LAG_US)
 end
 
 -- MAX_WALK bounds how many log entries window_slot reads: past them its
@@ -221,7 +227,6 @@ end
 -- than twice that, the lag is half that time, as a rolling window's
 -- (window_span): a bucket that fills between every two grants pays the
 -- lag at each, at most a third of its rate.
-local REFILL_LAG_US = 5000
 
 -- refill_lag is a token bucket's lag, µs: min(fill / 2, REFILL_LAG_US),
 -- fill being how long it takes to refill from empty, ceil(cap / amount)
