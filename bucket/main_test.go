@@ -54,23 +54,33 @@ func enterAll(ctx context.Context, b *bucket.Bucket, callers, n int) []loadgen.G
 //   - the slots, on the Redis clock, keep the guarantee exactly;
 //   - no caller starts before its slot (Redis and this test share the
 //     machine's clock, so the two can be compared);
-//   - start times, as the upstream would see them, keep the guarantee
-//     with windows widened by the lateness bound (MaxLateness plus a
-//     margin for the reply's trip): a late caller cannot bunch up.
-func checkGrants(t *testing.T, grants []loadgen.Grant, cfg bucket.Config) guarantee.Result {
+//   - no caller started later after its slot than MaxLateness, by the
+//     bucket's own measure (Report.Late: a later one is retimed), so
+//     that late callers cannot bunch up.
+//
+// The test process's wall-clock returns from Enter are not judged
+// against the limit: beside a busy loop, a goroutine the bucket let
+// start on time may run much later, which says nothing of the bucket.
+func checkGrants(t *testing.T, grants []loadgen.Grant, cfg bucket.Config) {
 	t.Helper()
-	var starts, slots []time.Time
+	var slots []time.Time
 	var errs []string
-	early := 0
+	early, tooLate := 0, 0
+	late := cfg.MaxLateness // as New reads it
+	if late == 0 {
+		late = bucket.DefaultMaxLateness
+	}
 	for _, g := range grants {
 		if !g.OK() {
 			errs = append(errs, g.Err)
 			continue
 		}
-		starts = append(starts, g.Time())
 		slots = append(slots, g.SlotTime())
 		if g.Time().Before(g.SlotTime().Add(-100 * time.Microsecond)) {
 			early++
+		}
+		if late >= 0 && !g.Local && time.Duration(g.Late) > late {
+			tooLate++
 		}
 	}
 	if len(errs) > 0 {
@@ -79,20 +89,12 @@ func checkGrants(t *testing.T, grants []loadgen.Grant, cfg bucket.Config) guaran
 	if early > 0 {
 		t.Errorf("%d callers started before their slot", early)
 	}
-	l := limitOf(cfg)
-	if res := guarantee.Check(slots, l); !res.OK() {
+	if tooLate > 0 {
+		t.Errorf("%d callers started more than MaxLateness (%v) after their slot, by the bucket's measure", tooLate, late)
+	}
+	if res := guarantee.Check(slots, limitOf(cfg)); !res.OK() {
 		t.Errorf("guarantee broken by the slots: %v", res)
 	}
-	late := cfg.MaxLateness // as New reads it
-	if late == 0 {
-		late = bucket.DefaultMaxLateness
-	}
-	slack := max(late, 0) + 2*time.Millisecond
-	res := guarantee.CheckSlack(starts, l, slack)
-	if !res.OK() {
-		t.Errorf("guarantee broken by the start times (slack %v): %v", slack, res)
-	}
-	return guarantee.Check(starts, l)
 }
 
 // waitFor polls cond until it holds, failing t after within.

@@ -26,9 +26,13 @@ func windowLimit(p bucket.Policy) guarantee.Limit {
 	return l
 }
 
-// checkWindow fails t when a grant failed, or when the slots (exactly) or
-// the start times (with the lateness bound) break p's promise, counting
-// each grant's cost in p's unit; it returns the grants' units.
+// checkWindow fails t when a grant failed, when the slots break p's
+// promise (the checker, on the Redis clock), or when a caller started
+// later after its slot than MaxLateness by the bucket's own measure
+// (Report.Late: the bucket retimes such a caller), counting each grant's
+// cost in p's unit; it returns the grants' units. The test process's
+// wall-clock returns from Enter are not judged: beside a busy loop a
+// goroutine that the bucket let start on time may run much later.
 func checkWindow(t *testing.T, gs []loadgen.Grant, p bucket.Policy) (units int, first, last time.Time) {
 	return checkWindowLate(t, gs, p, bucket.DefaultMaxLateness)
 }
@@ -36,7 +40,7 @@ func checkWindow(t *testing.T, gs []loadgen.Grant, p bucket.Policy) (units int, 
 // checkWindowLate is checkWindow for callers whose MaxLateness is late.
 func checkWindowLate(t *testing.T, gs []loadgen.Grant, p bucket.Policy, late time.Duration) (units int, first, last time.Time) {
 	t.Helper()
-	var slots, starts []guarantee.Grant
+	var slots []guarantee.Grant
 	for _, g := range gs {
 		if !g.OK() {
 			t.Fatalf("an Enter failed: %s", g.Err)
@@ -46,7 +50,9 @@ func checkWindowLate(t *testing.T, gs []loadgen.Grant, p bucket.Policy, late tim
 			c = g.Cost
 		}
 		slots = append(slots, guarantee.Grant{At: g.SlotTime(), Cost: c})
-		starts = append(starts, guarantee.Grant{At: g.Time(), Cost: c})
+		if l := time.Duration(g.Late); l > late {
+			t.Errorf("%s: a caller started %v after its slot, past MaxLateness %v", p.Kind, l, late)
+		}
 		units += c
 		if first.IsZero() || g.SlotTime().Before(first) {
 			first = g.SlotTime()
@@ -58,9 +64,6 @@ func checkWindowLate(t *testing.T, gs []loadgen.Grant, p bucket.Policy, late tim
 	l := windowLimit(p)
 	if r := guarantee.CheckCosts(slots, l, 0); !r.OK() {
 		t.Errorf("%s: the slots break it: %v", p.Kind, r)
-	}
-	if r := guarantee.CheckCosts(starts, l, late+2*time.Millisecond); !r.OK() {
-		t.Errorf("%s: the start times break it: %v", p.Kind, r)
 	}
 	return units, first, last
 }
@@ -110,8 +113,8 @@ func TestRollingWithCosts(t *testing.T) {
 	// two CPUs beside the other tests came back later than the default
 	// 25 ms, and a rolling window's grant cannot move to when its caller
 	// comes (its tokens were spent: 57-84 % of what the windows allow in
-	// loaded runs, against the floor of 85 %). The start times are judged
-	// with that lateness as their slack.
+	// loaded runs, against the floor of 85 %). Each start is judged
+	// against that lateness (checkWindowLate).
 	cfg := bucket.Config{Name: t.Name(), Capacity: 10, RefillAmount: 1, RefillFrequency: 5 * time.Millisecond, Policies: []bucket.Policy{tokens},
 		MaxLateness: 250 * time.Millisecond}
 	var procs []*loadgen.Proc
