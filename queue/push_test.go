@@ -132,3 +132,50 @@ func TestNoPushThroughScripter(t *testing.T) {
 	}
 	var _ redis.Scripter = scriptOnly{rdb}
 }
+
+// TestPushSaysClaim: an arrival through the push lane is told to poll at
+// once (Arrival.Claim) when the due set's first slot is another handle's
+// and was not collected half of MaxLateness after its instant; not when
+// the set is empty, the slot is younger, or it is the arrival's own
+// handle's (claim.lua takes only from other handles).
+func TestPushSaysClaim(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	p := Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}
+	opt := Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Second, Grace: time.Minute, MaxLateness: 100 * time.Millisecond}
+	for _, c := range []struct {
+		name   string
+		member string
+		ago    time.Duration // how long before now the due slot was (wide: a slow test process changes nothing)
+		want   bool
+	}{
+		{"empty", "", 0, false},
+		{"another handle's, 500 ms past", "other.1|0", 500 * time.Millisecond, true},
+		{"another handle's, 10 s ahead", "other.1|0", -10 * time.Second, false},
+		{"its own handle's, 500 ms past", "mine.1|0", 500 * time.Millisecond, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			q := newQ(rdb, "sluice", t.Name(), []Policy{p}, opt)
+			// Someone waits, so that the arrival takes the push lane.
+			if err := rdb.RPush(ctx, q.Keys().Queue, "w.0|1").Err(); err != nil {
+				t.Fatal(err)
+			}
+			if c.member != "" {
+				now, err := rdb.Time(ctx).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := rdb.ZAdd(ctx, q.keys.due, redis.Z{Score: float64(now.Add(-c.ago).UnixMicro()), Member: c.member}).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rs, err := q.push(ctx, []string{"mine.2"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rs[0].Claim != c.want {
+				t.Fatalf("Claim = %v, want %v", rs[0].Claim, c.want)
+			}
+		})
+	}
+}
