@@ -138,7 +138,7 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, lim
 		return false, b.tooLong(er.Delay, own)
 	case er.Entry == "": // its slot at once
 		rep.Slot = time.UnixMicro(er.Slot)
-		return b.sleepToSlot(ctx, sent, received, er.Delay, rep, costs, "", "")
+		return b.written(ctx, rep, costs, limit)(b.sleepToSlot(ctx, sent, received, er.Delay, rep, costs, "", ""))
 	}
 	if own > 0 && er.Delay > own {
 		// Pushed (queue.Enqueue's push lane cannot refuse): leave at once.
@@ -152,7 +152,23 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, lim
 	if b.queued.Add(1) == 1 || !er.SchedulerRunning {
 		b.sched.Ensure()
 	}
-	return b.awaitSlot(ctx, er, received, rep, costs, limit)
+	return b.written(ctx, rep, costs, limit)(b.awaitSlot(ctx, er, received, rep, costs, limit))
+}
+
+// written takes a wait's outcome (again, err) and, for as long as it is
+// a late caller's next slot written rather than told (writtenSlot), has
+// the caller poll for that slot (awaitWritten): the loop that keeps a
+// caller retimed time after time at one depth.
+func (b *Bucket) written(ctx context.Context, rep *entered, costs []int64, limit *time.Duration) func(bool, error) (bool, error) {
+	return func(again bool, err error) (bool, error) {
+		for {
+			var ws writtenSlot
+			if !errors.As(err, &ws) {
+				return again, err
+			}
+			again, err = b.awaitWritten(ctx, ws, rep, costs, limit)
+		}
+	}
 }
 
 // ownWait is the longest a caller may wait for its slot: until its ctx's

@@ -40,7 +40,7 @@ func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, dela
 			return b.retimeFailed(ctx, err)
 		}
 		if r.Entry != "" {
-			return b.awaitAgain(ctx, r, received, rep, costs)
+			return false, writtenSlot{r, received}
 		}
 		delay, room = r.Delay, r.Room
 		if own := b.ownWait(ctx); own > 0 && delay > own {
@@ -58,7 +58,7 @@ func (b *Bucket) retime(ctx context.Context, rep *entered, costs []int64, entry,
 		return b.retimeFailed(ctx, err)
 	}
 	if r.Entry != "" {
-		return b.awaitAgain(ctx, r, received, rep, costs)
+		return false, writtenSlot{r, received}
 	}
 	if own := b.ownWait(ctx); own > 0 && r.Delay > own {
 		b.leave(queue.Leaver{Entry: entry, Room: r.Room, Slot: r.Slot, Costs: costs})
@@ -112,18 +112,30 @@ func (b *Bucket) retimeOnce(ctx context.Context, rep *entered, costs []int64, ro
 	return sent, received, r, nil
 }
 
-// awaitAgain polls for its slot, as a queued caller does (awaitSlot), a
-// late caller whose next slot Retime wrote rather than told (r.Entry,
-// received when its reply was).
-func (b *Bucket) awaitAgain(ctx context.Context, r queue.Retimed, received time.Time, rep *entered, costs []int64) (bool, error) {
+// writtenSlot is what sleepToSlot and retime return for a late caller
+// whose next slot Retime wrote rather than told (r, its reply received
+// then): enterOnce then has it poll for that slot (awaitWritten), as a
+// queued caller does, in its own loop rather than deeper in this one.
+type writtenSlot struct {
+	r        queue.Retimed
+	received time.Time
+}
+
+func (writtenSlot) Error() string {
+	return "bucket: a late caller's next slot was written; poll for it"
+}
+
+// awaitWritten polls for its slot, as a queued caller does (awaitSlot),
+// a late caller whose next slot Retime wrote rather than told.
+func (b *Bucket) awaitWritten(ctx context.Context, ws writtenSlot, rep *entered, costs []int64, limit *time.Duration) (bool, error) {
+	r := ws.r
 	if own := b.ownWait(ctx); own > 0 && r.Delay > own {
 		b.cancel(r.Entry)
 		return false, b.tooLong(r.Delay, own)
 	}
 	b.queued.Add(1) // awaitSlot's dequeued takes it off
-	limit := b.answerWithin()
 	er := queue.Arrival{Entry: r.Entry, Delay: r.Delay, Position: 1, SchedulerRunning: true, Ticket: rep.Ticket, Now: r.Now}
-	return b.awaitSlot(ctx, er, received, rep, costs, &limit)
+	return b.awaitSlot(ctx, er, ws.received, rep, costs, limit)
 }
 
 // retimeFailed: a Retime that failed leaves the missed slot's tokens spent;
