@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/internal/testing/redistest"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler"
@@ -187,61 +189,80 @@ func TestQueuedArrivalWritesNoState(t *testing.T) {
 // queue takes the path Cluster and Ring clients take: polls as scripts.
 type scriptOnly struct{ queue.Client }
 
+// stepped queues n callers on a new bucket of policy p through client s
+// (rdb serves the test's own reads), runs one step, which must give
+// every one its slot, and returns the queue, their entries and their
+// slots.
+func stepped(t *testing.T, rdb *redis.Client, s queue.Client, p queue.Policy, opt queue.Options, n int) (*queue.Queue, []string, []int64) {
+	t.Helper()
+	q := newQ(s, "sluice", t.Name(), []queue.Policy{p}, opt)
+	ids := enqueueN(t, rdb, q, n)
+	takeLock(t, rdb, q, "tok")
+	if r, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil || r.Scheduled != n {
+		t.Fatalf("step: %+v %v, want %d scheduled", r, err, n)
+	}
+	return q, ids, slotsOf(t, rdb, q, ids)
+}
+
+// eachPoll runs f, as a subtest each, for each of paths: true with rdb
+// (one server: a poll is TIME and GETDEL, the script only when no slot is
+// there yet), false with a client through which every poll is the script
+// (scriptOnly), as on Cluster.
+func eachPoll(t *testing.T, rdb *redis.Client, paths []bool, f func(t *testing.T, s queue.Client, direct bool)) {
+	for _, direct := range paths {
+		t.Run(fmt.Sprint("direct=", direct), func(t *testing.T) {
+			var s queue.Client = rdb
+			if !direct {
+				s = scriptOnly{rdb}
+			}
+			f(t, s, direct)
+		})
+	}
+}
+
 // TestDirectPollMatchesScript: on one server a poll is TIME and GETDEL;
 // through any other client it is the script. Both give the slot the step
 // wrote, once, and both say stale past the tolerance.
 func TestDirectPollMatchesScript(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	for _, direct := range []bool{true, false} {
-		t.Run(fmt.Sprint("direct=", direct), func(t *testing.T) {
-			var s queue.Client = rdb
-			if !direct {
-				s = scriptOnly{rdb}
+	eachPoll(t, rdb, []bool{true, false}, func(t *testing.T, s queue.Client, direct bool) {
+		q, ids, want := stepped(t, rdb, s, queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond},
+			queue.Options{Lookahead: time.Second, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 300 * time.Millisecond}, 3)
+		p, err := q.Poll(ctx, ids[0])
+		if err != nil || pollKindOf(p) != pSlot || p.Slot != want[0] || p.RoundTrips != 1 {
+			t.Fatalf("poll: %+v %v, want slot %d in 1 round trip", p, err, want[0])
+		}
+		if p, err := q.Poll(ctx, ids[0]); err != nil || pollKindOf(p) != pLost {
+			t.Fatalf("second poll: %+v %v, want lost", p, err)
+		}
+		if p, err := q.Poll(ctx, "never-queued|1"); err != nil || pollKindOf(p) != pLost {
+			t.Fatalf("poll of a stranger: %+v %v, want lost", p, err)
+		} else if wantTrips := map[bool]int{true: 2, false: 1}[direct]; p.RoundTrips != wantTrips {
+			t.Fatalf("a miss took %d round trips, want %d", p.RoundTrips, wantTrips)
+		}
+		// The last slot, polled after it is older than the tolerance.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			now, err := rdb.Time(ctx).Result()
+			if err != nil {
+				t.Fatal(err)
 			}
-			q := newQ(s, "sluice", t.Name(), []queue.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}},
-				queue.Options{Lookahead: time.Second, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 300 * time.Millisecond})
-			ids := enqueueN(t, rdb, q, 3)
-			takeLock(t, rdb, q, "tok")
-			if r, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil || r.Scheduled != 3 {
-				t.Fatalf("step: %+v %v", r, err)
+			if now.UnixMicro() > want[2]+(320*time.Millisecond).Microseconds() {
+				break
 			}
-			want := slotsOf(t, rdb, q, ids)
-			p, err := q.Poll(ctx, ids[0])
-			if err != nil || pollKindOf(p) != pSlot || p.Slot != want[0] || p.RoundTrips != 1 {
-				t.Fatalf("poll: %+v %v, want slot %d in 1 round trip", p, err, want[0])
+			if time.Now().After(deadline) {
+				t.Fatal("the Redis clock never passed the slot")
 			}
-			if p, err := q.Poll(ctx, ids[0]); err != nil || pollKindOf(p) != pLost {
-				t.Fatalf("second poll: %+v %v, want lost", p, err)
-			}
-			if p, err := q.Poll(ctx, "never-queued|1"); err != nil || pollKindOf(p) != pLost {
-				t.Fatalf("poll of a stranger: %+v %v, want lost", p, err)
-			} else if wantTrips := map[bool]int{true: 2, false: 1}[direct]; p.RoundTrips != wantTrips {
-				t.Fatalf("a miss took %d round trips, want %d", p.RoundTrips, wantTrips)
-			}
-			// The last slot, polled after it is older than the tolerance.
-			deadline := time.Now().Add(5 * time.Second)
-			for {
-				now, err := rdb.Time(ctx).Result()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if now.UnixMicro() > want[2]+(320*time.Millisecond).Microseconds() {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("the Redis clock never passed the slot")
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-			if p, err := q.Poll(ctx, ids[2]); err != nil || pollKindOf(p) != pStale || p.Delay > -300*time.Millisecond {
-				t.Fatalf("late poll: %+v %v, want stale", p, err)
-			}
-			if n := countSlots(t, rdb, q); n != 1 {
-				t.Fatalf("%d slot keys left, want 1 (ids[1]'s)", n)
-			}
-		})
-	}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if p, err := q.Poll(ctx, ids[2]); err != nil || pollKindOf(p) != pStale || p.Delay > -300*time.Millisecond {
+			t.Fatalf("late poll: %+v %v, want stale", p, err)
+		}
+		if n := countSlots(t, rdb, q); n != 1 {
+			t.Fatalf("%d slot keys left, want 1 (ids[1]'s)", n)
+		}
+	})
 }
 
 // TestSlotPatternEscapesGlobs: SCAN finds a bucket's slot keys and only
