@@ -101,24 +101,7 @@ func (q *Queue) push(ctx context.Context, ids []string) ([]Arrival, error) {
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		var rerr redis.Error
-		if errors.As(err, &rerr) {
-			// The server refused the transaction: scripts from now on.
-			q.lane.off.Store(true)
-			if q.opt.Logger != nil {
-				q.opt.Logger.Warn("sluice: the push lane is off: the server refused its transaction; arrivals take the enqueue script from now on", "bucket", q.keys.state, "err", err)
-			}
-			if strings.HasPrefix(err.Error(), "EXECABORT") {
-				// Refused as a whole (Redis < 7.0 has no PEXPIRE NX):
-				// nothing ran, the callers may enqueue by script.
-				return nil, fmt.Errorf("%w: %v", errNoPush, err)
-			}
-			// MULTI itself refused (an ACL without it): the commands ran
-			// one by one and the callers' entries may be queued; they
-			// fail once, and a token may go to an entry nobody polls.
-			return nil, fmt.Errorf("queue: push lane refused, scripts from now on: %w", err)
-		}
-		return nil, err
+		return nil, q.pushFailed(err)
 	}
 	raw, err := state.Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
@@ -137,6 +120,29 @@ func (q *Queue) push(ctx context.Context, ids []string) ([]Arrival, error) {
 		q.lane.busyUntil.Store(0)
 	}
 	return rs, err
+}
+
+// pushFailed is the error of a push transaction that failed with err; a
+// server that refused the transaction closes the lane: scripts from now
+// on.
+func (q *Queue) pushFailed(err error) error {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return err
+	}
+	q.lane.off.Store(true)
+	if q.opt.Logger != nil {
+		q.opt.Logger.Warn("sluice: the push lane is off: the server refused its transaction; arrivals take the enqueue script from now on", "bucket", q.keys.state, "err", err)
+	}
+	if strings.HasPrefix(err.Error(), "EXECABORT") {
+		// Refused as a whole (Redis < 7.0 has no PEXPIRE NX): nothing
+		// ran, the callers may enqueue by script.
+		return fmt.Errorf("%w: %v", errNoPush, err)
+	}
+	// MULTI itself refused (an ACL without it): the commands ran one by
+	// one and the callers' entries may be queued; they fail once, and a
+	// token may go to an entry nobody polls.
+	return fmt.Errorf("queue: push lane refused, scripts from now on: %w", err)
 }
 
 // pushReplies computes, from what the transaction read, the replies
