@@ -23,8 +23,9 @@
 --   same, the slot claimed from a caller that did not come for it;
 --   2 still queued: delay = estimate of the slot, lock TTL as PTTL (-2: no
 --   scheduler); 3 stale: the slot passed more than tolerance ago, or a
---   running caller took it (room ''), the token is spent: retime; 4 lost: neither queued nor scheduled (expired, or
---   Redis lost its data), enter again. slot (µs, Redis time) is set for
+--   running caller took it (room ''), the token is spent: retime; 4
+--   lost: neither queued nor scheduled (expired, or Redis lost its
+--   data), enter again. slot (µs, Redis time) is set for
 --   kinds 1 and 3, for analysis only; room (entry.lua's room_of) too, for
 --   retime.lua.
 local now = now_us()

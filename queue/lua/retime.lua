@@ -13,12 +13,13 @@
 -- caller did not come for it, when the due set holds one in its window
 -- (claim.lua), or an older one whose grant can move to now as its own
 -- could not: it starts at once with that one, and that caller is served
--- as one too late for its slot when it comes (TAKEN). Otherwise, when the
--- next slot is further off than the lead and callers of other handles
--- have slots coming, it is written as the step writes one, for the
--- caller to poll for (as entry, ARGV[6]), rather than told: a process that stopped once (a pod at its CPU limit) may stop
--- again before it, and a slot its caller has not polled for is one a
--- running caller can claim, where one it was told would be lost.
+-- as one too late for its slot when it comes (TAKEN). Otherwise, when
+-- the next slot is further off than the lead and callers of other
+-- handles are in the due set (claim.lua's others_due), it is written as
+-- the step writes one, for the caller to poll for (as entry, ARGV[6]),
+-- rather than told: a process that stopped once (a pod at its CPU limit)
+-- may stop again before it, and a slot its caller has not polled for is
+-- one a running caller can claim, where one it was told would be lost.
 --
 -- KEYS[1] queue, KEYS[2] state, KEYS[3] config (as in enqueue.lua),
 -- KEYS[4] refunds (unused; kept for the key list's shape), KEYS[5] slot
@@ -69,8 +70,8 @@ end
 value = value or slot_value(slot, now, cid, st, '')
 if kind == 0 and again ~= '' and not cs and slot - now > lead and others_due(KEYS[6], again, now) then
   -- The slot is written as the step writes one (its key, the due set),
-  -- for the caller to poll for a lead before it; only when callers of
-  -- other handles have slots coming, which could claim it (with none,
+  -- for the caller to poll for a lead before it; only while callers of
+  -- other handles are in the due set, which could claim it (with none,
   -- the poll would only cost this one's process a round trip).
   local id = entry_parts(again)
   redis.call('SET', KEYS[5] .. id, value, 'PX', ceil_ms(slot - now + grace))
