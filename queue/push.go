@@ -94,7 +94,9 @@ func (q *Queue) push(ctx context.Context, ids []string) ([]Arrival, error) {
 		now = p.Time(ctx)
 		state = p.Get(ctx, q.keys.state)
 		push = p.RPush(ctx, q.keys.Queue, entries...)
-		due = p.ZRangeByScoreWithScores(ctx, q.keys.due, &redis.ZRangeBy{Min: "-inf", Max: "+inf", Count: 1})
+		if lo, _ := protocol.ClaimWindow(q.opt.MaxLateness); lo > 0 { // else nobody claims: no read
+			due = p.ZRangeByScoreWithScores(ctx, q.keys.due, &redis.ZRangeBy{Min: "-inf", Max: "+inf", Count: 1})
+		}
 		// A queue this push creates gets a TTL; one that exists keeps the
 		// one the scheduler's steps renew (tail + grace).
 		p.Do(ctx, "PEXPIRE", q.keys.Queue, q.opt.Grace.Milliseconds(), "NX")
@@ -109,7 +111,7 @@ func (q *Queue) push(ctx context.Context, ids []string) ([]Arrival, error) {
 	}
 	c := q.conf.Load()
 	rs, ours, err := pushReplies(ids, now.Val().UnixMicro(), raw, push.Val(), c.policies[0], c.id)
-	if err == nil {
+	if err == nil && due != nil {
 		q.claimable(rs, due.Val(), now.Val().UnixMicro())
 	}
 	if !ours {
