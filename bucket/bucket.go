@@ -106,7 +106,7 @@ type Bucket struct {
 	notices notices // slots the scheduler tells on the wake channel
 	// queued counts this process's callers queued in Redis, from their
 	// arrival until they learn their slot: the scheduler keeps the lock
-	// only while there are some (scheduler.WhileWaiting).
+	// only while there are some (scheduler.New's waiting).
 	queued atomic.Int64
 	// now is the local clock, used only to measure durations: nothing read
 	// from it is ever compared with Redis time. Tests skew it.
@@ -178,14 +178,13 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 		policies: policies,
 		ownID:    queue.Config{Policies: qps}.ID(),
 		q:        q,
-		sched:    scheduler.New(rdb, q),
 		lead:     cfg.Lookahead / 4,
 		hub:      h,
 		bg:       bg,
 		notices:  notices{hub: h, channel: q.Keys().Wake},
 		now:      time.Now,
 	}
-	b.sched.WhileWaiting(func() bool { return b.queued.Load() > 0 })
+	b.sched = scheduler.New(rdb, q, func() bool { return b.queued.Load() > 0 })
 	b.notices.handover = func() {
 		if b.queued.Load() > 0 {
 			b.sched.Ensure()
@@ -238,8 +237,7 @@ type Stats = sluice.Stats
 // Stats returns this process's figures. It does no I/O.
 func (b *Bucket) Stats() Stats {
 	s := b.tally.Stats()
-	ss := b.sched.Stats()
-	s.Steps, s.Fenced, s.Errors = ss.Steps, ss.Fenced, ss.Errors
+	s.Steps, s.Fenced, s.Errors = b.sched.Stats()
 	s.Local, _, _ = b.fb.state()
 	return s
 }

@@ -20,8 +20,8 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/bench/loadgen"
 	"github.com/sluicehq/sluice/internal/hub"
+	"github.com/sluicehq/sluice/internal/protocol"
 	"github.com/sluicehq/sluice/internal/testing/redistest"
-	"github.com/sluicehq/sluice/scheduler"
 	"github.com/sluicehq/sluice/semaphore"
 )
 
@@ -381,7 +381,7 @@ func TestSchedulerDiesWithManyBuckets(t *testing.T) {
 	holders := func() (worker int) {
 		for i := range n {
 			v, _ := rdb.Get(ctx, keysFor(fleetConfig(prefix, i)).Lock).Result()
-			if strings.HasSuffix(scheduler.Holder(v), ":"+pid) {
+			if strings.HasSuffix(protocol.LockHolder(v), ":"+pid) {
 				worker++
 			}
 		}

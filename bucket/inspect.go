@@ -6,7 +6,6 @@ import (
 
 	"github.com/sluicehq/sluice/internal/protocol"
 	"github.com/sluicehq/sluice/queue"
-	"github.com/sluicehq/sluice/scheduler"
 )
 
 // Inspection is a bucket as every process sees it, read from Redis by
@@ -81,7 +80,7 @@ func (b *Bucket) Inspect(ctx context.Context) (Inspection, error) {
 		Policies:  fromQueue(qps),
 		Stored:    s.Stored,
 		Queued:    int(s.Queued),
-		Scheduler: scheduler.Holder(s.Lock),
+		Scheduler: protocol.LockHolder(s.Lock),
 		Format:    int(s.State.Format),
 		Local:     local.Local, LocalSince: local.LocalSince, LocalShare: local.LocalShare,
 	}

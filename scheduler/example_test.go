@@ -32,7 +32,7 @@ func Example() {
 	}
 	second := arrivals[1]
 
-	s := scheduler.New(rdb, q)
+	s := scheduler.New(rdb, q, nil)
 	defer s.Close()
 	s.Ensure()
 	for {

@@ -17,18 +17,15 @@
 // has its steps run by that client's shared loop (internal/hub), so a
 // process scheduling a thousand buckets runs a handful of goroutines. A
 // process keeps the lock only while it has callers of its own queued on
-// the bucket (see Scheduler.WhileWaiting) and hands it over when it has
-// none, or when it closes, by telling the bucket's other processes on its
-// wake channel: a short-lived process that exits leaves no lock for the
-// queue to wait out.
+// the bucket (New's waiting) and hands it over when it has none, or when
+// it closes, by telling the bucket's other processes on its wake channel:
+// a short-lived process that exits leaves no lock for the queue to wait
+// out.
 package scheduler
 
 import (
 	"context"
 	"errors"
-	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,9 +50,10 @@ type Scheduler struct {
 	lockTTL time.Duration
 	minRest time.Duration // shortest pause between steps, to batch callers
 
-	mu      sync.Mutex
-	closed  bool
 	waiting func() bool // nil: keep the lock while callers wait anywhere
+
+	mu     sync.Mutex
+	closed bool
 
 	// Touched only by the job's run, which never runs twice at once.
 	lock    *redislock.Lock
@@ -67,29 +65,18 @@ type Scheduler struct {
 	errs   atomic.Int64
 }
 
-// holder names this process in the lock's value, after the token (a
-// redislock Metadata): " <host>:<pid>", so that an operator can tell which
-// process runs a bucket's scheduler (bucket.Inspect).
-var holder = func() string {
-	h, err := os.Hostname()
-	if err != nil {
-		h = "?"
-	}
-	return " " + h + ":" + strconv.Itoa(os.Getpid())
-}()
-
-// Holder reads the process a lock's value names (see holder): "" when it
-// names none.
-func Holder(lockValue string) string {
-	_, h, _ := strings.Cut(lockValue, " ")
-	return h
-}
-
 // New returns a Scheduler for q, on the same Redis. q's LockTTL bounds how
 // long callers wait for a new scheduler when this one's process dies; the
 // loop rests at least half of q's Lookahead between steps, to batch
 // callers. New starts nothing and does no I/O; Close must be called.
-func New(rdb redis.UniversalClient, q *queue.Queue) *Scheduler {
+//
+// waiting, when not nil, makes s keep the lock only while it reports that
+// this process has callers queued on the bucket: with none, s releases the
+// lock and tells the bucket's other processes (their callers then start a
+// scheduler), so that a process about to exit holds no lock; call Ensure
+// when waiting turns false, so that s hands over at once. With a nil
+// waiting, s keeps the lock while callers wait in any process.
+func New(rdb redis.UniversalClient, q *queue.Queue, waiting func() bool) *Scheduler {
 	o := q.Options()
 	s := &Scheduler{
 		rdb:     rdb,
@@ -97,38 +84,22 @@ func New(rdb redis.UniversalClient, q *queue.Queue) *Scheduler {
 		hub:     hub.Acquire(rdb),
 		lockTTL: o.LockTTL,
 		minRest: o.Lookahead / 2,
+		waiting: waiting,
 	}
 	s.locker = redislock.New(s.hub.Pipelining())
 	s.job = s.hub.NewJob(s.run)
 	return s
 }
 
-// WhileWaiting makes s keep the lock only while waiting reports that this
-// process has callers queued on the bucket: with none, s releases the lock
-// and tells the bucket's other processes (their callers then start a
-// scheduler), so that a process about to exit holds no lock. Call it
-// before the first Ensure; then call Ensure when waiting turns false, so
-// that s hands over at once.
-func (s *Scheduler) WhileWaiting(waiting func() bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.waiting = waiting
-}
-
 // Ensure makes sure this process tries to run the scheduler: its next step
 // (or its try to take the lock) runs at once. It never blocks.
 func (s *Scheduler) Ensure() { s.job.Schedule(0) }
 
-// Stats are counters of one Scheduler since New.
-type Stats struct {
-	Steps  int64 // steps run
-	Fenced int64 // steps refused because the lock was not ours
-	Errors int64 // steps or lock requests that failed
-}
-
-// Stats returns the counters. It is safe to call at any time.
-func (s *Scheduler) Stats() Stats {
-	return Stats{Steps: s.steps.Load(), Fenced: s.fenced.Load(), Errors: s.errs.Load()}
+// Stats returns s's counters since New: the steps run, the steps refused
+// because the lock was not ours (fenced), and the steps or lock requests
+// that failed. It is safe to call at any time.
+func (s *Scheduler) Stats() (steps, fenced, errs int64) {
+	return s.steps.Load(), s.fenced.Load(), s.errs.Load()
 }
 
 // Close stops s, waits for a step in flight, and hands the lock over if it
@@ -179,10 +150,7 @@ func (s *Scheduler) handOver(ctx context.Context) {
 // run is one turn of the job: take the lock if this process does not hold
 // it, then one step. It returns when to run again.
 func (s *Scheduler) run(ctx context.Context) (time.Duration, bool) {
-	s.mu.Lock()
-	waiting := s.waiting
-	s.mu.Unlock()
-	if waiting != nil && !waiting() {
+	if s.waiting != nil && !s.waiting() {
 		if s.lock != nil {
 			s.handOver(ctx)
 		}
@@ -233,7 +201,7 @@ func (s *Scheduler) run(ctx context.Context) (time.Duration, bool) {
 // obtain takes the lock, and reports whether it did.
 func (s *Scheduler) obtain(ctx context.Context) bool {
 	octx, cancel := context.WithTimeout(ctx, s.lockTTL)
-	lock, err := s.locker.Obtain(octx, s.q.Keys().Lock, s.lockTTL, &redislock.Options{Metadata: holder})
+	lock, err := s.locker.Obtain(octx, s.q.Keys().Lock, s.lockTTL, &redislock.Options{Metadata: protocol.LockMetadata})
 	cancel()
 	if err != nil {
 		if !errors.Is(err, redislock.ErrNotObtained) && ctx.Err() == nil {

@@ -53,8 +53,8 @@ func TestDrainsAndStops(t *testing.T) {
 	if queued < 50 {
 		t.Fatalf("only %d of 100 queued", queued)
 	}
-	a := scheduler.New(rdb, q)
-	b := scheduler.New(rdb, q)
+	a := scheduler.New(rdb, q, nil)
+	b := scheduler.New(rdb, q, nil)
 	defer a.Close()
 	defer b.Close()
 	a.Ensure()
@@ -67,7 +67,9 @@ func TestDrainsAndStops(t *testing.T) {
 	if n, _ := rdb.Exists(ctx, q.Keys().Lock).Result(); n != 0 {
 		t.Fatal("lock still held after the queue drained")
 	}
-	if a.Stats().Steps == 0 && b.Stats().Steps == 0 {
+	aSteps, _, _ := a.Stats()
+	bSteps, _, _ := b.Stats()
+	if aSteps == 0 && bSteps == 0 {
 		t.Fatal("no steps ran")
 	}
 }
@@ -84,7 +86,7 @@ func TestCloseReleasesLock(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s := scheduler.New(rdb, q)
+	s := scheduler.New(rdb, q, nil)
 	s.Ensure()
 	waitFor(t, "the lock", func() bool {
 		n, _ := rdb.Exists(ctx, q.Keys().Lock).Result()
@@ -114,7 +116,7 @@ func TestFencedSchedulerStops(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s := scheduler.New(rdb, q)
+	s := scheduler.New(rdb, q, nil)
 	defer s.Close()
 	s.Ensure()
 	waitFor(t, "the lock", func() bool {
@@ -125,7 +127,7 @@ func TestFencedSchedulerStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the fenced scheduler to stop", func() bool { return !scheduler.IsRunning(s) })
-	if s.Stats().Fenced == 0 {
+	if _, fenced, _ := s.Stats(); fenced == 0 {
 		t.Fatal("stopped without being fenced")
 	}
 	if v, _ := rdb.Get(ctx, q.Keys().Lock).Result(); v != "someone-else" {

@@ -118,7 +118,7 @@ func (out *Scripts) run(ctx context.Context, e *env) error {
 	// A step finds perStep callers due: 10 tokens a millisecond, and a
 	// tight loop's debt is bounded by the lookahead.
 	busy := newQueue("-busy", queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 100 * time.Microsecond})
-	sched := scheduler.New(rdb, busy)
+	sched := scheduler.New(rdb, busy, nil)
 	defer sched.Close()
 	const perStep = 10
 	enqueue := func(ctx context.Context, q *queue.Queue, id string, costs ...[]int64) (queue.Arrival, error) {
