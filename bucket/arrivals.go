@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/background"
 	"github.com/sluicehq/sluice/internal/hub"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -36,7 +37,7 @@ type arrival struct {
 	wait  time.Duration // the longest it may wait (its ctx's deadline); 0: none of its own
 	done  chan struct{} // closed when reply/err are set
 	sent  time.Time     // when its batch left for Redis
-	reply queue.Arrival
+	reply queueio.Arrival
 	err   error
 	gone  bool // its caller left before the reply (under Bucket.handoff)
 }
@@ -73,7 +74,7 @@ func (c *comings) init(g *background.Group, q *queue.Queue, arriveTimeout, leave
 // enqueue makes caller id, of costs (nil: each policy's Call), that may
 // wait at most wait (0: no bound of its own) arrive, alone or in a batch.
 // It also returns when the call carrying it left for Redis.
-func (c *comings) enqueue(ctx context.Context, id string, costs []int64, wait time.Duration) (queue.Arrival, time.Time, error) {
+func (c *comings) enqueue(ctx context.Context, id string, costs []int64, wait time.Duration) (queueio.Arrival, time.Time, error) {
 	if c.arr.Claim() {
 		sentFn, left := c.sentAt(ctx)
 		var cs [][]int64
@@ -89,7 +90,7 @@ func (c *comings) enqueue(ctx context.Context, id string, costs []int64, wait ti
 		if err != nil {
 			// Not sentFn: a shared pipeline the call left early (its ctx
 			// ended) may still be stamping it.
-			return queue.Arrival{}, time.Time{}, err
+			return queueio.Arrival{}, time.Time{}, err
 		}
 		sent := sentFn()
 		return rs[0], sent, nil
@@ -102,7 +103,7 @@ func (c *comings) enqueue(ctx context.Context, id string, costs []int64, wait ti
 	case <-ctx.Done():
 	}
 	if c.arr.Withdraw(ar) {
-		return queue.Arrival{}, time.Time{}, ctx.Err()
+		return queueio.Arrival{}, time.Time{}, ctx.Err()
 	}
 	c.handoff.Lock()
 	defer c.handoff.Unlock()
@@ -112,7 +113,7 @@ func (c *comings) enqueue(ctx context.Context, id string, costs []int64, wait ti
 	default:
 	}
 	ar.gone = true // its batch takes it out of the queue again
-	return queue.Arrival{}, time.Time{}, ctx.Err()
+	return queueio.Arrival{}, time.Time{}, ctx.Err()
 }
 
 // sendArrivals is the arrivals batcher's send.

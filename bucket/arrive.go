@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/enterdetail"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/rediscall"
 	"github.com/sluicehq/sluice/internal/verdict"
 	"github.com/sluicehq/sluice/queue"
@@ -113,7 +114,7 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, lim
 	done()
 	received := b.now()
 	rep.RoundTrips++
-	if errors.As(err, new(*queue.ConfigError)) {
+	if errors.As(err, new(*queueio.ConfigError)) {
 		return false, err // nothing was written: settle it
 	}
 	if err != nil {
@@ -132,9 +133,9 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, lim
 	b.rtt.observe(received.Sub(sent)) // only replies: a failed call says nothing of the network
 	rep.Ticket, rep.Position = er.Ticket, er.Position
 	switch {
-	case errors.Is(er.Err, queue.ErrQueueFull):
+	case errors.Is(er.Err, queueio.ErrQueueFull):
 		return false, fmt.Errorf("%w (%d waiting)", errQueueFull, er.Position)
-	case errors.Is(er.Err, queue.ErrWaitTooLong):
+	case errors.Is(er.Err, queueio.ErrWaitTooLong):
 		return false, b.tooLong(er.Delay, own)
 	case er.Entry == "": // its slot at once
 		rep.Slot = time.UnixMicro(er.Slot)

@@ -54,6 +54,8 @@ import (
 	"github.com/sluicehq/sluice/internal/configerr"
 	"github.com/sluicehq/sluice/internal/enterdetail"
 	"github.com/sluicehq/sluice/internal/hub"
+	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/rediscall"
 	"github.com/sluicehq/sluice/internal/verdict"
 	"github.com/sluicehq/sluice/queue"
@@ -91,8 +93,10 @@ type Bucket struct {
 	cfg      Config
 	rdb      redis.UniversalClient
 	policies []Policy // this process's own: the pinned policy (if any), then cfg.Policies
-	ownID    string   // their id in Redis (queue.Config)
+	ownID    string   // their id in Redis (protocol.Config)
 	q        *queue.Queue
+	keys     queueio.Keys   // q's
+	reads    queueio.Client // q's client, for the plain reads of keys (queueio.ReadConfig, Inspect)
 	sched    *scheduler.Scheduler
 	lead     time.Duration // wake this long before the estimated slot to poll
 	// hub is what every bucket and semaphore on rdb shares: the Pub/Sub
@@ -166,22 +170,25 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 	h := hub.Acquire(rdb)
 	// Script calls share round trips with every other handle's on rdb;
 	// not with ReplicaAcks, whose WAIT would hold up everyone's.
-	var qc queue.Client = h.Pipelining()
+	var qc queueio.Client = h.Pipelining()
 	if cfg.ReplicaAcks > 0 {
 		qc = rdb
 	}
-	q := queue.New(qc, cfg.KeyPrefix, cfg.Name, queueOptions(cfg, qps))
+	keys := queueio.NewKeys(cfg.KeyPrefix, cfg.Name)
+	q := queue.New(qc, queueOptions(cfg, keys, qps))
 	bg := background.NewGroup()
 	b := &Bucket{
 		cfg:      cfg,
 		rdb:      rdb,
 		policies: policies,
-		ownID:    queue.Config{Policies: qps}.ID(),
+		ownID:    protocol.Config{Policies: qps}.ID(),
 		q:        q,
+		keys:     keys,
+		reads:    qc,
 		lead:     cfg.Lookahead / 4,
 		hub:      h,
 		bg:       bg,
-		notices:  notices{hub: h, channel: q.Keys().Wake},
+		notices:  notices{hub: h, channel: keys.Wake},
 		now:      time.Now,
 	}
 	b.sched = scheduler.New(rdb, q, func() bool { return b.queued.Load() > 0 })
@@ -202,9 +209,10 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 }
 
 // queueOptions are the options of the queue of a Bucket of cfg whose
-// policies are qps (New).
-func queueOptions(cfg Config, qps []queue.Policy) queue.Options {
-	return queue.Options{
+// keys are keys and policies qps (New).
+func queueOptions(cfg Config, keys queueio.Keys, qps []protocol.Policy) queueio.Options {
+	return queueio.Options{
+		Keys:           keys,
 		Policies:       qps,
 		Lookahead:      cfg.Lookahead,
 		LockTTL:        cfg.LockTTL,

@@ -1,11 +1,10 @@
 package bucket
 
 import (
-	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/rediskey"
-	"github.com/sluicehq/sluice/queue"
 )
 
 // SkewClock makes b's local clock read d off the real time, as a host
@@ -25,15 +24,13 @@ type TestKeys struct {
 	Queue, State, Slot, Lock, Config string
 }
 
-// testKeys are k's, with those package queue keeps to itself spelt out
-// from their common start (queue's TestKeys pins the layout).
-func testKeys(k queue.Keys) TestKeys {
-	base := strings.TrimSuffix(k.Queue, "queue")
-	return TestKeys{Queue: k.Queue, State: base + "state", Slot: k.Slot, Lock: k.Lock, Config: base + "config"}
+// testKeys are k's that the tests read.
+func testKeys(k queueio.Keys) TestKeys {
+	return TestKeys{Queue: k.Queue, State: k.State, Slot: k.Slot, Lock: k.Lock, Config: k.Config}
 }
 
 // Keys exposes the Redis keys of b's bucket.
-func Keys(b *Bucket) TestKeys { return testKeys(b.q.Keys()) }
+func Keys(b *Bucket) TestKeys { return testKeys(b.keys) }
 
 // Defaults, for tests that spell them out.
 const (
@@ -48,5 +45,5 @@ func KeysFor(cfg Config) TestKeys {
 	if prefix == "" {
 		prefix = rediskey.DefaultPrefix
 	}
-	return testKeys(queue.New(nil, prefix, cfg.Name, queue.Options{}).Keys())
+	return testKeys(queueio.NewKeys(prefix, cfg.Name))
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/hub"
 	"github.com/sluicehq/sluice/internal/presence"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/rediscall"
 	"github.com/sluicehq/sluice/queue"
 )
@@ -81,7 +82,7 @@ type queuedCaller struct {
 func newFallback(b *Bucket) *fallback {
 	return &fallback{
 		b:        b,
-		trace:    presence.New(b.hub.Pipelining(), b.q.Keys().Procs),
+		trace:    presence.New(b.hub.Pipelining(), b.keys.Procs),
 		queued:   make(map[string]*queuedCaller),
 		switched: make(chan struct{}),
 	}
@@ -142,7 +143,7 @@ func (f *fallback) away(ctx context.Context, err error) bool {
 	if err == nil || ctx.Err() != nil || !hub.Unreachable(err) {
 		return false
 	}
-	var cerr *queue.ConfigError
+	var cerr *queueio.ConfigError
 	if errors.As(err, &cerr) || errors.Is(err, queue.ErrNotReplicated) {
 		return false
 	}
@@ -376,7 +377,7 @@ func (f *fallback) charge(ctx context.Context) bool {
 	ch := make(chan struct{})
 	f.charging = ch
 	now := f.b.now()
-	id, ps := f.b.q.Policies()
+	id, ps := f.b.runsUnder()
 	diffs := make([]int64, len(ps))
 	var total int64
 	if len(ps) == len(f.levels) {
@@ -392,7 +393,7 @@ func (f *fallback) charge(ctx context.Context) bool {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rediscall.AnswerWithin)
 	err := f.b.q.Settle(cctx, id, 0, diffs)
 	cancel()
-	var cerr *queue.ConfigError
+	var cerr *queueio.ConfigError
 	dropped := errors.As(err, &cerr) // the policies changed meanwhile: nothing to charge them with
 	back := err == nil || dropped
 	if !back && hub.Unreachable(err) {

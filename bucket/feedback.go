@@ -9,7 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/upstream"
 )
 
@@ -42,7 +43,7 @@ func (b *Bucket) Hold(ctx context.Context, d time.Duration, units ...string) (in
 	if d <= 0 {
 		return 0, nil
 	}
-	r, err := b.feedback(ctx, func(ps []Policy) (hold time.Duration, held []int, syncs []queue.Sync, err error) {
+	r, err := b.feedback(ctx, func(ps []Policy) (hold time.Duration, held []int, syncs []queueio.Sync, err error) {
 		for _, u := range units {
 			n := 0
 			for i, p := range ps {
@@ -72,9 +73,9 @@ func (b *Bucket) Hold(ctx context.Context, d time.Duration, units ...string) (in
 // of a unit no policy counts changes nothing. It reports whether the
 // level was lowered.
 func (b *Bucket) Sync(ctx context.Context, q upstream.Quota) (bool, error) {
-	r, err := b.feedback(ctx, func(ps []Policy) (time.Duration, []int, []queue.Sync, error) {
+	r, err := b.feedback(ctx, func(ps []Policy) (time.Duration, []int, []queueio.Sync, error) {
 		if i := policyFor(q, ps); i >= 0 {
-			return 0, nil, []queue.Sync{syncOf(i, q)}, nil
+			return 0, nil, []queueio.Sync{syncOf(i, q)}, nil
 		}
 		return 0, nil, nil, nil
 	})
@@ -106,8 +107,8 @@ func (b *Bucket) Feedback(ctx context.Context, s upstream.Signal) error {
 			b.maybeAdaptUp()
 		}
 	}
-	_, err := b.feedback(ctx, func(ps []Policy) (time.Duration, []int, []queue.Sync, error) {
-		var syncs []queue.Sync
+	_, err := b.feedback(ctx, func(ps []Policy) (time.Duration, []int, []queueio.Sync, error) {
+		var syncs []queueio.Sync
 		for _, q := range s.Quotas {
 			if i := policyFor(q, ps); i >= 0 && (s.RetryAfter > 0 || b.syncs.due(i, len(ps), b.now())) {
 				syncs = append(syncs, syncOf(i, q))
@@ -120,12 +121,12 @@ func (b *Bucket) Feedback(ctx context.Context, s upstream.Signal) error {
 
 // feedback runs feedback.lua with what plan makes of the policies in
 // force, following them as every call does.
-func (b *Bucket) feedback(ctx context.Context, plan func([]Policy) (time.Duration, []int, []queue.Sync, error)) (queue.FeedbackResult, error) {
+func (b *Bucket) feedback(ctx context.Context, plan func([]Policy) (time.Duration, []int, []queueio.Sync, error)) (queueio.FeedbackResult, error) {
 	for settled := 0; ; settled++ {
-		id, qps := b.q.Policies()
+		id, qps := b.runsUnder()
 		hold, held, syncs, err := plan(fromQueue(qps))
 		if err != nil || (hold <= 0 && len(syncs) == 0) {
-			return queue.FeedbackResult{}, err
+			return queueio.FeedbackResult{}, err
 		}
 		r, err := b.q.Feedback(ctx, id, hold, held, syncs)
 		retry, serr := b.followInForce(ctx, err, settled)
@@ -144,8 +145,8 @@ func (b *Bucket) feedback(ctx context.Context, plan func([]Policy) (time.Duratio
 // syncOf is the sync of policy i to quota q: refills resume at once (Reset
 // 0) for a quota that refills all along (q.UntilFull), at q.Reset from now
 // otherwise.
-func syncOf(i int, q upstream.Quota) queue.Sync {
-	s := queue.Sync{Policy: i, Remaining: q.Remaining, Reset: q.Reset}
+func syncOf(i int, q upstream.Quota) queueio.Sync {
+	s := queueio.Sync{Policy: i, Remaining: q.Remaining, Reset: q.Reset}
 	if q.UntilFull {
 		s.Reset = 0
 	}
@@ -220,7 +221,7 @@ const (
 // by Adapt's rule, when the rule allows a step now on the Redis clock. said
 // are the quotas the refusal reported, for a step down.
 func (b *Bucket) adaptStep(ctx context.Context, down bool, said []upstream.Quota) error {
-	r, err := b.q.Change(ctx, int(AsIs), func(old queue.Config, now time.Time) (queue.Config, bool) {
+	r, err := b.q.Change(ctx, int(AsIs), func(old protocol.Config, now time.Time) (protocol.Config, bool) {
 		base, f := old.Base, old.Factor
 		if len(base) == 0 || f <= 0 {
 			base, f = old.Policies, 1
@@ -247,7 +248,7 @@ func (b *Bucket) adaptStep(ctx context.Context, down bool, said []upstream.Quota
 			} else {
 				f = max(f*adaptDown, adaptFloor)
 			}
-			return queue.Config{Policies: slowed(base, f), Base: base, Factor: f, DownAt: t, UpAt: old.UpAt, Peak: peak}, true
+			return protocol.Config{Policies: slowed(base, f), Base: base, Factor: f, DownAt: t, UpAt: old.UpAt, Peak: peak}, true
 		}
 		if f >= 1 || since(old.DownAt) < adaptQuiet || since(old.UpAt) < adaptEvery {
 			return old, false
@@ -265,9 +266,9 @@ func (b *Bucket) adaptStep(ctx context.Context, down bool, said []upstream.Quota
 			f += adaptProbe
 		}
 		if f >= 1 {
-			return queue.Config{Policies: base}, true // back at the configured rate
+			return protocol.Config{Policies: base}, true // back at the configured rate
 		}
-		return queue.Config{Policies: slowed(base, f), Base: base, Factor: f, DownAt: old.DownAt, UpAt: t, Peak: peak}, true
+		return protocol.Config{Policies: slowed(base, f), Base: base, Factor: f, DownAt: old.DownAt, UpAt: t, Peak: peak}, true
 	})
 	if err != nil {
 		return b.redisErr(ctx, err)
@@ -359,7 +360,7 @@ func backIn(q upstream.Quota) time.Duration {
 
 // slowed is ps with every refill f times as fast (f ≤ 1): the period
 // divided by f, rounded up to a whole microsecond.
-func slowed(ps []queue.Policy, f float64) []queue.Policy {
+func slowed(ps []protocol.Policy, f float64) []protocol.Policy {
 	out := slices.Clone(ps)
 	for i, p := range out {
 		us := float64(p.RefillFrequency.Microseconds()) / f
@@ -370,7 +371,7 @@ func slowed(ps []queue.Policy, f float64) []queue.Policy {
 
 // noteFactor records whether the configuration in force is slowed by
 // Adapt, so that this process knows to try steps up.
-func (b *Bucket) noteFactor(c queue.Config) {
+func (b *Bucket) noteFactor(c protocol.Config) {
 	b.adapting.Store(len(c.Base) > 0 && c.Factor > 0 && c.Factor < 1)
 }
 

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/protocol"
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/internal/queueio"
 )
 
 // Inspection is a bucket as every process sees it, read from Redis by
@@ -67,13 +67,13 @@ type Level struct {
 func (b *Bucket) Inspect(ctx context.Context) (Inspection, error) {
 	var local Inspection
 	local.Local, local.LocalSince, local.LocalShare = b.fb.state()
-	s, err := b.q.Inspect(ctx)
+	s, err := queueio.Inspect(ctx, b.reads, b.keys, b.q.Options().Policies)
 	if err != nil {
 		return local, b.redisErr(ctx, err)
 	}
 	qps := s.Config.Policies
 	if !s.Stored {
-		_, qps = b.q.Policies()
+		qps = b.q.Options().Policies
 	}
 	in := Inspection{
 		Now:       time.UnixMicro(s.Now),
@@ -106,7 +106,7 @@ func (b *Bucket) Inspect(ctx context.Context) (Inspection, error) {
 // inspectLevel is Inspect's figures for policy i, p, of the snapshot s:
 // its level, and slot raised to the slot a new caller would have under
 // it.
-func inspectLevel(s queue.Snapshot, i int, p queue.Policy, slot int64) (Level, int64) {
+func inspectLevel(s queueio.Snapshot, i int, p protocol.Policy, slot int64) (Level, int64) {
 	level, anchor := p.Capacity, s.Now
 	var extra int64
 	var log []protocol.WindowEntry

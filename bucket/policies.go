@@ -11,11 +11,11 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/configerr"
 	"github.com/sluicehq/sluice/internal/protocol"
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/internal/queueio"
 )
 
 // The limits in Redis. A bucket's policies are stored in Redis with its
-// state (queue.Config); every script checks, at no extra cost while they
+// state (protocol.Config); every script checks, at no extra cost while they
 // agree, that it runs under the policies in force, and changes nothing
 // when it does not. This file decides what a process does then: follow
 // the policies in force, or fail with sluice.ErrConfigMismatch.
@@ -42,7 +42,7 @@ const (
 // (Config); Enter does, unless this process follows them.
 func (b *Bucket) Policies(ctx context.Context) ([]Policy, error) {
 	for range 3 {
-		c, ok, err := b.q.ReadConfig(ctx)
+		c, ok, err := queueio.ReadConfig(ctx, b.reads, b.keys)
 		if err != nil {
 			return nil, b.redisErr(ctx, err)
 		}
@@ -50,7 +50,7 @@ func (b *Bucket) Policies(ctx context.Context) ([]Policy, error) {
 			b.follow(c)
 			return fromQueue(c.Policies), nil
 		}
-		if _, _, err := b.q.Estimate(ctx, nil); err != nil && !errors.As(err, new(*queue.ConfigError)) {
+		if _, _, err := b.q.Estimate(ctx, nil); err != nil && !errors.As(err, new(*queueio.ConfigError)) {
 			return nil, b.redisErr(ctx, err) // it stores this process's policies when none are
 		}
 	}
@@ -92,8 +92,8 @@ func (b *Bucket) SetPolicies(ctx context.Context, carry Carry, policies ...Polic
 		return configerr.Invalid(errConfig, "Carry %d, want Proportionally, AsIs or Fill", carry)
 	}
 	ps := toQueue(policies)
-	r, err := b.q.Change(ctx, int(carry), func(queue.Config, time.Time) (queue.Config, bool) {
-		return queue.Config{Policies: ps}, true
+	r, err := b.q.Change(ctx, int(carry), func(protocol.Config, time.Time) (protocol.Config, bool) {
+		return protocol.Config{Policies: ps}, true
 	})
 	if err != nil {
 		return b.redisErr(ctx, err)
@@ -107,17 +107,23 @@ func (b *Bucket) SetPolicies(ctx context.Context, carry Carry, policies ...Polic
 // inForce returns the policies this process enforces now: its own, or
 // those in force that it follows.
 func (b *Bucket) inForce() []Policy {
-	_, ps := b.q.Policies()
-	return fromQueue(ps)
+	return fromQueue(b.q.Options().Policies)
+}
+
+// runsUnder returns the policies b's queue runs under now, as the scripts
+// take them, and their configuration id.
+func (b *Bucket) runsUnder() (id string, ps []protocol.Policy) {
+	ps = b.q.Options().Policies
+	return protocol.ConfigID(ps), ps
 }
 
 // followInForce decides what a call that found another configuration in force
-// (err a *queue.ConfigError) does: it reports retry when this process now
+// (err a *queueio.ConfigError) does: it reports retry when this process now
 // runs under the policies in force, and an error wrapping a
 // *sluice.ConfigMismatchError when it may not follow them. Any other err is not
 // followInForce's: it returns (false, nil).
 func (b *Bucket) followInForce(ctx context.Context, err error, settled int) (retry bool, _ error) {
-	var cerr *queue.ConfigError
+	var cerr *queueio.ConfigError
 	if !errors.As(err, &cerr) {
 		return false, nil
 	}
@@ -127,7 +133,7 @@ func (b *Bucket) followInForce(ctx context.Context, err error, settled int) (ret
 	if cerr.InForce == "" {
 		return true, nil // costs of the policies this process just left: take them again
 	}
-	c, ok, rerr := b.q.ReadConfig(ctx)
+	c, ok, rerr := queueio.ReadConfig(ctx, b.reads, b.keys)
 	if rerr != nil {
 		return false, b.redisErr(ctx, rerr)
 	}
@@ -144,8 +150,8 @@ func (b *Bucket) followInForce(ctx context.Context, err error, settled int) (ret
 
 // follow makes this process run under c when it may: its own policies
 // are c's or were replaced by c, it follows already, or Config.Adopt.
-func (b *Bucket) follow(c queue.Config) bool {
-	cur, _ := b.q.Policies()
+func (b *Bucket) follow(c protocol.Config) bool {
+	cur, _ := b.runsUnder()
 	if !b.cfg.Adopt && !c.Follows(b.ownID) && !c.Follows(cur) {
 		return false
 	}
@@ -161,27 +167,27 @@ func (b *Bucket) follow(c queue.Config) bool {
 // force (change.lua): this process follows it at once, if it may, rather
 // than at its next call.
 func (b *Bucket) changed(id string) {
-	if cur, _ := b.q.Policies(); cur == id {
+	if cur, _ := b.runsUnder(); cur == id {
 		return
 	}
 	b.bg.Go(func(ctx context.Context) {
 		ctx, cancel := context.WithTimeout(ctx, b.cfg.LockTTL)
 		defer cancel()
-		if c, ok, err := b.q.ReadConfig(ctx); err == nil && ok {
+		if c, ok, err := queueio.ReadConfig(ctx, b.reads, b.keys); err == nil && ok {
 			b.follow(c)
 		}
 	})
 }
 
-func toQueue(ps []Policy) []queue.Policy {
-	out := make([]queue.Policy, len(ps))
+func toQueue(ps []Policy) []protocol.Policy {
+	out := make([]protocol.Policy, len(ps))
 	for i, p := range ps {
-		out[i] = queue.Policy{Unit: p.Unit, Capacity: int64(p.Capacity), RefillAmount: int64(p.RefillAmount), RefillFrequency: p.RefillFrequency, Kind: protocol.Kind(p.Kind)}
+		out[i] = protocol.Policy{Unit: p.Unit, Capacity: int64(p.Capacity), RefillAmount: int64(p.RefillAmount), RefillFrequency: p.RefillFrequency, Kind: protocol.Kind(p.Kind)}
 	}
 	return out
 }
 
-func fromQueue(ps []queue.Policy) []Policy {
+func fromQueue(ps []protocol.Policy) []Policy {
 	out := make([]Policy, len(ps))
 	for i, p := range ps {
 		out[i] = Policy{Unit: p.Unit, Capacity: int(p.Capacity), RefillAmount: int(p.RefillAmount), RefillFrequency: p.RefillFrequency, Kind: Kind(p.Kind)}

@@ -137,7 +137,7 @@ func (r *Reservation) claim() error {
 // policies in force as every call does.
 func (b *Bucket) settle(ctx context.Context, slot int64, estimate, actual Cost) error {
 	for settled := 0; ; settled++ {
-		id, qps := b.q.Policies()
+		id, qps := b.runsUnder()
 		ps := fromQueue(qps)
 		for unit, n := range actual {
 			if n > 0 && !slices.ContainsFunc(ps, func(p Policy) bool { return p.Unit == unit }) {

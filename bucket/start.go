@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/hub"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/rediscall"
 	"github.com/sluicehq/sluice/queue"
 )
@@ -35,7 +36,7 @@ func (b *Bucket) sleepToSlot(ctx context.Context, sent, received time.Time, dela
 		if !late {
 			return false, nil
 		}
-		var r queue.Retimed
+		var r queueio.Retimed
 		if sent, received, r, err = b.retimeOnce(ctx, rep, costs, room); err != nil {
 			return b.retimeFailed(ctx, err)
 		}
@@ -77,7 +78,7 @@ func (b *Bucket) retime(ctx context.Context, rep *entered, costs []int64, entry,
 // limit while Redis answers a PING (slow, not away), it is made again with
 // twice the limit; a slot the lost reply held is then spent, never
 // granted twice.
-func (b *Bucket) retimeOnce(ctx context.Context, rep *entered, costs []int64, room string) (sent, received time.Time, r queue.Retimed, err error) {
+func (b *Bucket) retimeOnce(ctx context.Context, rep *entered, costs []int64, room string) (sent, received time.Time, r queueio.Retimed, err error) {
 	for limit := b.answerWithin(); ; limit = min(2*limit, time.Minute) {
 		cctx, done, within := rediscall.CallCtx(ctx, limit)
 		sentFn, rctx := sentAt(cctx, b.now)
@@ -92,7 +93,7 @@ func (b *Bucket) retimeOnce(ctx context.Context, rep *entered, costs []int64, ro
 			return sent, received, r, goneLocal{} // the missed slot stays spent
 		}
 		if err != nil {
-			if !errors.As(err, new(*queue.ConfigError)) && !errors.Is(err, queue.ErrNotReplicated) {
+			if !errors.As(err, new(*queueio.ConfigError)) && !errors.Is(err, queue.ErrNotReplicated) {
 				err = b.callErr(ctx, err, within) // retimeFailed reads the others
 			}
 			return sent, received, r, err
@@ -117,7 +118,7 @@ func (b *Bucket) retimeOnce(ctx context.Context, rep *entered, costs []int64, ro
 // then): enterOnce then has it poll for that slot (awaitWritten), as a
 // queued caller does, in its own loop rather than deeper in this one.
 type writtenSlot struct {
-	r        queue.Retimed
+	r        queueio.Retimed
 	received time.Time
 }
 
@@ -134,7 +135,7 @@ func (b *Bucket) awaitWritten(ctx context.Context, ws writtenSlot, rep *entered,
 		return false, b.tooLong(r.Delay, own)
 	}
 	b.queued.Add(1) // awaitSlot's dequeued takes it off
-	er := queue.Arrival{Entry: r.Entry, Delay: r.Delay, Position: 1, SchedulerRunning: true, Ticket: rep.Ticket, Now: r.Now}
+	er := queueio.Arrival{Entry: r.Entry, Delay: r.Delay, Position: 1, SchedulerRunning: true, Ticket: rep.Ticket, Now: r.Now}
 	return b.awaitSlot(ctx, er, ws.received, rep, costs, limit)
 }
 
@@ -147,7 +148,7 @@ func (b *Bucket) retimeFailed(ctx context.Context, err error) (bool, error) {
 	if ctx.Err() != nil || errors.Is(err, queue.ErrNotReplicated) {
 		return false, b.redisErr(ctx, err)
 	}
-	var cerr *queue.ConfigError
+	var cerr *queueio.ConfigError
 	if errors.As(err, &cerr) {
 		return true, nil // a live change: enter again under the policies in force
 	}
@@ -174,8 +175,8 @@ func (b *Bucket) sleepLate(ctx context.Context, sent, received time.Time, delay 
 // countPoll counts a poll that found a slot taken from another caller
 // (Claimed) or given for its own, which another caller took because this
 // one had not come for it (Swapped: a retime, as for a caller later than
-// MaxLateness; see queue.PollReply).
-func (rep *entered) countPoll(pr queue.PollReply) {
+// MaxLateness; see queueio.PollReply).
+func (rep *entered) countPoll(pr queueio.PollReply) {
 	if pr.Claimed {
 		rep.Claims++
 	}

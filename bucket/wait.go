@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/rediscall"
 	"github.com/sluicehq/sluice/queue"
 )
@@ -23,7 +24,7 @@ import (
 //
 // Each round is three steps: sleepToPoll, pollSlot, and afterPoll, which
 // acts on the reply (the caller's wait ends, or it sets the next poll).
-func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.Time, rep *entered, costs []int64, limit *time.Duration) (bool, error) {
+func (b *Bucket) awaitSlot(ctx context.Context, er queueio.Arrival, enqueued time.Time, rep *entered, costs []int64, limit *time.Duration) (bool, error) {
 	w := &waiting{er: er, entry: er.Entry, enqueued: enqueued, rep: rep, costs: costs, limit: limit}
 	var forget func()
 	w.hints, forget = b.notices.register(w.entry)
@@ -71,7 +72,7 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queue.Arrival, enqueued time.
 // its arrival, how it hears of its slot and of a switch to the local
 // share, how it leaves the queue, and when it polls next.
 type waiting struct {
-	er       queue.Arrival
+	er       queueio.Arrival
 	entry    string
 	enqueued time.Time // when the enqueue reply was received
 	rep      *entered
@@ -139,7 +140,7 @@ func (b *Bucket) sleepToPoll(ctx context.Context, w *waiting) (repeat bool, err 
 // repeat: poll again at once (a live change was followed, or Redis was
 // slow and the limit doubled); an error: the caller leaves with it. Else
 // pr is the reply, and Redis's now lies between sent and received.
-func (b *Bucket) pollSlot(ctx context.Context, w *waiting) (pr queue.PollReply, sent, received time.Time, repeat bool, err error) {
+func (b *Bucket) pollSlot(ctx context.Context, w *waiting) (pr queueio.PollReply, sent, received time.Time, repeat bool, err error) {
 	cctx, done, within := rediscall.CallCtx(ctx, *w.limit)
 	sentFn, pctx := sentAt(cctx, b.now)
 	pr, err = b.q.Poll(pctx, w.entry)
@@ -150,7 +151,7 @@ func (b *Bucket) pollSlot(ctx context.Context, w *waiting) (pr queue.PollReply, 
 	}
 	w.rep.Polls++
 	w.rep.RoundTrips += max(pr.RoundTrips, 1)
-	if errors.As(err, new(*queue.ConfigError)) {
+	if errors.As(err, new(*queueio.ConfigError)) {
 		// A live change since this caller queued: poll under the
 		// policies in force (the caller keeps its place).
 		if _, serr := b.followInForce(ctx, err, 0); serr != nil {
@@ -180,7 +181,7 @@ func (b *Bucket) pollSlot(ctx context.Context, w *waiting) (pr queue.PollReply, 
 // and awaitSlot returns again and err (it found its slot and slept to it,
 // or was retimed, or leaves, or must arrive anew). Else the caller is
 // still queued, and w.wait is when it polls next.
-func (b *Bucket) afterPoll(ctx context.Context, w *waiting, pr queue.PollReply, sent, received time.Time) (done, again bool, err error) {
+func (b *Bucket) afterPoll(ctx context.Context, w *waiting, pr queueio.PollReply, sent, received time.Time) (done, again bool, err error) {
 	own := b.ownWait(ctx)
 	switch {
 	case pr.Found && own > 0 && pr.Delay > own:

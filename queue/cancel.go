@@ -13,8 +13,8 @@ import (
 
 // Leaver is a caller that gives up: its Entry (or, if it never learned
 // it, its bare ID; "" for a caller given its slot at arrival) and, when it
-// read its slot, that Slot (µs, Redis clock) and its Room (PollReply,
-// Retimed), with its Costs, one per policy (nil: those its entry names, or
+// read its slot, that Slot (µs, Redis clock) and its Room
+// (queueio.PollReply, queueio.Retimed), with its Costs, one per policy (nil: those its entry names, or
 // each policy's Call).
 type Leaver struct {
 	Entry, Room string
@@ -49,7 +49,7 @@ const (
 // cancel runs under the configuration in force: callers that queued
 // before a live change leave under the new one.
 func (q *Queue) cancel(ctx context.Context, leavers []Leaver) ([]cancelResult, error) {
-	keys := []string{q.keys.Queue, q.keys.Slot, q.keys.state, q.keys.config, q.keys.refunds}
+	keys := []string{q.keys.Queue, q.keys.Slot, q.keys.State, q.keys.Config, q.keys.Refunds}
 	reply, err := q.runInForce(ctx, cancelScript, keys, func(c *conf) ([]any, error) {
 		args := make([]any, 0, 3+len(c.args)+3*len(leavers))
 		args = append(args, us(q.opt.Grace), us(q.opt.Lead), q.keys.Wake)

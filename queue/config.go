@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/scriptreply"
 )
 
@@ -20,8 +21,9 @@ import (
 // the state checks that it runs under them (state.lua's load): a script of
 // a process whose policies differ changes nothing and fails. When no
 // configuration is stored yet, the first process to run a script stores
-// its own. A process that learns of another configuration follows it
-// (Follow) or fails, as its owner decides (package bucket).
+// its own. A process that learns of another configuration (reading it
+// with queueio.ReadConfig) follows it (Follow) or fails, as its owner
+// decides (package bucket).
 
 //go:embed lua/change.lua
 var changeLua string
@@ -31,38 +33,18 @@ var changeScript = protocol.Script(changeLua, protocol.TokensLua, protocol.State
 // conf is the configuration a Queue runs under, as the scripts take it.
 type conf struct {
 	id       string
-	policies []Policy
+	policies []protocol.Policy
 	args     []any // protocol.PolicyArgs
 	pushable bool  // one policy, counting calls: the push lane may serve
 }
 
-func newConf(ps []Policy) *conf {
+func newConf(ps []protocol.Policy) *conf {
 	return &conf{
 		id:       protocol.ConfigID(ps),
 		policies: slices.Clone(ps),
 		args:     protocol.PolicyArgs(ps),
 		pushable: len(ps) == 1 && ps[0].Unit == "",
 	}
-}
-
-// Config is a bucket's configuration in force, as stored in Redis.
-type Config = protocol.Config
-
-// ConfigError reports that a script refused to run because the bucket's
-// configuration in force (InForce, its id) is not the one this Queue ran
-// it under: nothing was changed. InForce is "" when the call was made for
-// a configuration the Queue no longer runs under (costs per policy of the
-// policies Follow replaced).
-type ConfigError struct {
-	InForce string
-	mine    string // the id of the configuration the call was made for
-}
-
-func (e *ConfigError) Error() string {
-	if e.InForce == "" {
-		return "queue: the call was made for configuration " + e.mine + ", which this queue no longer runs under"
-	}
-	return "queue: the bucket's configuration in force is " + e.InForce + ", not this queue's " + e.mine
 }
 
 // configReply reads a script's refusal for its configuration (state.lua's
@@ -87,7 +69,7 @@ func configReply(err error) (stored string, ok bool) {
 // run runs script s with the arguments args makes for the configuration q
 // runs under. When no configuration is stored yet, it stores q's (unless
 // another process was first) and runs the script again; when another is
-// in force, it returns a *ConfigError.
+// in force, it returns a *queueio.ConfigError.
 func (q *Queue) run(ctx context.Context, s *redis.Script, keys []string, args func(*conf) ([]any, error)) (any, error) {
 	return q.runFor(ctx, s, keys, false, args)
 }
@@ -107,7 +89,7 @@ func (q *Queue) runFor(ctx context.Context, s *redis.Script, keys []string, gran
 		case !refused:
 			return reply, err
 		case stored != "" || try > 0:
-			return nil, &ConfigError{mine: c.id, InForce: stored}
+			return nil, &queueio.ConfigError{Mine: c.id, InForce: stored}
 		}
 		if err := q.storeMine(ctx, c); err != nil {
 			return nil, err
@@ -117,7 +99,7 @@ func (q *Queue) runFor(ctx context.Context, s *redis.Script, keys []string, gran
 
 // storeMine stores c as the configuration in force, unless one is stored.
 func (q *Queue) storeMine(ctx context.Context, c *conf) error {
-	return q.rdb.SetNX(ctx, q.keys.config, protocol.FormatConfig(protocol.Config{Policies: c.policies}), protocol.ConfigTTL).Err()
+	return q.rdb.SetNX(ctx, q.keys.Config, protocol.FormatConfig(protocol.Config{Policies: c.policies}), protocol.ConfigTTL).Err()
 }
 
 // runInForce is run for calls made on behalf of callers already queued (a
@@ -126,11 +108,11 @@ func (q *Queue) storeMine(ctx context.Context, c *conf) error {
 // q follows it, whoever set it, and runs the script again, once.
 func (q *Queue) runInForce(ctx context.Context, s *redis.Script, keys []string, args func(*conf) ([]any, error)) (any, error) {
 	reply, err := q.run(ctx, s, keys, args)
-	var cerr *ConfigError
+	var cerr *queueio.ConfigError
 	if !errors.As(err, &cerr) {
 		return reply, err
 	}
-	c, ok, rerr := q.ReadConfig(ctx)
+	c, ok, rerr := queueio.ReadConfig(ctx, q.rdb, q.keys)
 	if rerr != nil || !ok {
 		return nil, err
 	}
@@ -146,38 +128,11 @@ func (q *Queue) Run(ctx context.Context, s *redis.Script, keys []string, args fu
 	return q.runInForce(ctx, s, keys, func(c *conf) ([]any, error) { return args(c.args), nil })
 }
 
-// Policies returns the policies q runs under now, and their id.
-func (q *Queue) Policies() (id string, ps []Policy) {
-	c := q.conf.Load()
-	return c.id, slices.Clone(c.policies)
-}
-
-// ReadConfig reads the bucket's configuration in force; ok is false when
-// none is stored yet.
-func (q *Queue) ReadConfig(ctx context.Context) (c Config, ok bool, err error) {
-	raw, err := q.rdb.Get(ctx, q.keys.config).Result()
-	if errors.Is(err, redis.Nil) {
-		return Config{}, false, nil
-	}
-	if err != nil {
-		return Config{}, false, err
-	}
-	c, err = protocol.ParseConfig(raw)
-	return c, err == nil, err
-}
-
 // Follow makes q run under c's policies from now on.
-func (q *Queue) Follow(c Config) {
+func (q *Queue) Follow(c protocol.Config) {
 	if q.conf.Load().id != c.ID() {
 		q.conf.Store(newConf(c.Policies))
 	}
-}
-
-// ChangeResult is what Change did.
-type ChangeResult struct {
-	Changed bool   // false: next declined, or the policies were the same
-	New     Config // the configuration in force now
-	Queued  int    // callers queued under the new policies
 }
 
 // Change makes next(the configuration in force, the Redis clock now) the
@@ -195,22 +150,22 @@ type ChangeResult struct {
 // cost a new policy can never grant are dropped (they find themselves
 // lost and enter again). When no configuration is stored, q's is stored
 // first.
-func (q *Queue) Change(ctx context.Context, rule int, next func(old Config, now time.Time) (Config, bool)) (ChangeResult, error) {
+func (q *Queue) Change(ctx context.Context, rule int, next func(old protocol.Config, now time.Time) (protocol.Config, bool)) (queueio.ChangeResult, error) {
 	for try := 0; try < 10; try++ {
 		old, ok, now, err := q.readConfigNow(ctx)
 		if err != nil {
-			return ChangeResult{}, err
+			return queueio.ChangeResult{}, err
 		}
 		if !ok {
 			if err := q.storeMine(ctx, q.conf.Load()); err != nil {
-				return ChangeResult{}, err
+				return queueio.ChangeResult{}, err
 			}
 			continue
 		}
 		nc, ok := next(old, now)
 		if !ok || nc.ID() == old.ID() {
 			q.Follow(old)
-			return ChangeResult{New: old}, nil
+			return queueio.ChangeResult{New: old}, nil
 		}
 		nc.Replaced = slices.DeleteFunc(append([]string{old.ID()}, old.Replaced...), func(id string) bool { return id == nc.ID() })
 		args := []any{protocol.FormatConfig(nc), rule, scriptreply.Micros(q.opt.Grace), q.keys.Wake}
@@ -219,43 +174,43 @@ func (q *Queue) Change(ctx context.Context, rule int, next func(old Config, now 
 		for _, m := range inherit(old.Policies, nc.Policies) {
 			args = append(args, m[0], m[1])
 		}
-		v, err := scriptreply.Ints(changeScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.state, q.keys.config, q.keys.Lock}, args...).Result())
+		v, err := scriptreply.Ints(changeScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.State, q.keys.Config, q.keys.Lock}, args...).Result())
 		if err != nil {
-			return ChangeResult{}, err
+			return queueio.ChangeResult{}, err
 		}
 		if len(v) == 1 && v[0] == 0 {
 			continue // changed meanwhile: read it again
 		}
 		if len(v) != 3 || v[0] != 1 {
-			return ChangeResult{}, fmt.Errorf("%w: change %v", scriptreply.ErrReply, v)
+			return queueio.ChangeResult{}, fmt.Errorf("%w: change %v", scriptreply.ErrReply, v)
 		}
 		q.Follow(nc)
-		return ChangeResult{Changed: true, New: nc, Queued: int(v[2])}, nil // v[1] counts the callers dropped
+		return queueio.ChangeResult{Changed: true, New: nc, Queued: int(v[2])}, nil // v[1] counts the callers dropped
 	}
-	return ChangeResult{}, errors.New("queue: the configuration in force kept changing during Change")
+	return queueio.ChangeResult{}, errors.New("queue: the configuration in force kept changing during Change")
 }
 
-// readConfigNow is ReadConfig with the Redis clock's now, in one round
-// trip. On Cluster, TIME may come from another node than the bucket's:
-// good to a few ms, which is all Change's callers need.
-func (q *Queue) readConfigNow(ctx context.Context) (c Config, ok bool, now time.Time, err error) {
+// readConfigNow is queueio.ReadConfig with the Redis clock's now, in one
+// round trip. On Cluster, TIME may come from another node than the
+// bucket's: good to a few ms, which is all Change's callers need.
+func (q *Queue) readConfigNow(ctx context.Context) (c protocol.Config, ok bool, now time.Time, err error) {
 	var t *redis.TimeCmd
 	var g *redis.StringCmd
 	_, err = q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		t = p.Time(ctx)
-		g = p.Get(ctx, q.keys.config)
+		g = p.Get(ctx, q.keys.Config)
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return Config{}, false, time.Time{}, err
+		return protocol.Config{}, false, time.Time{}, err
 	}
 	now = t.Val()
 	raw, err := g.Result()
 	if errors.Is(err, redis.Nil) {
-		return Config{}, false, now, nil
+		return protocol.Config{}, false, now, nil
 	}
 	if err != nil {
-		return Config{}, false, now, err
+		return protocol.Config{}, false, now, err
 	}
 	c, err = protocol.ParseConfig(raw)
 	return c, err == nil, now, err
@@ -265,7 +220,7 @@ func (q *Queue) readConfigNow(ctx context.Context) (c Config, ok bool, now time.
 // one whose tokens it inherits (same unit, same rank among that unit's
 // policies) and the one whose cost a queued caller's cost of its unit is
 // (the first of the unit).
-func inherit(old, ps []Policy) [][2]int {
+func inherit(old, ps []protocol.Policy) [][2]int {
 	rank := map[string]int{}
 	out := make([][2]int, len(ps))
 	for i, p := range ps {

@@ -3,8 +3,12 @@
 // behind waiting ones), their polls for a slot and their cancels, each one
 // atomic step on the Redis clock. It is one of the bucket's building blocks,
 // with package scheduler (which pops the queue and writes the slots), and
-// exports only what those two packages use: most users need only package
-// bucket.
+// exports only the calls those two packages make, with Cancel's Leaver
+// and ErrNotReplicated. Their options and the bucket's keys, their replies
+// and the other errors they report live in internal/queueio, with the
+// plain reads of the keys that run no script (the configuration in force,
+// a snapshot): only this module can build a Queue, and users need only
+// package bucket.
 //
 //   - Enqueue: callers arrive. With nobody queued and a token due within
 //     the lookahead, a caller gets that token at once (the fast path, one

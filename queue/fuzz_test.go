@@ -3,6 +3,7 @@ package queue
 import (
 	"encoding/binary"
 	"errors"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/scriptreply"
 	"math"
 	"testing"
@@ -136,7 +137,7 @@ func FuzzParsers(f *testing.F) {
 				t.Fatalf("parseEnqueue(%d) returned %d replies", callers, len(out))
 			}
 			for _, e := range out {
-				if e.Err != nil && (e.Entry != "" || (e.Err != ErrQueueFull && e.Err != ErrWaitTooLong)) {
+				if e.Err != nil && (e.Entry != "" || (e.Err != queueio.ErrQueueFull && e.Err != queueio.ErrWaitTooLong)) {
 					t.Fatalf("parseEnqueue gave a refusal of no known kind, or a queued refusal: %+v", e)
 				}
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/scriptreply"
 )
 
@@ -63,8 +64,8 @@ func (q *Queue) canPush() bool {
 // note records what the last arrival of a batch learned of the queue: a
 // caller queued with its slot estimated d from now stays in the queue until
 // the scheduler takes it, a lookahead before its slot.
-func (l *lane) note(q *Queue, a Arrival) {
-	if a.queued() && a.Delay > q.opt.Lookahead {
+func (l *lane) note(q *Queue, a queueio.Arrival) {
+	if a.Queued() && a.Delay > q.opt.Lookahead {
 		l.busyUntil.Store(time.Now().Add(a.Delay - q.opt.Lookahead).UnixNano())
 	} else {
 		l.busyUntil.Store(0)
@@ -76,7 +77,7 @@ func (l *lane) note(q *Queue, a Arrival) {
 // caller pushed while the queue was empty and a token free waits for the
 // scheduler to hand it out (its reply says whether one runs), so it is
 // for callers who arrive while others wait.
-func (q *Queue) push(ctx context.Context, ids []string) ([]Arrival, error) {
+func (q *Queue) push(ctx context.Context, ids []string) ([]queueio.Arrival, error) {
 	if !q.canPush() {
 		return nil, errNoPush
 	}
@@ -92,10 +93,10 @@ func (q *Queue) push(ctx context.Context, ids []string) ([]Arrival, error) {
 	)
 	_, err := q.direct.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		now = p.Time(ctx)
-		state = p.Get(ctx, q.keys.state)
+		state = p.Get(ctx, q.keys.State)
 		push = p.RPush(ctx, q.keys.Queue, entries...)
 		if lo, _ := protocol.ClaimWindow(q.opt.MaxLateness); lo > 0 { // else nobody claims: no read
-			due = p.ZRangeByScoreWithScores(ctx, q.keys.due, &redis.ZRangeBy{Min: "-inf", Max: "+inf", Count: 1})
+			due = p.ZRangeByScoreWithScores(ctx, q.keys.Due, &redis.ZRangeBy{Min: "-inf", Max: "+inf", Count: 1})
 		}
 		// A queue this push creates gets a TTL; one that exists keeps the
 		// one the scheduler's steps renew (tail + grace).
@@ -134,7 +135,7 @@ func (q *Queue) pushFailed(err error) error {
 	}
 	q.lane.off.Store(true)
 	if q.opt.Logger != nil {
-		q.opt.Logger.Warn("sluice: the push lane is off: the server refused its transaction; arrivals take the enqueue script from now on", "bucket", q.keys.state, "err", err)
+		q.opt.Logger.Warn("sluice: the push lane is off: the server refused its transaction; arrivals take the enqueue script from now on", "bucket", q.keys.State, "err", err)
 	}
 	if strings.HasPrefix(err.Error(), "EXECABORT") {
 		// Refused as a whole (Redis < 7.0 has no PEXPIRE NX): nothing
@@ -155,7 +156,7 @@ func (q *Queue) pushFailed(err error) error {
 // id; when it was not (or is missing), the estimates are those of a full
 // bucket of policy p and the tickets count from the state's done if it
 // can be read: the callers are queued all the same.
-func pushReplies(ids []string, now int64, raw string, length int64, p Policy, id string) (rs []Arrival, ours bool, err error) {
+func pushReplies(ids []string, now int64, raw string, length int64, p protocol.Policy, id string) (rs []queueio.Arrival, ours bool, err error) {
 	k := int64(len(ids))
 	if length < k {
 		return nil, false, fmt.Errorf("%w: RPUSH of %d gave length %d", scriptreply.ErrReply, k, length)
@@ -173,11 +174,11 @@ func pushReplies(ids []string, now int64, raw string, length int64, p Policy, id
 			}
 		}
 	}
-	out := make([]Arrival, k)
+	out := make([]queueio.Arrival, k)
 	for i := range out {
 		pos := length - k + int64(i) + 1
 		est := max(protocol.SlotFor(level, anchor, now, pos, p), hold)
-		out[i] = Arrival{
+		out[i] = queueio.Arrival{
 			Delay:            dur(est-now, time.Microsecond),
 			Position:         int(pos),
 			SchedulerRunning: until > now,
@@ -194,7 +195,7 @@ func pushReplies(ids []string, now int64, raw string, length int64, p Policy, id
 // handle's, was not collected within the claim window's start: a caller
 // still queued claims it (poll.lua), which its caller, not running,
 // would lose.
-func (q *Queue) claimable(rs []Arrival, first []redis.Z, now int64) {
+func (q *Queue) claimable(rs []queueio.Arrival, first []redis.Z, now int64) {
 	lo, hi := protocol.ClaimWindow(q.opt.MaxLateness)
 	if len(first) == 0 || lo == 0 || len(rs) == 0 {
 		return

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/testing/redistest"
 )
 
@@ -24,10 +25,10 @@ func TestPushMatchesEnqueue(t *testing.T) {
 	defer rdb.Close()
 	rng := rand.New(rand.NewPCG(3, 4))
 	for round := range 30 {
-		p := Policy{Capacity: 1 + rng.Int64N(20), RefillAmount: 1 + rng.Int64N(3), RefillFrequency: time.Duration(1+rng.Int64N(50)) * time.Second}
-		opt := Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Second, Grace: time.Minute, MaxLateness: time.Second}
-		viaScript := newQ(rdb, "sluice", fmt.Sprintf("%s-%d-script", t.Name(), round), []Policy{p}, opt)
-		viaPush := newQ(rdb, "sluice", fmt.Sprintf("%s-%d-push", t.Name(), round), []Policy{p}, opt)
+		p := protocol.Policy{Capacity: 1 + rng.Int64N(20), RefillAmount: 1 + rng.Int64N(3), RefillFrequency: time.Duration(1+rng.Int64N(50)) * time.Second}
+		opt := queueio.Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Second, Grace: time.Minute, MaxLateness: time.Second}
+		viaScript := newQ(rdb, "sluice", fmt.Sprintf("%s-%d-script", t.Name(), round), []protocol.Policy{p}, opt)
+		viaPush := newQ(rdb, "sluice", fmt.Sprintf("%s-%d-push", t.Name(), round), []protocol.Policy{p}, opt)
 		if !viaPush.canPush() {
 			t.Fatal("push lane not available on a *redis.Client with one policy")
 		}
@@ -41,14 +42,14 @@ func TestPushMatchesEnqueue(t *testing.T) {
 		level := -rng.Int64N(5 * p.Capacity)
 		anchor := now.UnixMicro() - rng.Int64N(p.RefillFrequency.Microseconds())
 		until := now.UnixMicro() + (rng.Int64N(3)-1)*int64(time.Minute/time.Microsecond)
-		state := fmt.Sprintf("%d %d %d %d %d %s 0 0", rng.Int64N(1000), until, level, anchor, protocol.StateFormat, protocol.ConfigID([]Policy{p}))
+		state := fmt.Sprintf("%d %d %d %d %d %s 0 0", rng.Int64N(1000), until, level, anchor, protocol.StateFormat, protocol.ConfigID([]protocol.Policy{p}))
 		waiting := rng.IntN(4)
 		for _, q := range []*Queue{viaScript, viaPush} {
-			if err := rdb.Set(ctx, q.Keys().state, state, time.Minute).Err(); err != nil {
+			if err := rdb.Set(ctx, q.keys.State, state, time.Minute).Err(); err != nil {
 				t.Fatal(err)
 			}
 			for i := range waiting {
-				if err := rdb.RPush(ctx, q.Keys().Queue, "w"+strconv.Itoa(i)+"|1").Err(); err != nil {
+				if err := rdb.RPush(ctx, q.keys.Queue, "w"+strconv.Itoa(i)+"|1").Err(); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -90,23 +91,23 @@ func TestPushMatchesEnqueue(t *testing.T) {
 func TestPushQueueTTL(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour}, Options{Grace: 5 * time.Second})
+	q := newQueue(t, rdb, protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour}, queueio.Options{Grace: 5 * time.Second})
 	if _, err := q.push(ctx, []string{"first"}); err != nil {
 		t.Fatal(err)
 	}
-	if ttl, _ := rdb.PTTL(ctx, q.Keys().Queue).Result(); ttl <= 0 || ttl > 5*time.Second {
+	if ttl, _ := rdb.PTTL(ctx, q.keys.Queue).Result(); ttl <= 0 || ttl > 5*time.Second {
 		t.Fatalf("new queue's TTL %v, want (0, 5s]", ttl)
 	}
-	if err := rdb.PExpire(ctx, q.Keys().Queue, time.Hour).Err(); err != nil {
+	if err := rdb.PExpire(ctx, q.keys.Queue, time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := q.push(ctx, []string{"second", "third"}); err != nil {
 		t.Fatal(err)
 	}
-	if ttl, _ := rdb.PTTL(ctx, q.Keys().Queue).Result(); ttl < 59*time.Minute {
+	if ttl, _ := rdb.PTTL(ctx, q.keys.Queue).Result(); ttl < 59*time.Minute {
 		t.Fatalf("existing queue's TTL became %v, want its hour kept", ttl)
 	}
-	if n, _ := rdb.LLen(ctx, q.Keys().Queue).Result(); n != 3 {
+	if n, _ := rdb.LLen(ctx, q.keys.Queue).Result(); n != 3 {
 		t.Fatalf("queue length %d, want 3", n)
 	}
 }
@@ -116,12 +117,12 @@ func TestPushQueueTTL(t *testing.T) {
 func TestNoPushThroughScripter(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	p := Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}
+	p := protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}
 	for name, q := range map[string]*Queue{
-		"scripter":  newQ(scriptOnly{rdb}, "sluice", "a", []Policy{p}, Options{}),
-		"two":       newQ(rdb, "sluice", "b", []Policy{p, p}, Options{}),
-		"max queue": newQ(rdb, "sluice", "c", []Policy{p}, Options{MaxQueue: 5}),
-		"max wait":  newQ(rdb, "sluice", "d", []Policy{p}, Options{MaxWait: time.Second}),
+		"scripter":  newQ(scriptOnly{rdb}, "sluice", "a", []protocol.Policy{p}, queueio.Options{}),
+		"two":       newQ(rdb, "sluice", "b", []protocol.Policy{p, p}, queueio.Options{}),
+		"max queue": newQ(rdb, "sluice", "c", []protocol.Policy{p}, queueio.Options{MaxQueue: 5}),
+		"max wait":  newQ(rdb, "sluice", "d", []protocol.Policy{p}, queueio.Options{MaxWait: time.Second}),
 	} {
 		if q.canPush() {
 			t.Errorf("%s: canPush", name)
@@ -141,8 +142,8 @@ func TestNoPushThroughScripter(t *testing.T) {
 func TestPushSaysClaim(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	p := Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}
-	opt := Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Second, Grace: time.Minute, MaxLateness: 100 * time.Millisecond}
+	p := protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}
+	opt := queueio.Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Second, Grace: time.Minute, MaxLateness: 100 * time.Millisecond}
 	for _, c := range []struct {
 		name   string
 		member string
@@ -155,9 +156,9 @@ func TestPushSaysClaim(t *testing.T) {
 		{"its own handle's, 500 ms past", "mine.1|0", 500 * time.Millisecond, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			q := newQ(rdb, "sluice", t.Name(), []Policy{p}, opt)
+			q := newQ(rdb, "sluice", t.Name(), []protocol.Policy{p}, opt)
 			// Someone waits, so that the arrival takes the push lane.
-			if err := rdb.RPush(ctx, q.Keys().Queue, "w.0|1").Err(); err != nil {
+			if err := rdb.RPush(ctx, q.keys.Queue, "w.0|1").Err(); err != nil {
 				t.Fatal(err)
 			}
 			if c.member != "" {
@@ -165,7 +166,7 @@ func TestPushSaysClaim(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if err := rdb.ZAdd(ctx, q.keys.due, redis.Z{Score: float64(now.Add(-c.ago).UnixMicro()), Member: c.member}).Err(); err != nil {
+				if err := rdb.ZAdd(ctx, q.keys.Due, redis.Z{Score: float64(now.Add(-c.ago).UnixMicro()), Member: c.member}).Err(); err != nil {
 					t.Fatal(err)
 				}
 			}

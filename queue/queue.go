@@ -4,62 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/scriptreply"
 )
 
-// Policy is one limit of a bucket: it holds at most Capacity tokens and gains
-// RefillAmount tokens every RefillFrequency (used in whole microseconds).
-type Policy = protocol.Policy
-
-// Options describe a Queue. Durations are used in whole microseconds.
-type Options struct {
-	Policies    []Policy      // the bucket's limits; a caller takes its costs (or each one's Call) from all of them
-	Lookahead   time.Duration // slots within this are given at once; the scheduler schedules this far ahead
-	LockTTL     time.Duration // the scheduler lock's TTL, renewed by every step
-	Grace       time.Duration // added to every key's TTL; uncollected slots are dropped after it
-	MaxLateness time.Duration // a slot older than this when polled is stale; < 0: never (bucket.Config.MaxLateness)
-	Lead        time.Duration // callers poll this long before their estimated slot
-	MaxQueue    int           // refuse new callers when this many wait; 0: unbounded
-	MaxWait     time.Duration // refuse new callers whose estimated wait exceeds it; 0: unbounded
-	MaxBatch    int           // most callers one scheduler step schedules; 0: 1000
-	// Replicas, when above 0, is how many replicas must acknowledge the
-	// writes of a grant (WAIT, within ReplicaTimeout) before a caller
-	// learns it: replicas.go. It needs one master (*redis.Client).
-	Replicas       int
-	ReplicaTimeout time.Duration
-	// Logger, when set, is told what an operator must know (the push
-	// lane turned off; the scheduler fenced); nil logs nothing.
-	Logger *slog.Logger
-}
-
-// Refusals of Enqueue, reported per caller in Arrival.Err. A refused caller
-// consumed nothing.
-var (
-	ErrQueueFull   = errors.New("queue: queue full")
-	ErrWaitTooLong = errors.New("queue: wait too long")
-)
-
-// Client is what a Queue needs of Redis: its scripts, and reading and
-// storing the configuration in force. Every go-redis client has it.
-type Client interface {
-	redis.Scripter
-	Get(ctx context.Context, key string) *redis.StringCmd
-	SetNX(ctx context.Context, key string, value any, expiration time.Duration) *redis.BoolCmd
-	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
-}
-
 // Queue runs the scripts of one bucket. It is safe for concurrent use.
 type Queue struct {
-	rdb  Client
-	keys Keys
-	opt  Options
+	rdb  queueio.Client
+	keys queueio.Keys // opt.Keys
+	opt  queueio.Options
 
 	// direct is rdb when it is one server (*redis.Client, or a client
 	// that wraps one and says so with a Direct method): then a poll is first TIME and GETDEL in one
@@ -73,14 +33,14 @@ type Queue struct {
 	lane lane                 // the push lane (push.go)
 }
 
-// New returns the Queue of the bucket name under prefix. It does not talk to
-// Redis: each script is sent on its first use (EVALSHA, with EVAL when Redis
-// does not have it yet).
-func New(rdb Client, prefix, name string, opt Options) *Queue {
+// New returns the Queue of the bucket whose keys are opt.Keys
+// (queueio.NewKeys). It does not talk to Redis: each script is sent on its
+// first use (EVALSHA, with EVAL when Redis does not have it yet).
+func New(rdb queueio.Client, opt queueio.Options) *Queue {
 	if opt.MaxBatch <= 0 {
 		opt.MaxBatch = 1000
 	}
-	q := &Queue{rdb: rdb, keys: newKeys(prefix, name), opt: opt}
+	q := &Queue{rdb: rdb, keys: opt.Keys, opt: opt}
 	q.conf.Store(newConf(opt.Policies))
 	switch c := rdb.(type) {
 	case *redis.Client:
@@ -105,14 +65,12 @@ type directClient interface {
 	TxPipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
 }
 
-// Keys returns the bucket's keys.
-func (q *Queue) Keys() Keys { return q.keys }
-
 // Options returns the options q was made with (MaxBatch filled in), with
-// the policies it runs under now (Follow may have changed them).
-func (q *Queue) Options() Options {
+// the policies it runs under now (Follow may have changed them; their id
+// is protocol.ConfigID's). The policies are the caller's to change.
+func (q *Queue) Options() queueio.Options {
 	o := q.opt
-	o.Policies = q.conf.Load().policies
+	o.Policies = slices.Clone(q.conf.Load().policies)
 	return o
 }
 
@@ -120,46 +78,24 @@ func us(d time.Duration) int64 { return scriptreply.Micros(d) }
 
 func dur(n int64, unit time.Duration) time.Duration { return scriptreply.Dur(n, unit) }
 
-// Arrival is what Enqueue learned of one caller. Exactly one holds: Err is
-// set (refused: nothing consumed); Entry is set (queued: poll with it); or
-// neither (the caller has its slot, Delay from now).
-type Arrival struct {
-	Err   error         // ErrQueueFull or ErrWaitTooLong
-	Entry string        // queued: how the caller is known from now on, to Poll and Cancel
-	Delay time.Duration // until the slot, or the estimate of it when queued or refused for its wait; from Now
-	// Position is the 1-based place in the queue (queued callers, and
-	// those refused at it); 0 for a caller given its slot at once.
-	Position         int
-	SchedulerRunning bool  // queued: the scheduler lock was held
-	Ticket           int64 // arrival order at Redis (callers not refused)
-	Slot             int64 // given a slot at once: the slot, µs on the Redis clock (for analysis only)
-	Now              int64 // the Redis clock (µs) when the call read it: Delay is from then
-	// Claim (queued): a slot nobody came for is due; poll at once, to
-	// claim it (Poll).
-	Claim bool
-}
-
-// queued reports whether the caller waits in the queue.
-func (a Arrival) queued() bool { return a.Err == nil && a.Entry != "" }
-
-// Enqueue makes callers ids (fresh, unique IDs without a '|') arrive at the
-// bucket in one round trip, in the order given, each handled as if it had
-// come alone: with nobody queued and its tokens due within the lookahead a
-// caller gets them at once; otherwise it joins the queue, unless MaxQueue
-// or MaxWait refuse it. costs, when not nil, holds each caller's costs,
-// one per policy (nil for a caller taking each policy's Call); a caller's
-// slot is the latest its policies allow after the callers ahead of it, so
-// none overtakes another. waits, when not nil, holds the longest each
-// caller may wait (0: no bound of its own, only MaxWait): a caller whose
-// slot is estimated further off is refused with ErrWaitTooLong, taking
-// nothing. Callers without costs of their own arriving while others
-// surely wait take the push lane (push.go), which Redis runs for a fifth
-// of the script's cost; the lane cannot refuse, so a pushed caller whose
-// estimate (Delay) passes its wait is queued all the same, and its caller
-// must Cancel it.
-func (q *Queue) Enqueue(ctx context.Context, ids []string, costs [][]int64, waits []time.Duration) ([]Arrival, error) {
+// Enqueue makes callers ids (fresh, unique IDs without a '|') arrive at
+// the bucket in one round trip, in the order given, each handled as if it
+// had come alone: with nobody queued and its tokens due within the
+// lookahead a caller gets them at once; otherwise it joins the queue,
+// unless MaxQueue or MaxWait refuse it. costs, when not nil, holds each
+// caller's costs, one per policy (nil for a caller taking each policy's
+// Call); a caller's slot is the latest its policies allow after the
+// callers ahead of it, so none overtakes another. waits, when not nil,
+// holds the longest each caller may wait (0: no bound of its own, only
+// MaxWait): a caller whose slot is estimated further off is refused with
+// queueio.ErrWaitTooLong, taking nothing. Callers without costs of their
+// own arriving while others surely wait take the push lane (push.go),
+// which Redis runs for a fifth of the script's cost; the lane cannot
+// refuse, so a pushed caller whose estimate (Delay) passes its wait is
+// queued all the same, and its caller must Cancel it.
+func (q *Queue) Enqueue(ctx context.Context, ids []string, costs [][]int64, waits []time.Duration) ([]queueio.Arrival, error) {
 	var (
-		rs  []Arrival
+		rs  []queueio.Arrival
 		err error
 	)
 	if costs == nil && q.lane.open(q) {
@@ -176,16 +112,16 @@ func (q *Queue) Enqueue(ctx context.Context, ids []string, costs [][]int64, wait
 	return rs, err
 }
 
-func (q *Queue) enqueueScript(ctx context.Context, ids []string, costs [][]int64, waits []time.Duration) ([]Arrival, error) {
+func (q *Queue) enqueueScript(ctx context.Context, ids []string, costs [][]int64, waits []time.Duration) ([]queueio.Arrival, error) {
 	cs := make([]string, len(ids))
 	for i := range ids {
 		if costs != nil {
 			cs[i] = protocol.Costs(costs[i])
 		}
 	}
-	reply, err := q.runFor(ctx, enqueueScript, q.keys.enqueue(), true, func(c *conf) ([]any, error) {
+	reply, err := q.runFor(ctx, enqueueScript, enqueueKeys(q.keys), true, func(c *conf) ([]any, error) {
 		if costs != nil && len(costs[0]) != len(c.policies) {
-			return nil, &ConfigError{mine: c.id} // costs of a configuration Follow replaced
+			return nil, &queueio.ConfigError{Mine: c.id} // costs of a configuration Follow replaced
 		}
 		o := q.opt
 		args := make([]any, 0, 7+len(c.args)+1+3*len(ids))
@@ -213,7 +149,7 @@ const (
 )
 
 // parseEnqueue checks an enqueue reply for callers ids.
-func parseEnqueue(ids, costs []string, reply any, err error) ([]Arrival, error) {
+func parseEnqueue(ids, costs []string, reply any, err error) ([]queueio.Arrival, error) {
 	v, err := scriptreply.Ints(reply, err)
 	if err != nil {
 		return nil, err
@@ -223,14 +159,14 @@ func parseEnqueue(ids, costs []string, reply any, err error) ([]Arrival, error) 
 		return nil, fmt.Errorf("%w: enqueue of %d callers gave %d values", scriptreply.ErrReply, n, len(v))
 	}
 	now, running, ticket := v[0], v[1] == 1, v[2]
-	out := make([]Arrival, n)
+	out := make([]queueio.Arrival, n)
 	for i := range out {
 		e := v[3+3*i : 6+3*i]
 		kind, delay := e[0], e[1]
 		if kind < kindGranted || kind > kindWaitTooLong || e[2] < 0 {
 			return nil, fmt.Errorf("%w: enqueue %v", scriptreply.ErrReply, e)
 		}
-		r := Arrival{Delay: dur(delay, time.Microsecond), Position: int(e[2]), Now: now}
+		r := queueio.Arrival{Delay: dur(delay, time.Microsecond), Position: int(e[2]), Now: now}
 		switch kind {
 		case kindGranted, kindAssigned:
 			r.Ticket, r.Slot = ticket, now+delay
@@ -240,41 +176,13 @@ func parseEnqueue(ids, costs []string, reply any, err error) ([]Arrival, error) 
 			r.Entry = protocol.MakeEntry(ids[i], now+delay, costs[i])
 			ticket++
 		case kindQueueFull:
-			r.Err = ErrQueueFull
+			r.Err = queueio.ErrQueueFull
 		case kindWaitTooLong:
-			r.Err = ErrWaitTooLong
+			r.Err = queueio.ErrWaitTooLong
 		}
 		out[i] = r
 	}
 	return out, nil
-}
-
-// PollReply is what Poll found. At most one of Found, Stale and Lost holds;
-// none: the caller is still queued.
-type PollReply struct {
-	Found bool // a slot: start after Delay (negative: late)
-	Stale bool // the slot passed more than MaxLateness ago, or a running caller took it (Room ""); its token is spent: Retime
-	Lost  bool // the caller is neither queued nor scheduled: enter again
-	// Claimed (with Found): the slot is one whose caller did not come for
-	// it, taken in exchange for this caller's later one, or by this
-	// caller still queued, which left the queue
-	// (internal/protocol/claim.lua); Swapped (with Found or Stale): this
-	// caller did not come for its own slot in time, and a running caller
-	// took it and gave it this later one.
-	Claimed, Swapped bool
-	// Delay is until the slot (Found, Stale) or the estimate of it (still
-	// queued), from when Redis read its clock.
-	Delay    time.Duration
-	Position int           // still queued: 1-based place in the queue
-	LockTTL  time.Duration // still queued: the scheduler lock's remaining TTL, < 0 if none
-	Slot     int64         // Found: the slot, µs on the Redis clock (for analysis only)
-	// Room is what the step that gave the slot left for Retime (Found,
-	// Stale): a caller too late to use its slot passes it back.
-	Room string
-	// RoundTrips is how many round trips the poll took: 1, or 2 when the
-	// direct poll found no slot and the script ran after it, or claimed
-	// a slot.
-	RoundTrips int
 }
 
 // Poll asks for the slot of the caller queued as entry, consuming it if
@@ -285,8 +193,8 @@ type PollReply struct {
 // claims, in exchange, a slot whose caller did not come for it within the
 // window its MaxLateness sets (protocol.ClaimWindow), if the due set
 // holds one; a caller still queued takes such a slot, and leaves the
-// queue (Arrival.Claim says when to poll for one at once).
-func (q *Queue) Poll(ctx context.Context, entry string) (PollReply, error) {
+// queue (queueio.Arrival.Claim says when to poll for one at once).
+func (q *Queue) Poll(ctx context.Context, entry string) (queueio.PollReply, error) {
 	tol := us(q.opt.MaxLateness)
 	if q.opt.MaxLateness < 0 {
 		tol = 1 << 52 // never stale
@@ -301,7 +209,7 @@ func (q *Queue) Poll(ctx context.Context, entry string) (PollReply, error) {
 			return r, err
 		}
 	}
-	r, err := parsePoll(q.runFor(ctx, pollScript, q.keys.list(), true, func(c *conf) ([]any, error) {
+	r, err := parsePoll(q.runFor(ctx, pollScript, q.keys.All(), true, func(c *conf) ([]any, error) {
 		o := q.opt
 		return append([]any{entry, tol, lo, hi, us(o.Lookahead), o.MaxBatch, us(o.Grace), us(o.Lead), q.keys.Wake}, c.args...), nil
 	}))
@@ -319,7 +227,7 @@ func (q *Queue) Poll(ctx context.Context, entry string) (PollReply, error) {
 // candidate, was taken out: TestThousandsOfHandlesOneClient's 6,600
 // callers on one client met a Redis too busy to answer a PING within
 // 1 s in 2 of 5 CI runs.)
-func (q *Queue) pollDirect(ctx context.Context, entry string, tol int64) (PollReply, bool, error) {
+func (q *Queue) pollDirect(ctx context.Context, entry string, tol int64) (queueio.PollReply, bool, error) {
 	var now *redis.TimeCmd
 	var slot *redis.StringCmd
 	var acks *redis.Cmd
@@ -329,35 +237,35 @@ func (q *Queue) pollDirect(ctx context.Context, entry string, tol int64) (PollRe
 		now = p.Time(ctx)
 		slot = p.GetDel(ctx, q.keys.Slot+bare)
 		if own {
-			p.ZRem(ctx, q.keys.due, entry)
+			p.ZRem(ctx, q.keys.Due, entry)
 		}
 		acks = q.wait(ctx, p)
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return PollReply{}, false, err
+		return queueio.PollReply{}, false, err
 	}
 	if errors.Is(slot.Err(), redis.Nil) {
-		return PollReply{}, false, nil
+		return queueio.PollReply{}, false, nil
 	}
 	if err := q.acked(acks); err != nil {
-		return PollReply{}, true, err // the slot was found, and is spent
+		return queueio.PollReply{}, true, err // the slot was found, and is spent
 	}
 	r, ok := slotReply(slot.Val(), now.Val().UnixMicro(), tol)
 	if !ok {
-		return PollReply{}, false, fmt.Errorf("%w: slot key holds %q", scriptreply.ErrReply, slot.Val())
+		return queueio.PollReply{}, false, fmt.Errorf("%w: slot key holds %q", scriptreply.ErrReply, slot.Val())
 	}
 	return r, true, nil
 }
 
 // slotReply is what a poll that read the slot key's value v at now (µs)
 // replies: Found, or Stale when the slot passed more than tol ago.
-func slotReply(v string, now, tol int64) (PollReply, bool) {
+func slotReply(v string, now, tol int64) (queueio.PollReply, bool) {
 	s, room, ok := protocol.ParseSlotValue(v)
 	if !ok {
-		return PollReply{}, false
+		return queueio.PollReply{}, false
 	}
-	r := PollReply{Found: true, Delay: dur(s-now, time.Microsecond), Slot: s}
+	r := queueio.PollReply{Found: true, Delay: dur(s-now, time.Microsecond), Slot: s}
 	r.Room, r.Swapped = protocol.Swapped(room)
 	if protocol.Taken(room) {
 		r.Found, r.Stale, r.Room = false, true, ""
@@ -370,22 +278,22 @@ func slotReply(v string, now, tol int64) (PollReply, bool) {
 // parsePoll checks a poll reply: {kind, delay µs, position, lock TTL ms,
 // slot[, room]}, kind 1 found, 2 waiting, 3 stale, 4 lost, 5 found by a
 // claim (poll.lua).
-func parsePoll(reply any, err error) (PollReply, error) {
+func parsePoll(reply any, err error) (queueio.PollReply, error) {
 	var room string
 	if a, ok := reply.([]any); ok && len(a) == 6 && err == nil {
 		if room, ok = a[5].(string); !ok {
-			return PollReply{}, fmt.Errorf("%w: poll %v", scriptreply.ErrReply, reply)
+			return queueio.PollReply{}, fmt.Errorf("%w: poll %v", scriptreply.ErrReply, reply)
 		}
 		reply = a[:5]
 	}
 	v, err := scriptreply.Ints(reply, err)
 	if err != nil {
-		return PollReply{}, err
+		return queueio.PollReply{}, err
 	}
 	if len(v) != 5 || v[0] < 1 || v[0] > 5 {
-		return PollReply{}, fmt.Errorf("%w: poll %v", scriptreply.ErrReply, v)
+		return queueio.PollReply{}, fmt.Errorf("%w: poll %v", scriptreply.ErrReply, v)
 	}
-	r := PollReply{
+	r := queueio.PollReply{
 		Found:    v[0] == 1 || v[0] == 5,
 		Claimed:  v[0] == 5,
 		Stale:    v[0] == 3,
@@ -408,9 +316,9 @@ func parsePoll(reply any, err error) (PollReply, error) {
 // now, and how many callers would be ahead of it. The wait is exact unless
 // callers ahead leave the queue.
 func (q *Queue) Estimate(ctx context.Context, costs []int64) (time.Duration, int, error) {
-	v, err := scriptreply.Ints(q.run(ctx, estimateScript, q.keys.arrival(), func(c *conf) ([]any, error) {
+	v, err := scriptreply.Ints(q.run(ctx, estimateScript, arrivalKeys(q.keys), func(c *conf) ([]any, error) {
 		if costs != nil && len(costs) != len(c.policies) {
-			return nil, &ConfigError{mine: c.id}
+			return nil, &queueio.ConfigError{Mine: c.id}
 		}
 		return append(append([]any{}, c.args...), protocol.Costs(costs)), nil
 	}))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/scriptreply"
 )
 
@@ -21,14 +22,14 @@ var settleScript = protocol.Script(settleLua, protocol.TokensLua, protocol.State
 // taken as a debt the callers after it wait out. slot is the grant's (µs
 // on the Redis clock, 0 if unknown), which a rolling window's give-back
 // needs. When the configuration in force is another, Settle changes
-// nothing and returns a *ConfigError. One round trip.
+// nothing and returns a *queueio.ConfigError. One round trip.
 //
 // The script also replies with the tokens given back, lost at capacity
 // and taken as a debt; Settle only checks that reply's shape.
 func (q *Queue) Settle(ctx context.Context, id string, slot int64, diffs []int64) error {
-	reply, err := q.run(ctx, settleScript, q.keys.retime(), func(c *conf) ([]any, error) {
+	reply, err := q.run(ctx, settleScript, retimeKeys(q.keys), func(c *conf) ([]any, error) {
 		if c.id != id || len(diffs) != len(c.policies) {
-			return nil, &ConfigError{mine: id}
+			return nil, &queueio.ConfigError{Mine: id}
 		}
 		args := []any{us(q.opt.Grace), protocol.Costs(diffs), max(slot, 0)}
 		return append(args, c.args...), nil

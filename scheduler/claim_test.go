@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/testing/guarantee"
 	"github.com/sluicehq/sluice/internal/testing/redistest"
-	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler"
 )
 
@@ -22,11 +22,11 @@ import (
 func TestClaimSwapsSlots(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	eachPoll(t, rdb, []bool{false}, func(t *testing.T, s queue.Client, _ bool) {
+	eachPoll(t, rdb, []bool{false}, func(t *testing.T, s queueio.Client, _ bool) {
 		// MaxLateness 100 ms: claims from 50 ms to 80 ms after a slot
 		// (older ones only by a move, which a full bucket refuses).
-		q, ids, want := stepped(t, rdb, s, queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond},
-			queue.Options{Lookahead: time.Second, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 100 * time.Millisecond}, 3)
+		q, ids, want := stepped(t, rdb, s, protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond},
+			queueio.Options{Lookahead: time.Second, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 100 * time.Millisecond}, 3)
 		// Wait until the first slot is 55 ms past: the others, 15 and 25
 		// ms after it, are not yet 50 ms past.
 		deadline := time.Now().Add(5 * time.Second)
@@ -73,14 +73,14 @@ func TestClaimSwapsSlots(t *testing.T) {
 func TestQueuedCallerTakesSlot(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	eachPoll(t, rdb, []bool{true, false}, func(t *testing.T, s queue.Client, _ bool) {
+	eachPoll(t, rdb, []bool{true, false}, func(t *testing.T, s queueio.Client, _ bool) {
 		// MaxLateness 1 s: claims as they are from 500 ms to 800 ms
 		// after a slot (wide, so that a test process held up by a
 		// busy host still polls inside it); a lookahead of 5 ms gives
 		// the first caller its slot and leaves the second queued.
-		l := queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}
-		q := newQ(s, "sluice", t.Name(), []queue.Policy{l},
-			queue.Options{Lookahead: 5 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: time.Second})
+		l := protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}
+		q := newQ(s, "sluice", t.Name(), []protocol.Policy{l},
+			queueio.Options{Lookahead: 5 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: time.Second})
 		ids := enqueueN(t, rdb, q, 2)
 		takeLock(t, rdb, q, "tok")
 		if r, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil || r.Scheduled != 1 {
@@ -110,7 +110,7 @@ func TestQueuedCallerTakesSlot(t *testing.T) {
 			// Older than 800 ms, the claim moves the grant to now.
 			t.Fatalf("the queued caller's slot %d, want the first's %d as it was", p.Slot, first)
 		}
-		if n, err := rdb.LLen(ctx, q.Keys().Queue).Result(); err != nil || n != 0 {
+		if n, err := rdb.LLen(ctx, keysOf(q).Queue).Result(); err != nil || n != 0 {
 			t.Fatalf("queue length %d %v after the claim, want 0: the claimer left it", n, err)
 		}
 		a, err := q.Poll(ctx, ids[0])
@@ -140,8 +140,8 @@ func TestRetimeWritesNextSlot(t *testing.T) {
 	// Slots 100 ms apart and MaxLateness 1 s (claims from 500 ms after a
 	// slot): a test process held up for most of 400 ms still finds the
 	// next slot ahead and nothing to claim.
-	q, ids, slots := stepped(t, rdb, rdb, queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond},
-		queue.Options{Lookahead: time.Second, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: time.Second, Lead: 2 * time.Millisecond}, 4)
+	q, ids, slots := stepped(t, rdb, rdb, protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond},
+		queueio.Options{Lookahead: time.Second, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: time.Second, Lead: 2 * time.Millisecond}, 4)
 	if _, err := q.Poll(ctx, ids[0]); err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestRetimeWritesNextSlot(t *testing.T) {
 	if err != nil || r.Entry != protocol.MakeEntry("again-0", 0, "") || r.Refunded || r.Claimed || r.Room != "" || r.Slot < slots[3]+100_000 {
 		t.Fatalf("retime: %+v %v, want the slot after the last given (%d), written for again-0", r, err, slots[3])
 	}
-	if score, err := rdb.ZScore(ctx, strings.TrimSuffix(q.Keys().Queue, "queue")+"due", r.Entry).Result(); err != nil || int64(score) != r.Slot {
+	if score, err := rdb.ZScore(ctx, strings.TrimSuffix(keysOf(q).Queue, "queue")+"due", r.Entry).Result(); err != nil || int64(score) != r.Slot {
 		t.Fatalf("the due set has %v %v for the entry, want its slot %d", score, err, r.Slot)
 	}
 	p, err := q.Poll(ctx, r.Entry)
@@ -175,12 +175,12 @@ func TestRetimeWritesNextSlot(t *testing.T) {
 func TestClaimsSkipOwnHandle(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	l := queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}
-	q := newQ(scriptOnly{rdb}, "sluice", t.Name(), []queue.Policy{l},
-		queue.Options{Lookahead: 5 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 100 * time.Millisecond})
+	l := protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}
+	q := newQ(scriptOnly{rdb}, "sluice", t.Name(), []protocol.Policy{l},
+		queueio.Options{Lookahead: 5 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 100 * time.Millisecond})
 	// Both queued (behind a placeholder, taken out), the first given its
 	// slot by a step.
-	if err := rdb.RPush(ctx, q.Keys().Queue, "placeholder").Err(); err != nil {
+	if err := rdb.RPush(ctx, keysOf(q).Queue, "placeholder").Err(); err != nil {
 		t.Fatal(err)
 	}
 	var entries []string
@@ -191,7 +191,7 @@ func TestClaimsSkipOwnHandle(t *testing.T) {
 		}
 		entries = append(entries, a.Entry)
 	}
-	if err := rdb.LRem(ctx, q.Keys().Queue, 1, "placeholder").Err(); err != nil {
+	if err := rdb.LRem(ctx, keysOf(q).Queue, 1, "placeholder").Err(); err != nil {
 		t.Fatal(err)
 	}
 	takeLock(t, rdb, q, "tok")

@@ -9,6 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/testing/redistest"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler"
@@ -25,7 +27,7 @@ import (
 func TestTicketsUnique(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 3, RefillAmount: 1, RefillFrequency: 200 * time.Microsecond}, queue.Options{Lookahead: time.Millisecond})
+	q := newQueue(t, rdb, protocol.Policy{Capacity: 3, RefillAmount: 1, RefillFrequency: 200 * time.Microsecond}, queueio.Options{Lookahead: time.Millisecond})
 	takeLock(t, rdb, q, "tok")
 	rng := rand.New(rand.NewPCG(1, 2))
 	var queued []string
@@ -95,9 +97,9 @@ func TestTicketsUnique(t *testing.T) {
 func TestSchedulerRunningFromState(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 200 * time.Millisecond},
-		queue.Options{Lookahead: time.Millisecond, LockTTL: 300 * time.Millisecond})
-	enqueue := func(id string) queue.Arrival {
+	q := newQueue(t, rdb, protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 200 * time.Millisecond},
+		queueio.Options{Lookahead: time.Millisecond, LockTTL: 300 * time.Millisecond})
+	enqueue := func(id string) queueio.Arrival {
 		t.Helper()
 		r, err := enqueueOne(q, id)
 		if err != nil {
@@ -112,7 +114,7 @@ func TestSchedulerRunningFromState(t *testing.T) {
 		t.Fatalf("second caller, no scheduler yet: %+v, want queued, not running", r)
 	}
 	takeLock(t, rdb, q, "tok")
-	if err := rdb.PExpire(ctx, q.Keys().Lock, 300*time.Millisecond).Err(); err != nil {
+	if err := rdb.PExpire(ctx, keysOf(q).Lock, 300*time.Millisecond).Err(); err != nil {
 		t.Fatal(err)
 	}
 	st, err := scheduler.Step(ctx, rdb, q, "tok")
@@ -125,7 +127,7 @@ func TestSchedulerRunningFromState(t *testing.T) {
 	// The lock's TTL passes without another step: the scheduler is gone.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		if n, _ := rdb.Exists(ctx, q.Keys().Lock).Result(); n == 0 {
+		if n, _ := rdb.Exists(ctx, keysOf(q).Lock).Result(); n == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -162,7 +164,7 @@ func TestSchedulerRunningFromState(t *testing.T) {
 func TestQueuedArrivalWritesNoState(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}, queue.Options{})
+	q := newQueue(t, rdb, protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}, queueio.Options{})
 	if r, err := enqueueOne(q, "first"); err != nil || kindOf(r) != kGranted {
 		t.Fatalf("first: %+v %v", r, err)
 	}
@@ -180,22 +182,22 @@ func TestQueuedArrivalWritesNoState(t *testing.T) {
 	if before != after {
 		t.Fatalf("queued arrivals changed the state: %q -> %q", before, after)
 	}
-	if ttl, _ := rdb.PTTL(ctx, q.Keys().Queue).Result(); ttl <= 0 {
+	if ttl, _ := rdb.PTTL(ctx, keysOf(q).Queue).Result(); ttl <= 0 {
 		t.Fatalf("queue TTL %v, want one", ttl)
 	}
 }
 
 // scriptOnly hides the *redis.Client behind the Scripter interface, so the
 // queue takes the path Cluster and Ring clients take: polls as scripts.
-type scriptOnly struct{ queue.Client }
+type scriptOnly struct{ queueio.Client }
 
 // stepped queues n callers on a new bucket of policy p through client s
 // (rdb serves the test's own reads), runs one step, which must give
 // every one its slot, and returns the queue, their entries and their
 // slots.
-func stepped(t *testing.T, rdb *redis.Client, s queue.Client, p queue.Policy, opt queue.Options, n int) (*queue.Queue, []string, []int64) {
+func stepped(t *testing.T, rdb *redis.Client, s queueio.Client, p protocol.Policy, opt queueio.Options, n int) (*queue.Queue, []string, []int64) {
 	t.Helper()
-	q := newQ(s, "sluice", t.Name(), []queue.Policy{p}, opt)
+	q := newQ(s, "sluice", t.Name(), []protocol.Policy{p}, opt)
 	ids := enqueueN(t, rdb, q, n)
 	takeLock(t, rdb, q, "tok")
 	if r, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil || r.Scheduled != n {
@@ -208,10 +210,10 @@ func stepped(t *testing.T, rdb *redis.Client, s queue.Client, p queue.Policy, op
 // (one server: a poll is TIME and GETDEL, the script only when no slot is
 // there yet), false with a client through which every poll is the script
 // (scriptOnly), as on Cluster.
-func eachPoll(t *testing.T, rdb *redis.Client, paths []bool, f func(t *testing.T, s queue.Client, direct bool)) {
+func eachPoll(t *testing.T, rdb *redis.Client, paths []bool, f func(t *testing.T, s queueio.Client, direct bool)) {
 	for _, direct := range paths {
 		t.Run(fmt.Sprint("direct=", direct), func(t *testing.T) {
-			var s queue.Client = rdb
+			var s queueio.Client = rdb
 			if !direct {
 				s = scriptOnly{rdb}
 			}
@@ -226,9 +228,9 @@ func eachPoll(t *testing.T, rdb *redis.Client, paths []bool, f func(t *testing.T
 func TestDirectPollMatchesScript(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	eachPoll(t, rdb, []bool{true, false}, func(t *testing.T, s queue.Client, direct bool) {
-		q, ids, want := stepped(t, rdb, s, queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond},
-			queue.Options{Lookahead: time.Second, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 300 * time.Millisecond}, 3)
+	eachPoll(t, rdb, []bool{true, false}, func(t *testing.T, s queueio.Client, direct bool) {
+		q, ids, want := stepped(t, rdb, s, protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond},
+			queueio.Options{Lookahead: time.Second, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 300 * time.Millisecond}, 3)
 		p, err := q.Poll(ctx, ids[0])
 		if err != nil || pollKindOf(p) != pSlot || p.Slot != want[0] || p.RoundTrips != 1 {
 			t.Fatalf("poll: %+v %v, want slot %d in 1 round trip", p, err, want[0])
@@ -272,13 +274,13 @@ func TestSlotPatternEscapesGlobs(t *testing.T) {
 	defer rdb.Close()
 	names := []string{"a*", "a?", "a[b]", `a\`, "a"}
 	for _, n := range names {
-		k := newQ(nil, "sluice", n, nil, queue.Options{}).Keys()
+		k := queueio.NewKeys("sluice", n)
 		if err := rdb.Set(ctx, k.Slot+strings.SplitN("id|1", "|", 2)[0], 1, time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, n := range names {
-		m, err := redistest.Slots(ctx, rdb, newQ(nil, "sluice", n, nil, queue.Options{}).Keys().Slot)
+		m, err := redistest.Slots(ctx, rdb, queueio.NewKeys("sluice", n).Slot)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -286,7 +288,7 @@ func TestSlotPatternEscapesGlobs(t *testing.T) {
 			t.Errorf("name %q: slots %v, want only its own", n, m)
 		}
 	}
-	if k := newQ(nil, "p", "x", nil, queue.Options{}).Keys(); !strings.HasSuffix(k.Slot+strings.SplitN("abc|123", "|", 2)[0], "slot:abc") {
+	if k := queueio.NewKeys("p", "x"); !strings.HasSuffix(k.Slot+strings.SplitN("abc|123", "|", 2)[0], "slot:abc") {
 		t.Errorf("SlotKey(entry) = %q, want the bare ID after the prefix", k.Slot+strings.SplitN("abc|123", "|", 2)[0])
 	}
 }

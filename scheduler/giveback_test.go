@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/testing/guarantee"
 	"github.com/sluicehq/sluice/internal/testing/redistest"
 	"github.com/sluicehq/sluice/queue"
@@ -46,19 +48,19 @@ func giveBackRounds(t *testing.T, seed uint64) {
 	rdb := srv.Client()
 	defer rdb.Close()
 	rng := rand.New(rand.NewPCG(seed, 7))
-	p := queue.Policy{Capacity: int64(1 + rng.IntN(16)), RefillAmount: 1, RefillFrequency: time.Duration(1+rng.IntN(4)) * time.Millisecond}
+	p := protocol.Policy{Capacity: int64(1 + rng.IntN(16)), RefillAmount: 1, RefillFrequency: time.Duration(1+rng.IntN(4)) * time.Millisecond}
 	if seed == 10 {
 		p.Capacity = 1 // a late caller back within a period moves with no refill in between
 	}
-	ps := []queue.Policy{p}
+	ps := []protocol.Policy{p}
 	if seed >= 7 && seed <= 10 {
-		ps = append(ps, queue.Policy{Unit: "tokens", Capacity: int64(20 + rng.IntN(80)), RefillAmount: int64(1 + rng.IntN(10)), RefillFrequency: time.Millisecond})
+		ps = append(ps, protocol.Policy{Unit: "tokens", Capacity: int64(20 + rng.IntN(80)), RefillAmount: int64(1 + rng.IntN(10)), RefillFrequency: time.Millisecond})
 	}
 	maxLate := time.Millisecond // no claims (protocol.ClaimWindow)
 	if seed >= 11 {
 		maxLate = 10 * time.Millisecond
 	}
-	q := newQ(rdb, "sluice", t.Name(), ps, queue.Options{Lookahead: time.Duration(2+rng.IntN(15)) * time.Millisecond, MaxLateness: maxLate,
+	q := newQ(rdb, "sluice", t.Name(), ps, queueio.Options{Lookahead: time.Duration(2+rng.IntN(15)) * time.Millisecond, MaxLateness: maxLate,
 		LockTTL: time.Second, Grace: 10 * time.Second})
 	takeLock(t, rdb, q, "tok")
 	// costs is a new caller's: nil (one call) with one policy, else one

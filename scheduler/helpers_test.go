@@ -4,27 +4,29 @@ import (
 	"context"
 	"strings"
 
+	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/queue"
 )
 
-// newQ is queue.New with the policies given apart, as the tests were
-// written.
-func newQ(rdb queue.Client, prefix, name string, ps []queue.Policy, opt queue.Options) *queue.Queue {
-	opt.Policies = ps
-	return queue.New(rdb, prefix, name, opt)
+// newQ is queue.New of the bucket name under prefix, with the policies
+// given apart, as the tests were written.
+func newQ(rdb queueio.Client, prefix, name string, ps []protocol.Policy, opt queueio.Options) *queue.Queue {
+	opt.Keys, opt.Policies = queueio.NewKeys(prefix, name), ps
+	return queue.New(rdb, opt)
 }
 
-// stateKey is the key of q's state: the queue's keys share their start
-// (queue's TestKeys pins the layout).
-func stateKey(q *queue.Queue) string {
-	return strings.TrimSuffix(q.Keys().Queue, "queue") + "state"
-}
+// keysOf is the keys of q's bucket.
+func keysOf(q *queue.Queue) queueio.Keys { return q.Options().Keys }
+
+// stateKey is the key of q's state.
+func stateKey(q *queue.Queue) string { return keysOf(q).State }
 
 // enqueueOne makes one caller arrive.
-func enqueueOne(q *queue.Queue, id string) (queue.Arrival, error) {
+func enqueueOne(q *queue.Queue, id string) (queueio.Arrival, error) {
 	rs, err := q.Enqueue(context.Background(), []string{id}, nil, nil)
 	if err != nil {
-		return queue.Arrival{}, err
+		return queueio.Arrival{}, err
 	}
 	return rs[0], nil
 }
@@ -39,11 +41,11 @@ const (
 )
 
 // kindOf is what an arrival's fields say happened.
-func kindOf(a queue.Arrival) int {
+func kindOf(a queueio.Arrival) int {
 	switch {
-	case a.Err == queue.ErrQueueFull:
+	case a.Err == queueio.ErrQueueFull:
 		return kQueueFull
-	case a.Err == queue.ErrWaitTooLong:
+	case a.Err == queueio.ErrWaitTooLong:
 		return kWaitTooLong
 	case a.Entry != "":
 		return kQueued
@@ -62,7 +64,7 @@ const (
 )
 
 // pollKindOf is what a poll's fields say it found.
-func pollKindOf(p queue.PollReply) int {
+func pollKindOf(p queueio.PollReply) int {
 	switch {
 	case p.Found:
 		return pSlot
@@ -77,5 +79,5 @@ func pollKindOf(p queue.PollReply) int {
 // slotKey is the key of the slot of the caller known by entry.
 func slotKey(q *queue.Queue, entry string) string {
 	id, _, _ := strings.Cut(entry, "|")
-	return q.Keys().Slot + id
+	return keysOf(q).Slot + id
 }

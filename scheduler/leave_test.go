@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/testing/guarantee"
 	"github.com/sluicehq/sluice/internal/testing/redistest"
 	"github.com/sluicehq/sluice/queue"
@@ -73,8 +75,8 @@ func TestWaitOfItsOwnRefusedAtArrival(t *testing.T) {
 	defer rdb.Close()
 	// A Queue of its own, whose push lane is closed (it queued nobody
 	// yet): the push lane cannot refuse, the script does.
-	q := newQ(rdb, "sluice", t.Name(), []queue.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond}},
-		queue.Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 10 * time.Millisecond})
+	q := newQ(rdb, "sluice", t.Name(), []protocol.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond}},
+		queueio.Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 10 * time.Millisecond})
 	if a, err := enqueueOne(q, "first"); err != nil || a.Entry != "" || a.Err != nil {
 		t.Fatalf("first = %+v, %v: want its token at once", a, err) // the bucket is now empty for 100 ms
 	}
@@ -82,7 +84,7 @@ func TestWaitOfItsOwnRefusedAtArrival(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !errors.Is(rs[0].Err, queue.ErrWaitTooLong) || rs[0].Delay < 50*time.Millisecond || rs[0].Ticket != 0 {
+	if !errors.Is(rs[0].Err, queueio.ErrWaitTooLong) || rs[0].Delay < 50*time.Millisecond || rs[0].Ticket != 0 {
 		t.Fatalf("hurried = %+v: want refused, its estimate ~100 ms, no ticket", rs[0])
 	}
 	if rs[1].Entry == "" || rs[2].Entry == "" {

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/rediskey"
 	"github.com/sluicehq/sluice/internal/testing/guarantee"
 	"github.com/sluicehq/sluice/internal/testing/redistest"
@@ -21,7 +22,7 @@ import (
 
 var ctx = context.Background()
 
-func newQueue(t *testing.T, rdb *redis.Client, p queue.Policy, opt queue.Options) *queue.Queue {
+func newQueue(t *testing.T, rdb *redis.Client, p protocol.Policy, opt queueio.Options) *queue.Queue {
 	t.Helper()
 	if opt.LockTTL == 0 {
 		opt.LockTTL = time.Second
@@ -35,14 +36,14 @@ func newQueue(t *testing.T, rdb *redis.Client, p queue.Policy, opt queue.Options
 	if opt.MaxLateness == 0 {
 		opt.MaxLateness = time.Second
 	}
-	q := newQ(rdb, "sluice", t.Name(), []queue.Policy{p}, opt)
+	q := newQ(rdb, "sluice", t.Name(), []protocol.Policy{p}, opt)
 	return q
 }
 
 // takeLock plays the part of redislock: the scheduler lock holds a token.
 func takeLock(t *testing.T, rdb *redis.Client, q *queue.Queue, token string) {
 	t.Helper()
-	if err := rdb.Set(ctx, q.Keys().Lock, token, time.Minute).Err(); err != nil {
+	if err := rdb.Set(ctx, keysOf(q).Lock, token, time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -68,7 +69,7 @@ func slotsOf(t *testing.T, rdb *redis.Client, q *queue.Queue, ids []string) []in
 // countSlots is how many slot keys the bucket has.
 func countSlots(t *testing.T, rdb *redis.Client, q *queue.Queue) int {
 	t.Helper()
-	m, err := redistest.Slots(ctx, rdb, q.Keys().Slot)
+	m, err := redistest.Slots(ctx, rdb, keysOf(q).Slot)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,13 +79,13 @@ func countSlots(t *testing.T, rdb *redis.Client, q *queue.Queue) int {
 // queueSlotKeys lists the bucket's slot keys.
 func queueSlotKeys(t *testing.T, rdb *redis.Client, q *queue.Queue) []string {
 	t.Helper()
-	m, err := redistest.Slots(ctx, rdb, q.Keys().Slot)
+	m, err := redistest.Slots(ctx, rdb, keysOf(q).Slot)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []string
 	for id := range m {
-		out = append(out, q.Keys().Slot+id)
+		out = append(out, keysOf(q).Slot+id)
 	}
 	return out
 }
@@ -94,7 +95,7 @@ func queueSlotKeys(t *testing.T, rdb *redis.Client, q *queue.Queue) []string {
 // It returns their entries, in arrival order.
 func enqueueN(t *testing.T, rdb *redis.Client, q *queue.Queue, n int) []string {
 	t.Helper()
-	if err := rdb.RPush(ctx, q.Keys().Queue, "placeholder").Err(); err != nil {
+	if err := rdb.RPush(ctx, keysOf(q).Queue, "placeholder").Err(); err != nil {
 		t.Fatal(err)
 	}
 	ids := make([]string, n)
@@ -109,7 +110,7 @@ func enqueueN(t *testing.T, rdb *redis.Client, q *queue.Queue, n int) []string {
 		}
 		ids[i] = r.Entry
 	}
-	if err := rdb.LRem(ctx, q.Keys().Queue, 1, "placeholder").Err(); err != nil {
+	if err := rdb.LRem(ctx, keysOf(q).Queue, 1, "placeholder").Err(); err != nil {
 		t.Fatal(err)
 	}
 	return ids
@@ -120,7 +121,7 @@ func enqueueN(t *testing.T, rdb *redis.Client, q *queue.Queue, n int) []string {
 func TestFIFOSlotsInArrivalOrder(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 3, RefillAmount: 1, RefillFrequency: 100 * time.Microsecond}, queue.Options{Lookahead: time.Second})
+	q := newQueue(t, rdb, protocol.Policy{Capacity: 3, RefillAmount: 1, RefillFrequency: 100 * time.Microsecond}, queueio.Options{Lookahead: time.Second})
 	ids := enqueueN(t, rdb, q, 50)
 	takeLock(t, rdb, q, "tok")
 	r, err := scheduler.Step(ctx, rdb, q, "tok")
@@ -139,7 +140,7 @@ func TestFIFOSlotsInArrivalOrder(t *testing.T) {
 	if slots[3] <= slots[2] || slots[49] <= slots[3] {
 		t.Fatalf("capacity 3, one token per refill, but slots %v", slots[:5])
 	}
-	if n, _ := rdb.Exists(ctx, q.Keys().Lock).Result(); n != 0 {
+	if n, _ := rdb.Exists(ctx, keysOf(q).Lock).Result(); n != 0 {
 		t.Fatal("lock still held after the queue emptied")
 	}
 }
@@ -150,8 +151,8 @@ func TestFIFOSlotsInArrivalOrder(t *testing.T) {
 func TestTwoSchedulersAtOnce(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	p := queue.Policy{Capacity: 2, RefillAmount: 1, RefillFrequency: 50 * time.Microsecond}
-	q := newQueue(t, rdb, p, queue.Options{Lookahead: time.Second, MaxBatch: 3})
+	p := protocol.Policy{Capacity: 2, RefillAmount: 1, RefillFrequency: 50 * time.Microsecond}
+	q := newQueue(t, rdb, p, queueio.Options{Lookahead: time.Second, MaxBatch: 3})
 	ids := enqueueN(t, rdb, q, 300)
 	takeLock(t, rdb, q, "shared")
 	var wg sync.WaitGroup
@@ -201,7 +202,7 @@ func TestTwoSchedulersAtOnce(t *testing.T) {
 func TestStaleSchedulerIsFenced(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Millisecond}, queue.Options{Lookahead: time.Second})
+	q := newQueue(t, rdb, protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Millisecond}, queueio.Options{Lookahead: time.Second})
 	enqueueN(t, rdb, q, 10)
 	takeLock(t, rdb, q, "new-holder")
 	before, _ := rdb.Get(ctx, stateKey(q)).Result()
@@ -213,7 +214,7 @@ func TestStaleSchedulerIsFenced(t *testing.T) {
 		t.Fatalf("step with a stale token: %+v, want fenced", r)
 	}
 	after, _ := rdb.Get(ctx, stateKey(q)).Result()
-	if n, _ := rdb.LLen(ctx, q.Keys().Queue).Result(); n != 10 {
+	if n, _ := rdb.LLen(ctx, keysOf(q).Queue).Result(); n != 10 {
 		t.Fatalf("queue has %d, want 10 untouched", n)
 	}
 	if n := countSlots(t, rdb, q); n != 0 {
@@ -222,7 +223,7 @@ func TestStaleSchedulerIsFenced(t *testing.T) {
 	if fmt.Sprint(before) != fmt.Sprint(after) {
 		t.Fatalf("fenced step changed the state: %v -> %v", before, after)
 	}
-	if v, _ := rdb.Get(ctx, q.Keys().Lock).Result(); v != "new-holder" {
+	if v, _ := rdb.Get(ctx, keysOf(q).Lock).Result(); v != "new-holder" {
 		t.Fatalf("fenced step touched the lock: %q", v)
 	}
 }
@@ -232,7 +233,7 @@ func TestStaleSchedulerIsFenced(t *testing.T) {
 func TestSlotConsumedOnce(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Millisecond}, queue.Options{Lookahead: time.Second})
+	q := newQueue(t, rdb, protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Millisecond}, queueio.Options{Lookahead: time.Second})
 	ids := enqueueN(t, rdb, q, 1)
 	takeLock(t, rdb, q, "tok")
 	if _, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil {
@@ -253,7 +254,7 @@ func TestSlotConsumedOnce(t *testing.T) {
 func TestStaleSlotRefused(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Millisecond}, queue.Options{Lookahead: 5 * time.Millisecond, MaxLateness: time.Millisecond})
+	q := newQueue(t, rdb, protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Millisecond}, queueio.Options{Lookahead: 5 * time.Millisecond, MaxLateness: time.Millisecond})
 	ids := enqueueN(t, rdb, q, 1)
 	takeLock(t, rdb, q, "tok")
 	if r, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil || r.Scheduled != 1 {
@@ -291,7 +292,7 @@ func TestEnqueueRefusalsConsumeNothing(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
 	// Slots 1 s apart: a stall of the test machine cannot change the estimates much.
-	q := newQueue(t, rdb, queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}, queue.Options{MaxQueue: 3, MaxWait: 2500 * time.Millisecond, Lookahead: time.Millisecond})
+	q := newQueue(t, rdb, protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}, queueio.Options{MaxQueue: 3, MaxWait: 2500 * time.Millisecond, Lookahead: time.Millisecond})
 	if r, _ := enqueueOne(q, "a"); kindOf(r) != kGranted {
 		t.Fatalf("first caller: %+v, want granted", r)
 	}
@@ -305,11 +306,11 @@ func TestEnqueueRefusalsConsumeNothing(t *testing.T) {
 	if err != nil || kindOf(r) != kWaitTooLong || r.Delay <= 2500*time.Millisecond {
 		t.Fatalf("d: %+v %v, want wait too long with its estimate", r, err)
 	}
-	q2 := newQ(rdb, "sluice", t.Name(), []queue.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}}, queue.Options{MaxQueue: 2, Lookahead: time.Millisecond, Grace: time.Second})
+	q2 := newQ(rdb, "sluice", t.Name(), []protocol.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}}, queueio.Options{MaxQueue: 2, Lookahead: time.Millisecond, Grace: time.Second})
 	if r, _ := enqueueOne(q2, "e"); kindOf(r) != kQueueFull {
 		t.Fatalf("e: %+v, want queue full", r)
 	}
-	if n, _ := rdb.LLen(ctx, q.Keys().Queue).Result(); n != 2 {
+	if n, _ := rdb.LLen(ctx, keysOf(q).Queue).Result(); n != 2 {
 		t.Fatalf("queue length %d after refusals, want 2", n)
 	}
 	after, _ := rdb.Get(ctx, stateKey(q)).Result()
@@ -323,11 +324,11 @@ func TestEnqueueRefusalsConsumeNothing(t *testing.T) {
 func TestEveryKeyExpires(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	p := queue.Policy{Capacity: 2, RefillAmount: 1, RefillFrequency: time.Millisecond}
-	q := newQueue(t, rdb, p, queue.Options{Grace: 50 * time.Millisecond, Lookahead: 100 * time.Millisecond, LockTTL: 200 * time.Millisecond})
+	p := protocol.Policy{Capacity: 2, RefillAmount: 1, RefillFrequency: time.Millisecond}
+	q := newQueue(t, rdb, p, queueio.Options{Grace: 50 * time.Millisecond, Lookahead: 100 * time.Millisecond, LockTTL: 200 * time.Millisecond})
 	enqueueN(t, rdb, q, 20)
 	takeLock(t, rdb, q, "tok")
-	if err := rdb.PExpire(ctx, q.Keys().Lock, 200*time.Millisecond).Err(); err != nil {
+	if err := rdb.PExpire(ctx, keysOf(q).Lock, 200*time.Millisecond).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil {
@@ -337,7 +338,7 @@ func TestEveryKeyExpires(t *testing.T) {
 	if len(slots) == 0 {
 		t.Fatal("the step wrote no slot keys")
 	}
-	keys := append([]string{q.Keys().Queue, stateKey(q), q.Keys().Lock}, slots...)
+	keys := append([]string{keysOf(q).Queue, stateKey(q), keysOf(q).Lock}, slots...)
 	for _, k := range keys {
 		ttl, err := rdb.PTTL(ctx, k).Result()
 		if err != nil {
@@ -371,7 +372,7 @@ func TestNamesAreData(t *testing.T) {
 	names := []string{"a", "{a}", "a}", "{", "}", "%7B", "%", "a b\nc", "\x00\xff", "}{", "%257B"}
 	seen := map[string]string{}
 	for _, n := range names {
-		k := newQ(nil, "sluice", n, nil, queue.Options{}).Keys()
+		k := queueio.NewKeys("sluice", n)
 		if prev, dup := seen[k.Queue]; dup {
 			t.Fatalf("names %q and %q share keys %q", prev, n, k.Queue)
 		}
@@ -413,9 +414,9 @@ func hashTag(key string) string {
 func TestEarlySlotsArePublished(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond},
-		queue.Options{Lookahead: 50 * time.Millisecond, Lead: 5 * time.Millisecond})
-	sub := rdb.Subscribe(ctx, q.Keys().Wake)
+	q := newQueue(t, rdb, protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond},
+		queueio.Options{Lookahead: 50 * time.Millisecond, Lead: 5 * time.Millisecond})
+	sub := rdb.Subscribe(ctx, keysOf(q).Wake)
 	defer sub.Close()
 	if _, err := sub.Receive(ctx); err != nil { // the subscription is live
 		t.Fatal(err)
@@ -426,7 +427,7 @@ func TestEarlySlotsArePublished(t *testing.T) {
 			t.Fatalf("cancel: %v", err)
 		}
 		// Removed before it had a slot: out of the queue, no slot key.
-		if _, err := rdb.LPos(ctx, q.Keys().Queue, e, redis.LPosArgs{}).Result(); err != redis.Nil {
+		if _, err := rdb.LPos(ctx, keysOf(q).Queue, e, redis.LPosArgs{}).Result(); err != redis.Nil {
 			t.Fatalf("cancelled %s still queued: %v", e, err)
 		}
 	}
@@ -465,15 +466,15 @@ func withDeadline(t *testing.T, d time.Duration) context.Context {
 func TestStepPublishesPushedCallers(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	q := newQueue(t, rdb, queue.Policy{Capacity: 5, RefillAmount: 1, RefillFrequency: time.Millisecond}, queue.Options{Lookahead: time.Second})
-	sub := rdb.Subscribe(ctx, q.Keys().Wake)
+	q := newQueue(t, rdb, protocol.Policy{Capacity: 5, RefillAmount: 1, RefillFrequency: time.Millisecond}, queueio.Options{Lookahead: time.Second})
+	sub := rdb.Subscribe(ctx, keysOf(q).Wake)
 	defer sub.Close()
 	if _, err := sub.Receive(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// As the push lane (queue/push.go) queues callers: without an estimate.
-	rs := []queue.Arrival{{Entry: "x|0"}, {Entry: "y|0"}}
-	if err := rdb.RPush(ctx, q.Keys().Queue, rs[0].Entry, rs[1].Entry).Err(); err != nil {
+	rs := []queueio.Arrival{{Entry: "x|0"}, {Entry: "y|0"}}
+	if err := rdb.RPush(ctx, keysOf(q).Queue, rs[0].Entry, rs[1].Entry).Err(); err != nil {
 		t.Fatal(err)
 	}
 	takeLock(t, rdb, q, "tok")

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/testing/guarantee"
 	"github.com/sluicehq/sluice/internal/testing/redistest"
 	"github.com/sluicehq/sluice/queue"
@@ -22,8 +24,8 @@ func retimeSetup(t *testing.T, name string) (*queue.Queue, []string, []time.Time
 	srv.RequireReal(t)
 	rdb := srv.Client()
 	t.Cleanup(func() { rdb.Close() })
-	ps := []queue.Policy{{Capacity: 2, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond}}
-	opt := queue.Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 10 * time.Millisecond}
+	ps := []protocol.Policy{{Capacity: 2, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond}}
+	opt := queueio.Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 10 * time.Millisecond}
 	q := newQ(rdb, "sluice", name, ps, opt)
 	// The step looks further ahead than arrivals do, so that one step
 	// gives both queued callers their slots.
@@ -33,7 +35,7 @@ func retimeSetup(t *testing.T, name string) (*queue.Queue, []string, []time.Time
 	if len(entries) != 2 {
 		t.Fatalf("%d callers queued, want 2", len(entries))
 	}
-	if err := rdb.Set(ctx, q.Keys().Lock, "tok", time.Minute).Err(); err != nil {
+	if err := rdb.Set(ctx, keysOf(q).Lock, "tok", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if r, err := scheduler.Step(ctx, rdb, stepper, "tok"); err != nil || r.Scheduled != 2 {
@@ -41,7 +43,7 @@ func retimeSetup(t *testing.T, name string) (*queue.Queue, []string, []time.Time
 	}
 	step := func() {
 		t.Helper()
-		if err := rdb.Set(ctx, q.Keys().Lock, "tok", time.Minute).Err(); err != nil {
+		if err := rdb.Set(ctx, keysOf(q).Lock, "tok", time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := scheduler.Step(ctx, rdb, stepper, "tok"); err != nil {
@@ -149,14 +151,14 @@ func TestLateCallerStartsAtSaturation(t *testing.T) {
 	// step stays under 9 unless steps are 180 ms apart (a starved test
 	// process), while counting every refill since would rule the
 	// give-back out from 200 ms of lateness.
-	ps := []queue.Policy{{Capacity: 10, RefillAmount: 1, RefillFrequency: 20 * time.Millisecond}}
-	q := newQ(rdb, "sluice", t.Name(), ps, queue.Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Minute, Grace: 10 * time.Second, MaxLateness: 10 * time.Millisecond})
+	ps := []protocol.Policy{{Capacity: 10, RefillAmount: 1, RefillFrequency: 20 * time.Millisecond}}
+	q := newQ(rdb, "sluice", t.Name(), ps, queueio.Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Minute, Grace: 10 * time.Second, MaxLateness: 10 * time.Millisecond})
 	entries, slots := arrive(t, q, 40)
-	if err := rdb.Set(ctx, q.Keys().Lock, "tok", time.Minute).Err(); err != nil {
+	if err := rdb.Set(ctx, keysOf(q).Lock, "tok", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
 	const lateOne = 15 // its slot comes ~300 ms in, well after the burst
-	var late queue.PollReply
+	var late queueio.PollReply
 	var foundAt time.Time
 	retimed := false
 	deadline := time.Now().Add(20 * time.Second)

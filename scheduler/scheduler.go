@@ -35,6 +35,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/hub"
 	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -44,6 +45,7 @@ import (
 type Scheduler struct {
 	rdb     redis.UniversalClient
 	q       *queue.Queue
+	opt     queueio.Options // q's at New; a step takes the policies in force from q.Run, not from here
 	hub     *hub.Hub
 	job     *hub.Job
 	locker  *redislock.Client
@@ -81,6 +83,7 @@ func New(rdb redis.UniversalClient, q *queue.Queue, waiting func() bool) *Schedu
 	s := &Scheduler{
 		rdb:     rdb,
 		q:       q,
+		opt:     o,
 		hub:     hub.Acquire(rdb),
 		lockTTL: o.LockTTL,
 		minRest: o.Lookahead / 2,
@@ -129,7 +132,7 @@ func (s *Scheduler) Close() {
 func (s *Scheduler) handOver(ctx context.Context) {
 	lock := s.lock
 	s.lock = nil
-	r, err := lastStep(ctx, s.q, lock.Token()+lock.Metadata())
+	r, err := lastStep(ctx, s.q, s.opt, lock.Token()+lock.Metadata())
 	switch {
 	case err != nil:
 		// Redis is away or slow: release it plainly, if it answers.
@@ -144,7 +147,7 @@ func (s *Scheduler) handOver(ctx context.Context) {
 	default:
 		s.steps.Add(1)
 	}
-	_ = s.rdb.Publish(ctx, s.q.Keys().Wake, protocol.HandoverNotice).Err()
+	_ = s.rdb.Publish(ctx, s.opt.Keys.Wake, protocol.HandoverNotice).Err()
 }
 
 // run is one turn of the job: take the lock if this process does not hold
@@ -159,7 +162,7 @@ func (s *Scheduler) run(ctx context.Context) (time.Duration, bool) {
 	if s.lock == nil && !s.obtain(ctx) {
 		return 0, false
 	}
-	r, err := runStep(ctx, s.q, s.lock.Token()+s.lock.Metadata(), s.lockTTL.Milliseconds(), s.lookahead())
+	r, err := runStep(ctx, s.q, s.opt, s.lock.Token()+s.lock.Metadata(), s.lockTTL.Milliseconds(), s.lookahead())
 	if err != nil {
 		if ctx.Err() != nil {
 			return 0, false
@@ -181,8 +184,8 @@ func (s *Scheduler) run(ctx context.Context) (time.Duration, bool) {
 	case fenced:
 		s.lock = nil
 		s.fenced.Add(1)
-		if l := s.q.Options().Logger; l != nil {
-			l.Info("sluice: scheduler fenced: another process took the lock (this one was too slow to renew it, or a live change released it)", "lock", s.q.Keys().Lock)
+		if l := s.opt.Logger; l != nil {
+			l.Info("sluice: scheduler fenced: another process took the lock (this one was too slow to renew it, or a live change released it)", "lock", s.opt.Keys.Lock)
 		}
 		return 0, false
 	case released:
@@ -201,7 +204,7 @@ func (s *Scheduler) run(ctx context.Context) (time.Duration, bool) {
 // obtain takes the lock, and reports whether it did.
 func (s *Scheduler) obtain(ctx context.Context) bool {
 	octx, cancel := context.WithTimeout(ctx, s.lockTTL)
-	lock, err := s.locker.Obtain(octx, s.q.Keys().Lock, s.lockTTL, &redislock.Options{Metadata: protocol.LockMetadata})
+	lock, err := s.locker.Obtain(octx, s.opt.Keys.Lock, s.lockTTL, &redislock.Options{Metadata: protocol.LockMetadata})
 	cancel()
 	if err != nil {
 		if !errors.Is(err, redislock.ErrNotObtained) && ctx.Err() == nil {
@@ -220,5 +223,5 @@ func (s *Scheduler) obtain(ctx context.Context) bool {
 // of their locks, bucket/TestSchedulerDiesWithManyBuckets; see
 // docs/design.md, "Overload".)
 func (s *Scheduler) lookahead() time.Duration {
-	return s.q.Options().Lookahead
+	return s.opt.Lookahead
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/testing/redistest"
 	"github.com/sluicehq/sluice/internal/testing/testkit"
 	"github.com/sluicehq/sluice/queue"
@@ -22,8 +24,8 @@ func setup(t *testing.T, n int) (*redis.Client, *queue.Queue, int) {
 	t.Helper()
 	rdb := redistest.New(t).Client()
 	t.Cleanup(func() { rdb.Close() })
-	q := newQ(rdb, "sluice", t.Name(), []queue.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Millisecond}},
-		queue.Options{Lookahead: 10 * time.Millisecond, LockTTL: 500 * time.Millisecond, Grace: 10 * time.Second, MaxLateness: time.Second})
+	q := newQ(rdb, "sluice", t.Name(), []protocol.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Millisecond}},
+		queueio.Options{Lookahead: 10 * time.Millisecond, LockTTL: 500 * time.Millisecond, Grace: 10 * time.Second, MaxLateness: time.Second})
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = fmt.Sprint("c", i)
@@ -61,10 +63,10 @@ func TestDrainsAndStops(t *testing.T) {
 	b.Ensure()
 	a.Ensure() // a second Ensure on a live goroutine starts no other
 	waitFor(t, "both schedulers to end", func() bool { return !scheduler.IsRunning(a) && !scheduler.IsRunning(b) })
-	if m, err := redistest.Slots(ctx, rdb, q.Keys().Slot); err != nil || len(m) != queued {
+	if m, err := redistest.Slots(ctx, rdb, keysOf(q).Slot); err != nil || len(m) != queued {
 		t.Fatalf("%d slots written for %d queued callers (%v)", len(m), queued, err)
 	}
-	if n, _ := rdb.Exists(ctx, q.Keys().Lock).Result(); n != 0 {
+	if n, _ := rdb.Exists(ctx, keysOf(q).Lock).Result(); n != 0 {
 		t.Fatal("lock still held after the queue drained")
 	}
 	aSteps, _, _ := a.Stats()
@@ -79,8 +81,8 @@ func TestDrainsAndStops(t *testing.T) {
 func TestCloseReleasesLock(t *testing.T) {
 	rdb, _, _ := setup(t, 1)
 	// A long queue: one token an hour.
-	q := newQ(rdb, "sluice", t.Name()+"-slow", []queue.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour}},
-		queue.Options{Lookahead: 10 * time.Millisecond, LockTTL: 500 * time.Millisecond, Grace: time.Second})
+	q := newQ(rdb, "sluice", t.Name()+"-slow", []protocol.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour}},
+		queueio.Options{Lookahead: 10 * time.Millisecond, LockTTL: 500 * time.Millisecond, Grace: time.Second})
 	for i := 0; i < 3; i++ {
 		if _, err := enqueueOne(q, fmt.Sprint("c", i)); err != nil {
 			t.Fatal(err)
@@ -89,14 +91,14 @@ func TestCloseReleasesLock(t *testing.T) {
 	s := scheduler.New(rdb, q, nil)
 	s.Ensure()
 	waitFor(t, "the lock", func() bool {
-		n, _ := rdb.Exists(ctx, q.Keys().Lock).Result()
+		n, _ := rdb.Exists(ctx, keysOf(q).Lock).Result()
 		return n == 1
 	})
 	s.Close()
 	if scheduler.IsRunning(s) {
 		t.Fatal("goroutine still running after Close")
 	}
-	if n, _ := rdb.Exists(ctx, q.Keys().Lock).Result(); n != 0 {
+	if n, _ := rdb.Exists(ctx, keysOf(q).Lock).Result(); n != 0 {
 		t.Fatal("Close did not release the lock")
 	}
 	s.Ensure() // after Close: does nothing
@@ -109,8 +111,8 @@ func TestCloseReleasesLock(t *testing.T) {
 // at its next step without changing anything.
 func TestFencedSchedulerStops(t *testing.T) {
 	rdb, _, _ := setup(t, 1)
-	q := newQ(rdb, "sluice", t.Name()+"-slow", []queue.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour}},
-		queue.Options{Lookahead: 10 * time.Millisecond, LockTTL: 100 * time.Millisecond, Grace: time.Second})
+	q := newQ(rdb, "sluice", t.Name()+"-slow", []protocol.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour}},
+		queueio.Options{Lookahead: 10 * time.Millisecond, LockTTL: 100 * time.Millisecond, Grace: time.Second})
 	for i := 0; i < 3; i++ {
 		if _, err := enqueueOne(q, fmt.Sprint("c", i)); err != nil {
 			t.Fatal(err)
@@ -120,17 +122,17 @@ func TestFencedSchedulerStops(t *testing.T) {
 	defer s.Close()
 	s.Ensure()
 	waitFor(t, "the lock", func() bool {
-		n, _ := rdb.Exists(ctx, q.Keys().Lock).Result()
+		n, _ := rdb.Exists(ctx, keysOf(q).Lock).Result()
 		return n == 1
 	})
-	if err := rdb.Set(ctx, q.Keys().Lock, "someone-else", time.Minute).Err(); err != nil {
+	if err := rdb.Set(ctx, keysOf(q).Lock, "someone-else", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the fenced scheduler to stop", func() bool { return !scheduler.IsRunning(s) })
 	if _, fenced, _ := s.Stats(); fenced == 0 {
 		t.Fatal("stopped without being fenced")
 	}
-	if v, _ := rdb.Get(ctx, q.Keys().Lock).Result(); v != "someone-else" {
+	if v, _ := rdb.Get(ctx, keysOf(q).Lock).Result(); v != "someone-else" {
 		t.Fatalf("the fenced scheduler touched the lock: %q", v)
 	}
 }

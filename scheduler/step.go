@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/scriptreply"
 	"github.com/sluicehq/sluice/queue"
 )
@@ -37,21 +38,23 @@ type stepReply struct {
 
 // step runs one step of q's scheduler as the holder of the lock token.
 func step(ctx context.Context, rdb redis.Scripter, q *queue.Queue, token string) (stepReply, error) {
-	return runStep(ctx, q, token, q.Options().LockTTL.Milliseconds(), q.Options().Lookahead)
+	o := q.Options()
+	return runStep(ctx, q, o, token, o.LockTTL.Milliseconds(), o.Lookahead)
 }
 
 // lastStep runs one step and releases the lock in the same script, even
 // if callers still wait: the hand-over.
-func lastStep(ctx context.Context, q *queue.Queue, token string) (stepReply, error) {
-	return runStep(ctx, q, token, 0, q.Options().Lookahead)
+func lastStep(ctx context.Context, q *queue.Queue, o queueio.Options, token string) (stepReply, error) {
+	return runStep(ctx, q, o, token, 0, o.Lookahead)
 }
 
-// runStep runs one step that gives slots up to lookahead ahead.
-func runStep(ctx context.Context, q *queue.Queue, token string, lockTTLms int64, lookahead time.Duration) (stepReply, error) {
-	o, k := q.Options(), q.Keys()
+// runStep runs one step of q, whose options are o, that gives slots up to
+// lookahead ahead.
+func runStep(ctx context.Context, q *queue.Queue, o queueio.Options, token string, lockTTLms int64, lookahead time.Duration) (stepReply, error) {
+	k := o.Keys
 	// The scheduler serves every process's callers: q.Run follows the
 	// configuration in force after a live change, whoever set it.
-	return parseStep(q.Run(ctx, stepScript, k.List(), func(policies []any) []any {
+	return parseStep(q.Run(ctx, stepScript, k.All(), func(policies []any) []any {
 		args := []any{token, lockTTLms, scriptreply.Micros(lookahead), o.MaxBatch, scriptreply.Micros(o.Grace), scriptreply.Micros(o.Lead), k.Wake}
 		return append(args, policies...)
 	}))

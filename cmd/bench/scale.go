@@ -13,8 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/bench/loadgen"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/testing/guarantee"
-	"github.com/sluicehq/sluice/queue"
 )
 
 // Scale is many callers queued at once on one bucket, across worker
@@ -90,7 +90,7 @@ func (s *Scale) run(ctx context.Context, e *env) error {
 	if prefix == "" {
 		prefix = defaultKeyPrefix
 	}
-	keys := queue.New(nil, prefix, cfg.Name, queue.Options{}).Keys()
+	keys := queueio.NewKeys(prefix, cfg.Name)
 	base, err := memory(ctx, rdb)
 	if err != nil {
 		return err

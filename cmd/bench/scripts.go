@@ -14,6 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/protocol"
+	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler"
 )
@@ -95,36 +97,37 @@ func (out *Scripts) run(ctx context.Context, e *env) error {
 	name := e.name
 	rdb := client(e.opt, 1)
 	defer rdb.Close()
-	newQueue := func(suffix string, ps ...queue.Policy) *queue.Queue {
-		var c queue.Client = rdb
+	newQueue := func(suffix string, ps ...protocol.Policy) *queue.Queue {
+		var c queueio.Client = rdb
 		if strings.HasSuffix(suffix, "-full") {
 			// Only the script: on a *redis.Client, callers arriving behind
 			// waiting ones would take the push lane.
 			c = scriptsOnly{rdb}
 		}
-		return queue.New(c, "sluice", name+suffix, queue.Options{
+		return queue.New(c, queueio.Options{Keys: queueio.NewKeys("sluice", name+suffix),
 			Policies: ps, Lookahead: 20 * time.Millisecond, LockTTL: time.Minute, Grace: 10 * time.Second, MaxLateness: time.Hour})
 	}
-	free := newQueue("-free", queue.Policy{Capacity: 1 << 40, RefillAmount: 1 << 30, RefillFrequency: time.Millisecond})
-	full := newQueue("-full", queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour})
+	free := newQueue("-free", protocol.Policy{Capacity: 1 << 40, RefillAmount: 1 << 30, RefillFrequency: time.Millisecond})
+	full := newQueue("-full", protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour})
 	// Three policies, a request and two of processing units, and a cost
 	// of 1 request and 60 PU: Sentinel Hub's shape (bucket.Config.Policies).
-	pu := func(capacity int64) queue.Policy {
-		return queue.Policy{Capacity: capacity, RefillAmount: 1 << 30, RefillFrequency: time.Millisecond, Unit: "pu"}
+	pu := func(capacity int64) protocol.Policy {
+		return protocol.Policy{Capacity: capacity, RefillAmount: 1 << 30, RefillFrequency: time.Millisecond, Unit: "pu"}
 	}
-	free3 := newQueue("-free3", queue.Policy{Capacity: 1 << 40, RefillAmount: 1 << 30, RefillFrequency: time.Millisecond}, pu(1<<40), pu(1<<40))
-	full3 := newQueue("-full3", queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour}, pu(1000), pu(400000))
+	free3 := newQueue("-free3", protocol.Policy{Capacity: 1 << 40, RefillAmount: 1 << 30, RefillFrequency: time.Millisecond}, pu(1<<40), pu(1<<40))
+	full3 := newQueue("-full3", protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour}, pu(1000), pu(400000))
 	cost := [][]int64{{1, 60, 60}}
 	// A step finds perStep callers due: 10 tokens a millisecond, and a
 	// tight loop's debt is bounded by the lookahead.
-	busy := newQueue("-busy", queue.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 100 * time.Microsecond})
+	busy := newQueue("-busy", protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 100 * time.Microsecond})
+	busyKeys, freeKeys := busy.Options().Keys, free.Options().Keys
 	sched := scheduler.New(rdb, busy, nil)
 	defer sched.Close()
 	const perStep = 10
-	enqueue := func(ctx context.Context, q *queue.Queue, id string, costs ...[]int64) (queue.Arrival, error) {
+	enqueue := func(ctx context.Context, q *queue.Queue, id string, costs ...[]int64) (queueio.Arrival, error) {
 		rs, err := q.Enqueue(ctx, []string{id}, costs, nil)
 		if err != nil {
-			return queue.Arrival{}, err
+			return queueio.Arrival{}, err
 		}
 		return rs[0], nil
 	}
@@ -173,14 +176,14 @@ func (out *Scripts) run(ctx context.Context, e *env) error {
 				for k := range entries {
 					entries[k] = fmt.Sprintf("s%d-%d|0", i, k)
 				}
-				return rdb.RPush(ctx, busy.Keys().Queue, entries...).Err()
+				return rdb.RPush(ctx, busyKeys.Queue, entries...).Err()
 			},
 			// The scheduler takes the lock and steps until the queue is
 			// empty (the last step releases the lock): the row is per step.
 			call: func(ctx context.Context, i int) error {
 				sched.Ensure()
 				for {
-					n, err := rdb.Exists(ctx, busy.Keys().Queue, busy.Keys().Lock).Result()
+					n, err := rdb.Exists(ctx, busyKeys.Queue, busyKeys.Lock).Result()
 					if err != nil || n == 0 {
 						return err
 					}
@@ -193,7 +196,7 @@ func (out *Scripts) run(ctx context.Context, e *env) error {
 			}},
 		{name: "poll, slot found", runs: "TIME + GETDEL, pipelined", rows: []string{"time", "getdel"},
 			prep: func(ctx context.Context, i int) error {
-				return rdb.Set(ctx, free.Keys().Slot+"p"+strconv.Itoa(i), 1, time.Minute).Err()
+				return rdb.Set(ctx, freeKeys.Slot+"p"+strconv.Itoa(i), 1, time.Minute).Err()
 			},
 			call: func(ctx context.Context, i int) error {
 				r, err := free.Poll(ctx, "p"+strconv.Itoa(i)+"|0")
@@ -387,5 +390,5 @@ func measureCase(ctx context.Context, rdb *redis.Client, c costCase, first, n in
 	return float64(total) / float64(n), nil
 }
 
-// scriptsOnly hides a *redis.Client behind the queue.Client interface.
-type scriptsOnly struct{ queue.Client }
+// scriptsOnly hides a *redis.Client behind the queueio.Client interface.
+type scriptsOnly struct{ queueio.Client }

@@ -39,7 +39,7 @@ type Detail struct {
 	// them; the others were spent.
 	Refunds int
 	// Claims counts the slots this caller took from callers that had not
-	// come for them (queue.PollReply.Claimed, queue.Retimed.Claimed).
+	// come for them (queueio.PollReply.Claimed, queueio.Retimed.Claimed).
 	Claims int
 }
 

@@ -11,6 +11,7 @@
 //	wake.lua   / wake.go    a wake message: "<entry> <slot µs> ...", or
 //	                        a live change's notice: "config <id>"
 //	(state.lua)/ config.go  the config key: "<format> <id> <json>"
+//	(step.lua) / lock.go    the scheduler lock's value: "<token> <host>:<pid>"
 //
 // Packages queue (arrivals, polls, cancels) and scheduler (the step) run the
 // scripts; nothing here talks to Redis.

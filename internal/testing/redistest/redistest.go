@@ -280,7 +280,7 @@ func freePort() (int, error) {
 
 // Slots returns the slots a bucket's scheduler wrote and no caller has
 // collected yet, by caller ID (µs, Redis time): the string keys that start
-// with slotPrefix (queue.Keys.Slot). It SCANs the server: for tests and
+// with slotPrefix (queueio.Keys.Slot). It SCANs the server: for tests and
 // diagnosis, not for a hot path. On Cluster, pass the client of the node
 // that holds the bucket's hash slot.
 func Slots(ctx context.Context, rdb redis.Cmdable, slotPrefix string) (map[string]int64, error) {

@@ -1,4 +1,4 @@
-package queue
+package queueio
 
 import (
 	"context"
@@ -13,11 +13,28 @@ import (
 	"github.com/sluicehq/sluice/internal/scriptreply"
 )
 
+// The plain reads of a bucket's keys: no script, so they run under any
+// configuration and never store one.
+
+// ReadConfig reads the configuration in force of the bucket of keys; ok
+// is false when none is stored yet.
+func ReadConfig(ctx context.Context, rdb Client, keys Keys) (c protocol.Config, ok bool, err error) {
+	raw, err := rdb.Get(ctx, keys.Config).Result()
+	if errors.Is(err, redis.Nil) {
+		return protocol.Config{}, false, nil
+	}
+	if err != nil {
+		return protocol.Config{}, false, err
+	}
+	c, err = protocol.ParseConfig(raw)
+	return c, err == nil, err
+}
+
 // Snapshot is a bucket as every process sees it, read in one round trip.
 type Snapshot struct {
-	Now      int64  // the Redis clock, µs
-	Config   Config // in force; no policies when none is stored
-	Stored   bool   // a configuration is stored
+	Now      int64           // the Redis clock, µs
+	Config   protocol.Config // in force; no policies when none is stored
+	Stored   bool            // a configuration is stored
 	State    protocol.BucketState
 	HasState bool  // the state key exists (else the bucket is full and idle)
 	Queued   int64 // callers queued, in every process
@@ -28,19 +45,21 @@ type Snapshot struct {
 	Windows [][]protocol.WindowEntry
 }
 
-// Inspect reads the bucket's configuration, state, queue length and
-// scheduler lock in one round trip (a pipeline of plain reads; on Cluster
-// TIME may come from another node than the bucket's, good to a few ms).
-// It changes nothing.
-func (q *Queue) Inspect(ctx context.Context) (Snapshot, error) {
+// Inspect reads the configuration, state, queue length and scheduler lock
+// of the bucket of keys in one round trip (a pipeline of plain reads; on
+// Cluster TIME may come from another node than the bucket's, good to a
+// few ms). mine are the policies this process runs under (a Queue's
+// Options().Policies): their rolling windows' logs are read in the same
+// round trip, and their number reads a state when no configuration is
+// stored. It changes nothing.
+func Inspect(ctx context.Context, rdb Client, keys Keys, mine []protocol.Policy) (Snapshot, error) {
 	// The rolling windows' logs of the policies this process knows; of
 	// another configuration in force, read again below.
-	mine := q.conf.Load().policies
-	c, err := q.readSnapshot(ctx, mine)
+	c, err := readSnapshot(ctx, rdb, keys, mine)
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return Snapshot{}, err
 	}
-	s, err := parseSnapshot(c, len(q.conf.Load().policies))
+	s, err := parseSnapshot(c, len(mine))
 	if err != nil {
 		return Snapshot{}, err
 	}
@@ -48,7 +67,7 @@ func (q *Queue) Inspect(ctx context.Context) (Snapshot, error) {
 	if s.Stored {
 		ps = s.Config.Policies
 	}
-	if s.Windows, err = q.readWindows(ctx, ps, c.logs); err != nil {
+	if s.Windows, err = readWindows(ctx, rdb, keys, ps, c.logs); err != nil {
 		return Snapshot{}, err
 	}
 	return s, nil
@@ -67,18 +86,18 @@ type snapshotReads struct {
 // readSnapshot sends Inspect's round trip: the Redis clock, the
 // configuration, the state, the queue's length, the lock and its TTL, and
 // the logs of mine's rolling windows.
-func (q *Queue) readSnapshot(ctx context.Context, mine []Policy) (snapshotReads, error) {
+func readSnapshot(ctx context.Context, rdb Client, keys Keys, mine []protocol.Policy) (snapshotReads, error) {
 	c := snapshotReads{logs: map[int]*redis.StringSliceCmd{}}
-	_, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		c.now = p.Time(ctx)
-		c.cfg = p.Get(ctx, q.keys.config)
-		c.state = p.Get(ctx, q.keys.state)
-		c.qlen = p.LLen(ctx, q.keys.Queue)
-		c.lock = p.Get(ctx, q.keys.Lock)
-		c.ttl = p.PTTL(ctx, q.keys.Lock)
+		c.cfg = p.Get(ctx, keys.Config)
+		c.state = p.Get(ctx, keys.State)
+		c.qlen = p.LLen(ctx, keys.Queue)
+		c.lock = p.Get(ctx, keys.Lock)
+		c.ttl = p.PTTL(ctx, keys.Lock)
 		for i, pol := range mine {
 			if pol.Kind == protocol.Rolling {
-				c.logs[i] = p.LRange(ctx, q.keys.window+strconv.Itoa(i+1), 0, -1)
+				c.logs[i] = p.LRange(ctx, keys.Window+strconv.Itoa(i+1), 0, -1)
 			}
 		}
 		return nil
@@ -116,7 +135,7 @@ func parseSnapshot(c snapshotReads, known int) (Snapshot, error) {
 // readWindows returns the logs of the rolling windows of ps, by policy
 // index: from logs, read in Inspect's round trip, or, for a rolling
 // window of the configuration in force only, read now.
-func (q *Queue) readWindows(ctx context.Context, ps []Policy, logs map[int]*redis.StringSliceCmd) ([][]protocol.WindowEntry, error) {
+func readWindows(ctx context.Context, rdb Client, keys Keys, ps []protocol.Policy, logs map[int]*redis.StringSliceCmd) ([][]protocol.WindowEntry, error) {
 	windows := make([][]protocol.WindowEntry, len(ps))
 	for i, pol := range ps {
 		if pol.Kind != protocol.Rolling {
@@ -124,8 +143,8 @@ func (q *Queue) readWindows(ctx context.Context, ps []Policy, logs map[int]*redi
 		}
 		c, ok := logs[i]
 		if !ok { // a rolling window of the configuration in force only
-			if _, err := q.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-				c = p.LRange(ctx, q.keys.window+strconv.Itoa(i+1), 0, -1)
+			if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				c = p.LRange(ctx, keys.Window+strconv.Itoa(i+1), 0, -1)
 				return nil
 			}); err != nil {
 				return nil, err
