@@ -10,19 +10,19 @@ import (
 
 // Replicas: closing the failover gap. Redis replicates asynchronously, so
 // a replica promoted after its master died may not have heard of the last
-// grants, and hands their tokens out again (docs/guarantees.md, "Failover").
-// With Options.Replicas > 0, every call whose reply may grant a caller its
-// slot (an arrival, a poll) is followed on the same connection by WAIT
-// Replicas ReplicaTimeout, in one pipeline: replication is one stream, so
-// once the replicas acknowledged the offset of this connection's last
-// write, they hold every write before it, the step that wrote the slot
-// included. A grant whose writes fall short is not handed to its caller:
-// ErrNotReplicated. Its token is spent, which errs on the safe side.
-// Scripts cannot call WAIT themselves.
+// grants, and hands their tokens out again (docs/guarantees.md,
+// "Failover"). With queueio.Options.Replicas > 0, every call whose reply
+// may grant a caller its slot (an arrival, a poll) is followed on the same
+// connection by WAIT Replicas ReplicaTimeout, in one pipeline: replication
+// is one stream, so once the replicas acknowledged the offset of this
+// connection's last write, they hold every write before it, the step that
+// wrote the slot included. A grant whose writes fall short is not handed
+// to its caller: ErrNotReplicated. Its token is spent, which errs on the
+// safe side. Scripts cannot call WAIT themselves.
 
 // ErrNotReplicated reports that a grant's writes were not acknowledged by
-// Options.Replicas replicas within ReplicaTimeout: the caller must not
-// start (its token is spent).
+// queueio.Options.Replicas replicas within ReplicaTimeout: the caller must
+// not start (its token is spent).
 var ErrNotReplicated = errors.New("queue: the grant was not acknowledged by enough replicas")
 
 // eval runs script s; when grants and Replicas > 0, with WAIT after it on
