@@ -109,6 +109,11 @@ func (b *Bucket) costsOf(ctx context.Context, c Cost) (costs []int64, stop bool,
 func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, limit *time.Duration) (again bool, err error) {
 	id := b.newID()
 	own := b.ownWait(ctx)
+	if costs == nil {
+		if est, ok := b.back.refuses(b.now(), b.mayWait(own)); ok {
+			return false, b.tooLong(est, own) // as Redis would: no round trip
+		}
+	}
 	cctx, done, within := rediscall.CallCtx(ctx, *limit)
 	er, sent, err := b.comings.enqueue(cctx, id, costs, own)
 	done()
@@ -131,7 +136,11 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, lim
 		return false, b.callErr(ctx, err, within)
 	}
 	b.rtt.observe(received.Sub(sent)) // only replies: a failed call says nothing of the network
+	b.hub.Replied(sent)
 	rep.Ticket, rep.Position = er.Ticket, er.Position
+	if costs == nil && (er.Err == nil || errors.Is(er.Err, queueio.ErrWaitTooLong)) {
+		b.back.saw(sent, er.Delay)
+	}
 	switch {
 	case errors.Is(er.Err, queueio.ErrQueueFull):
 		return false, fmt.Errorf("%w (%d waiting)", errQueueFull, er.Position)
@@ -143,7 +152,9 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, lim
 	}
 	if own > 0 && er.Delay > own {
 		// Pushed (queue.Enqueue's push lane cannot refuse): leave at once.
-		b.cancel(er.Entry)
+		// It was the back: gone, the next caller takes its place, which
+		// is what the back now says (no forget).
+		b.comings.leave(queue.Leaver{Entry: er.Entry})
 		return false, b.tooLong(er.Delay, own)
 	}
 	// The first caller of this process to queue makes sure a scheduler
@@ -182,6 +193,15 @@ func (b *Bucket) ownWait(ctx context.Context) time.Duration {
 		return 0
 	}
 	return max(dl.Sub(b.now())-b.rtt.min(), time.Microsecond)
+}
+
+// mayWait is the longest a caller whose own bound is own (ownWait; 0:
+// none) may wait: own or MaxWait, whichever is shorter; 0: no bound.
+func (b *Bucket) mayWait(own time.Duration) time.Duration {
+	if own > 0 && (b.cfg.MaxWait <= 0 || own < b.cfg.MaxWait) {
+		return own
+	}
+	return max(b.cfg.MaxWait, 0)
 }
 
 // tooLong is the refusal of a caller whose estimated wait est passes what

@@ -116,6 +116,9 @@ type Bucket struct {
 	// from it is ever compared with Redis time. Tests skew it.
 	now func() time.Time
 	rtt roundTrip
+	// back is the queue's back as this process last learned it: a caller
+	// it already passes the deadline of is refused without a round trip.
+	back back
 	// tally counts the calls for Stats and tells the Observer.
 	tally verdict.Tally
 	// syncs throttles Feedback's syncs (feedback.go).
@@ -296,14 +299,19 @@ var reasons = []verdict.Reason{
 // *sluice.WaitTooLongError that carries the estimate and matches both
 // sluice.ErrWaitTooLong and context.DeadlineExceeded; it took no place and
 // no token. The same holds while it waits: when a later poll finds its
-// turn past the deadline, it leaves then, not at the deadline.
+// turn past the deadline, it leaves then, not at the deadline. For 100 ms
+// after a reply told this process that the queue's back is past such a
+// caller's deadline, the caller is refused without asking Redis (unless
+// a caller of this process has left since): leavers of other processes
+// in those 100 ms are not counted.
 //
 // While Redis is unreachable (it refuses connections, or does not answer)
 // Enter fails within 3 s whatever its ctx (plus 4 ×
 // Config.ReplicaTimeout with ReplicaAcks), or at its ctx's deadline if that comes first: each
 // call to Redis made for the caller gives up after 1 s without an answer
-// (plus 4 × ReplicaTimeout) unless Redis still answers a PING within 1 s
-// (it is slow, not away: the call is made again), and a queued caller
+// (plus 4 × ReplicaTimeout) unless Redis still answers (a call this
+// process made since got its reply, or a PING within 2 s: it is slow, or
+// this process starved, not away; the call is made again), and a queued caller
 // polls Redis at least once a second. The error says so in a person's words ("bucket \"api\": Redis
 // at 127.0.0.1:6379 unreachable: connection refused") and matches the
 // network's error (syscall.ECONNREFUSED); it matches ctx.Err() only when

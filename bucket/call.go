@@ -34,8 +34,10 @@ func (b *Bucket) answerWithin() time.Duration {
 
 // busy reports that a call made on cctx (rediscall.CallCtx(ctx), which
 // added the limit within; cancelled since) ran out of that limit (err, its
-// error, a timeout), not of ctx, while Redis still answers a PING: it is slow (a burst of thousands
-// of arrivals), not away, and the call may be made again.
+// error, a timeout), not of ctx, while Redis still answers: a call of
+// this process's made since got its reply, or a PING does. Redis is then
+// slow (a burst of thousands of arrivals), or this process starved, not
+// away, and the call may be made again.
 func (b *Bucket) busy(ctx, cctx context.Context, within time.Duration, err error) bool {
 	// go-redis sets the socket's deadline from cctx's: its read may time
 	// out a moment before cctx reports it.
@@ -44,10 +46,16 @@ func (b *Bucket) busy(ctx, cctx context.Context, within time.Duration, err error
 	if within <= 0 || ctx.Err() != nil || !timedOut {
 		return false
 	}
+	began := b.now().Add(-within)
 	if b.fb != nil {
-		return b.fb.answers(ctx, b.now().Add(-within)) // the probe's verdict since the call began
+		return b.fb.answers(ctx, began) // the probe's verdict since the call began
 	}
-	return b.hub.Answers(ctx, rediscall.AnswerWithin)
+	// Redis answered a call of this process's that left after this one
+	// did: it runs, and this call met a queue (thousands of callers on one
+	// pool) or a process too starved to read its reply in time, not a
+	// frozen Redis; no PING can say more, and a starved process's own
+	// PING may run out as its call did.
+	return b.hub.RepliedSince(began) || b.hub.Answers(ctx, rediscall.AnswerWithin)
 }
 
 // redisErr reports sluice.ErrClosed after Close, and otherwise an error that
@@ -76,7 +84,11 @@ func (b *Bucket) callErr(ctx context.Context, err error, within time.Duration) e
 // cancel takes a caller that gives up out of the queue, by its entry or,
 // if it never learned it, by its ID, in the background: the caller returns
 // at once even if Redis hangs.
-func (b *Bucket) cancel(entry string) { b.comings.leave(queue.Leaver{Entry: entry}) }
+func (b *Bucket) cancel(entry string) { b.leave(queue.Leaver{Entry: entry}) }
 
 // leave is cancel for a caller that read its slot: its tokens pass on.
-func (b *Bucket) leave(l queue.Leaver) { b.comings.leave(l) }
+// The queue's back may then come earlier than this process last learned.
+func (b *Bucket) leave(l queue.Leaver) {
+	b.back.forget()
+	b.comings.leave(l)
+}

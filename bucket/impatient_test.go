@@ -114,6 +114,69 @@ func TestRefusedForItsDeadline(t *testing.T) {
 	}
 }
 
+// TestRefusedWithoutRoundTrip: once a reply told this process that the
+// queue's back passes a caller's deadline, the next such caller is
+// refused without a round trip to Redis, with the same error; one that
+// comes after a caller of this process left, or once what the reply said
+// is no longer fresh, asks Redis again.
+func TestRefusedWithoutRoundTrip(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	b := newBucket(t, rdb, bucket.Config{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour})
+	if err := b.Enter(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	refused := func(what string) int {
+		t.Helper()
+		rep, err := enterReport(withTimeout(t, 5*time.Second), b)
+		var wt *sluice.WaitTooLongError
+		if !errors.As(err, &wt) || !errors.Is(err, sluice.ErrWaitTooLong) || !errors.Is(err, context.DeadlineExceeded) || !wt.Deadline || wt.Wait < 59*time.Minute {
+			t.Fatalf("%s: Enter with 5 s to live on a bucket empty for an hour: %v, want a refusal for its deadline with the hour's estimate", what, err)
+		}
+		return rep.RoundTrips
+	}
+	// Two refusals in a row, the second within the back's freshness (100
+	// ms) of the first's reply: a busy host may part them by more, so the
+	// pair is tried until one is that close.
+	local := false
+	for try := 0; try < 50 && !local; try++ {
+		start := time.Now()
+		if n := refused("a refusal"); n != 1 && try == 0 {
+			t.Fatalf("the first refusal made %d round trips, want 1", n)
+		}
+		n := refused("the next refusal")
+		if time.Since(start) < 100*time.Millisecond {
+			if n != 0 {
+				t.Fatalf("a refusal right after one whose reply said the queue passes its deadline made %d round trips, want 0", n)
+			}
+			local = true
+		}
+	}
+	if !local {
+		t.Fatal("no two refusals came within 100 ms of each other in 50 tries")
+	}
+	// A caller of this process that leaves may bring the back nearer: the
+	// next impatient caller asks Redis.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.Enter(ctx) }()
+	waitFor(t, 5*time.Second, "the patient caller to queue", func() bool {
+		l, _ := rdb.LLen(context.Background(), bucket.Keys(b).Queue).Result()
+		return l == 1
+	})
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Enter: %v", err)
+	}
+	if n := refused("the refusal after a caller left"); n != 1 {
+		t.Fatalf("the refusal after a caller of this process left made %d round trips, want 1", n)
+	}
+	// What a reply said serves for 100 ms.
+	waitFor(t, 5*time.Second, "a refusal to ask Redis again", func() bool {
+		return refused("a later refusal") == 1
+	})
+}
+
 // TestGivenUpSlotPassesOn: a caller that gives up after the scheduler
 // wrote its slot passes its token to the next caller in line, who is
 // granted at that refill rather than one refill later.

@@ -160,6 +160,7 @@ func (b *Bucket) follow(c protocol.Config) bool {
 	}
 	b.q.Follow(c)
 	b.noteFactor(c)
+	b.back.forget() // learned under the policies left
 	return true
 }
 

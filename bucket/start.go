@@ -102,6 +102,7 @@ func (b *Bucket) retimeOnce(ctx context.Context, rep *entered, costs []int64, ro
 		break
 	}
 	b.rtt.observe(received.Sub(sent))
+	b.hub.Replied(sent)
 	rep.Retimes++
 	if r.Refunded {
 		rep.Refunds++

@@ -174,6 +174,7 @@ func (b *Bucket) pollSlot(ctx context.Context, w *waiting) (pr queueio.PollReply
 		return pr, sent, received, false, b.callErr(ctx, err, within)
 	}
 	b.rtt.observe(received.Sub(sent))
+	b.hub.Replied(sent)
 	return pr, sent, received, false, nil
 }
 
