@@ -357,7 +357,7 @@ var epoch = time.Now()
 // Replied notes that Redis answered a call of this client's that left
 // this process at sent.
 func (h *Hub) Replied(sent time.Time) {
-	ns := int64(sent.Sub(epoch))
+	ns := max(int64(sent.Sub(epoch)), 1) // 0 is none
 	for {
 		cur := h.reach.replied.Load()
 		if ns <= cur || h.reach.replied.CompareAndSwap(cur, ns) {
@@ -372,7 +372,8 @@ func (h *Hub) Replied(sent time.Time) {
 // the pool, a starved process reading its replies late), not a frozen
 // one.
 func (h *Hub) RepliedSince(t time.Time) bool {
-	return h.reach.replied.Load() >= int64(t.Sub(epoch))
+	v := h.reach.replied.Load()
+	return v != 0 && v >= int64(t.Sub(epoch)) // 0: none yet
 }
 
 // answerFresh is how long an answered PING serves Answers: thousands of
