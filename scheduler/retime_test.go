@@ -106,6 +106,35 @@ func TestLateCallerStartsAtOnce(t *testing.T) {
 	}
 }
 
+// TestRetimeBeforeItsSlot: a caller that retimes before its slot (its
+// clock, or its reckoning of Redis's, off) is not moved to now, which
+// would start it on tokens the bucket does not have yet: it keeps its
+// slot. (scheduler/TestGiveBacksKeepThePromise's seed 10 broke the
+// promise by one, beside a busy loop, with a caller that retimed 10 ms
+// before its slot and was moved to now.)
+func TestRetimeBeforeItsSlot(t *testing.T) {
+	q, entries, slots, _ := retimeSetup(t, t.Name())
+	early, err := q.Poll(ctx, entries[0])
+	if err != nil || !early.Found || early.Room == "" {
+		t.Fatalf("poll = %+v, %v: want the slot, with its room", early, err)
+	}
+	r, err := q.Retime(ctx, early.Slot, early.Room, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Now >= early.Slot {
+		t.Skipf("this test process reached the retime %v after the slot: no retime before it to judge", time.Duration(r.Now-early.Slot)*time.Microsecond)
+	}
+	if r.Refunded || r.Claimed || r.Slot != early.Slot || r.Room != early.Room {
+		t.Fatalf("retime %v before the slot = %+v: want the slot %d as it was (room %q)", time.Duration(early.Slot-r.Now)*time.Microsecond, r, early.Slot, early.Room)
+	}
+	slots = append(slots, time.UnixMicro(r.Slot))
+	l := guarantee.Limit{Capacity: 2, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond}
+	if res := guarantee.Check(slots, l); !res.OK() {
+		t.Fatalf("slots %v break the promise: %v", slots, res)
+	}
+}
+
 // TestRetimeKeepsSpentWhenItCouldHaveFilled: a caller late by longer than
 // the bucket takes to fill does not give its token back (the bucket without
 // its grant would have lost refills to its capacity: giving it back could

@@ -37,12 +37,19 @@
 -- ARGV[8..] policies: configuration id, n, then cap, amount, freq µs, call, kind for each
 --
 -- Reply {delay µs, kind, room, now µs}: kind 0 the next slot, delay from
--- Redis's now; 1 moved: the caller starts now with the missed slot's
+-- Redis's now (the missed slot itself, when it is still ahead: the
+-- caller was not late); 1 moved: the caller starts now with the missed slot's
 -- tokens; 2 claimed another caller's slot (delay 0 or negative); 3 the
 -- next slot, delay from now, written for the caller to poll for as
 -- ARGV[6]. room is the slot's, for a caller late again ('' for kind 3:
 -- its poll tells it).
 local now = now_us()
+local t0 = slot_of(ARGV[1])
+if t0 and t0 > now and room_of(ARGV[1]) ~= TAKEN then
+  -- Not late after all (its clock, or its reckoning of Redis's, is off):
+  -- its slot stands, tokens and all; nothing changes.
+  return {t0 - now, 0, room_of(ARGV[1]), now}
+end
 local grace = tonumber(ARGV[3])
 local lo, hi = tonumber(ARGV[4]), tonumber(ARGV[5])
 local again, lead = ARGV[6], tonumber(ARGV[7])
