@@ -138,8 +138,8 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, lim
 	b.rtt.observe(received.Sub(sent)) // only replies: a failed call says nothing of the network
 	b.hub.Replied(sent)
 	rep.Ticket, rep.Position = er.Ticket, er.Position
-	if costs == nil && (er.Err == nil || errors.Is(er.Err, queueio.ErrWaitTooLong)) {
-		b.back.saw(sent, er.Delay)
+	if costs == nil {
+		b.learnBack(sent, er)
 	}
 	switch {
 	case errors.Is(er.Err, queueio.ErrQueueFull):

@@ -1,8 +1,11 @@
 package bucket
 
 import (
+	"errors"
 	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/queueio"
 )
 
 // backFresh is how long what an arrival's reply said of the queue's back
@@ -25,21 +28,33 @@ type back struct {
 	sent  time.Time // when the call that told it left for Redis
 	slot  time.Time // the back's slot, on this process's clock: at least sent plus the delay Redis told
 	until time.Time // when it stops serving
+	// full: the queue was at MaxQueue, where Redis refuses with
+	// ErrQueueFull before it weighs a wait: then Redis is asked.
+	full bool
 }
 
 // saw notes that a caller of the bucket's own costs whose call left for
-// Redis at sent was told a slot delay after Redis's now then. The latest
-// call tells the back; the callers of one call, the latest of theirs.
-func (k *back) saw(sent time.Time, delay time.Duration) {
+// Redis at sent was told a slot delay after Redis's now then, and whether
+// the queue was full then (full: no slot told). The latest call tells the
+// back; the callers of one call, the latest of theirs.
+func (k *back) saw(sent time.Time, delay time.Duration, full bool) {
 	slot := sent.Add(delay)
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	switch {
 	case sent.Before(k.sent):
 		return
-	case sent.Equal(k.sent) && !slot.After(k.slot):
-	default:
+	case sent.Equal(k.sent):
+		k.full = k.full || full
+		if full || !slot.After(k.slot) {
+			return
+		}
 		k.slot = slot
+	default:
+		k.full = full
+		if !full {
+			k.slot = slot
+		}
 	}
 	k.sent, k.until = sent, sent.Add(backFresh)
 }
@@ -61,9 +76,20 @@ func (k *back) refuses(now time.Time, limit time.Duration) (time.Duration, bool)
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if !now.Before(k.until) {
+	if !now.Before(k.until) || k.full {
 		return 0, false
 	}
 	wait := k.slot.Sub(now)
 	return wait, wait > limit
+}
+
+// learnBack notes what the reply er to an arrival of the bucket's own
+// costs, whose call left at sent, says of the back. A queue at MaxQueue
+// refuses the next caller as full, whatever its wait: the back then
+// sends callers to Redis.
+func (b *Bucket) learnBack(sent time.Time, er queueio.Arrival) {
+	full := errors.Is(er.Err, queueio.ErrQueueFull) || er.Err == nil && b.cfg.MaxQueue > 0 && er.Position >= b.cfg.MaxQueue
+	if full || er.Err == nil || errors.Is(er.Err, queueio.ErrWaitTooLong) {
+		b.back.saw(sent, er.Delay, full)
+	}
 }

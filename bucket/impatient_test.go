@@ -177,6 +177,49 @@ func TestRefusedWithoutRoundTrip(t *testing.T) {
 	})
 }
 
+// TestFullQueueRefusedAsFull: on a queue at MaxQueue, Redis refuses the
+// next caller as full whatever its wait, and so does a caller refused
+// after a reply said so: sluice.ErrQueueFull, not a wait too long.
+func TestFullQueueRefusedAsFull(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	b := newBucket(t, rdb, bucket.Config{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour, MaxQueue: 2})
+	if err := b.Enter(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 2)
+	queue := func(n int64) {
+		t.Helper()
+		go func() { done <- b.Enter(ctx) }()
+		waitFor(t, 5*time.Second, "a patient caller to queue", func() bool {
+			l, _ := rdb.LLen(context.Background(), bucket.Keys(b).Queue).Result()
+			return l == n
+		})
+	}
+	impatient := func() error {
+		t.Helper()
+		return b.Enter(withTimeout(t, 5*time.Second))
+	}
+	queue(1)
+	// Room in the queue: refused for its wait (by Redis, then here).
+	for i := range 2 {
+		if err := impatient(); !errors.Is(err, sluice.ErrWaitTooLong) {
+			t.Fatalf("impatient caller %d with room in the queue: %v, want sluice.ErrWaitTooLong", i, err)
+		}
+	}
+	queue(2)
+	for i := range 3 {
+		if err := impatient(); !errors.Is(err, sluice.ErrQueueFull) || errors.Is(err, sluice.ErrWaitTooLong) {
+			t.Fatalf("impatient caller %d on a full queue: %v, want sluice.ErrQueueFull", i, err)
+		}
+	}
+	cancel()
+	<-done
+	<-done
+}
+
 // TestGivenUpSlotPassesOn: a caller that gives up after the scheduler
 // wrote its slot passes its token to the next caller in line, who is
 // granted at that refill rather than one refill later.
