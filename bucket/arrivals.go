@@ -49,6 +49,11 @@ type comings struct {
 	arr     *background.Batcher[*arrival]
 	left    *background.Batcher[*queue.Leaver]
 	handoff sync.Mutex // between a batch's replies and callers who give up
+	// learn hears every arrival's reply (of a call that left at sent), of
+	// the bucket's own costs, before the call counts as returned (the
+	// batcher busy no more): a caller that finds no call in flight finds
+	// what the last one learned (Bucket.learnBack).
+	learn func(sent time.Time, r queueio.Arrival)
 }
 
 // init makes the batchers: arrivals sent by the batcher are bounded by
@@ -86,13 +91,17 @@ func (c *comings) enqueue(ctx context.Context, id string, costs []int64, wait ti
 			ws = []time.Duration{wait}
 		}
 		rs, err := c.q.Enqueue(left, []string{id}, cs, ws)
-		c.arr.Release()
 		if err != nil {
+			c.arr.Release()
 			// Not sentFn: a shared pipeline the call left early (its ctx
 			// ended) may still be stamping it.
 			return queueio.Arrival{}, time.Time{}, err
 		}
 		sent := sentFn()
+		if costs == nil {
+			c.learn(sent, rs[0])
+		}
+		c.arr.Release()
 		return rs[0], sent, nil
 	}
 	ar := &arrival{id: id, costs: costs, wait: wait, done: make(chan struct{})}
@@ -153,6 +162,9 @@ func (c *comings) sendArrivals(ctx context.Context, batch []*arrival) {
 			ar.err = err
 		} else {
 			ar.reply = replies[i]
+			if ar.costs == nil {
+				c.learn(sent, replies[i])
+			}
 			if ar.gone && replies[i].Entry != "" {
 				abandoned = append(abandoned, replies[i].Entry)
 			}

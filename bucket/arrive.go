@@ -110,8 +110,8 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, lim
 	id := b.newID()
 	own := b.ownWait(ctx)
 	if costs == nil {
-		if est, ok := b.back.refuses(b.now(), b.mayWait(own)); ok {
-			return false, b.tooLong(est, own) // as Redis would: no round trip
+		if err := b.refusedHere(own); err != nil {
+			return false, err // as Redis would: no round trip
 		}
 	}
 	cctx, done, within := rediscall.CallCtx(ctx, *limit)
@@ -138,9 +138,6 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, lim
 	b.rtt.observe(received.Sub(sent)) // only replies: a failed call says nothing of the network
 	b.hub.Replied(sent)
 	rep.Ticket, rep.Position = er.Ticket, er.Position
-	if costs == nil {
-		b.learnBack(sent, er)
-	}
 	switch {
 	case errors.Is(er.Err, queueio.ErrQueueFull):
 		return false, fmt.Errorf("%w (%d waiting)", errQueueFull, er.Position)

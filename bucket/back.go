@@ -84,7 +84,7 @@ func (k *back) refuses(now time.Time, limit time.Duration) (time.Duration, bool)
 }
 
 // learnBack notes what the reply er to an arrival of the bucket's own
-// costs, whose call left at sent, says of the back. A queue at MaxQueue
+// costs, whose call left at sent, says of the back (comings.learn). A queue at MaxQueue
 // refuses the next caller as full, whatever its wait: the back then
 // sends callers to Redis.
 func (b *Bucket) learnBack(sent time.Time, er queueio.Arrival) {
@@ -92,4 +92,19 @@ func (b *Bucket) learnBack(sent time.Time, er queueio.Arrival) {
 	if full || er.Err == nil || errors.Is(er.Err, queueio.ErrWaitTooLong) {
 		b.back.saw(sent, er.Delay, full)
 	}
+}
+
+// refusedHere is the refusal of a caller of the bucket's own costs whose
+// own bound is own (ownWait), when the back already says it (refuses);
+// nil when Redis must be asked. With MaxQueue, an arrival of this
+// process in flight may fill the queue, and Redis refuses a caller as
+// full before it weighs its wait: the caller joins it.
+func (b *Bucket) refusedHere(own time.Duration) error {
+	if b.cfg.MaxQueue > 0 && b.comings.arr.Busy() {
+		return nil
+	}
+	if est, ok := b.back.refuses(b.now(), b.mayWait(own)); ok {
+		return b.tooLong(est, own)
+	}
+	return nil
 }

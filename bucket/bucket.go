@@ -202,6 +202,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 	}
 	b.tally.Limiter, b.tally.Name, b.tally.Observer = "bucket", cfg.Name, cfg.Observer
 	b.comings.init(bg, q, batchTimeout, cfg.LockTTL, func() time.Time { return b.now() })
+	b.comings.learn = b.learnBack
 	b.notices.changed = b.changed
 	u := uuid.New()
 	b.idPrefix = base64.RawURLEncoding.EncodeToString(u[:]) + "."

@@ -118,6 +118,13 @@ func NewBatcher[T comparable](g *Group, c BatcherConfig[T]) *Batcher[T] {
 	return &Batcher[T]{group: g, send: c.Send, max: c.Max, timeout: c.Timeout, detach: c.Drain}
 }
 
+// Busy reports whether a send is in flight or items wait for one.
+func (b *Batcher[T]) Busy() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.busy || len(b.pending) > 0
+}
+
 // Claim reports whether nothing is in flight; then the caller sends its
 // own item at once and must call Release when its send returns.
 func (b *Batcher[T]) Claim() bool {
