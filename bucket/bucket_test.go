@@ -158,6 +158,23 @@ func TestFastPathOneRoundTrip(t *testing.T) {
 	}
 }
 
+// onTimePolls is the polls per queued caller among those that came on
+// time for their slots (neither retimed nor claiming): a caller that woke
+// too late polls once more for the next slot written for it, by design
+// (design.md, "A late caller is not told a slot it may miss"), and a busy
+// host makes such callers many; busy polling (defect 8) would show in
+// every caller's count. It also returns how many such callers queued.
+func onTimePolls(grants []loadgen.Grant) (float64, int) {
+	polls, queued := 0, 0
+	for _, g := range grants {
+		if g.Position > 0 && g.Retimes == 0 && g.Claims == 0 {
+			queued++
+			polls += g.Polls
+		}
+	}
+	return float64(polls) / float64(max(queued, 1)), queued
+}
+
 // TestSaturation: many goroutines sharing one Bucket object at the limit.
 // Covers defect 6 (one object reused for every Enter: each gets a fresh
 // ID) and defect 8 (busy polling: ≤ 1.2 polls per queued waiter).
@@ -179,8 +196,8 @@ func TestSaturation(t *testing.T) {
 	if queued < len(grants)/2 {
 		t.Fatalf("only %d of %d callers queued: not saturated", queued, len(grants))
 	}
-	if r := float64(polls) / float64(queued); r > 1.2 {
-		t.Errorf("%.2f polls per queued caller, want ≤ 1.2", r)
+	if r, n := onTimePolls(grants); r > 1.2 {
+		t.Errorf("%.2f polls per queued caller on time for its slot (%d), want ≤ 1.2", r, n)
 	}
 	// The bucket was busy the whole time, so the grants took about
 	// (n − Capacity) / rate; seconds-for-milliseconds (defect 5) would take
