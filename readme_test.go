@@ -80,6 +80,7 @@ func promptOf(*http.Request) int { return 0 } // the prompt's tokens, counted hi
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -94,6 +95,7 @@ import (
 )
 
 var (
+	_ = errors.As
 	_ = http.NewRequest
 	_ = upstream.Parse
 	_ = transport.New
