@@ -158,21 +158,29 @@ func TestFastPathOneRoundTrip(t *testing.T) {
 	}
 }
 
-// onTimePolls is the polls per queued caller among those that came on
-// time for their slots (neither retimed nor claiming): a caller that woke
-// too late polls once more for the next slot written for it, by design
-// (design.md, "A late caller is not told a slot it may miss"), and a busy
-// host makes such callers many; busy polling (defect 8) would show in
-// every caller's count. It also returns how many such callers queued.
-func onTimePolls(grants []loadgen.Grant) (float64, int) {
-	polls, queued := 0, 0
+// onTimePolls judges polling (defect 8: busy polling) among the queued
+// callers that came on time for their slots (neither retimed nor
+// claiming: a caller that woke too late polls once more for the next
+// slot written for it, by design, design.md "A late caller is not told a
+// slot it may miss"). A caller polls once, a lead before its slot, and
+// again when its slot is not written yet: the scheduler stepped late (a
+// busy host starves its goroutine; beside a busy loop TestSaturation saw
+// 1.21 polls a caller). Busy polling is a poll every few milliseconds:
+// tens a caller. So: at most 1.5 polls a caller on average, and none
+// more than 5 (the rate itself is the bench's: Redis calls per grant).
+func onTimePolls(t *testing.T, grants []loadgen.Grant) {
+	t.Helper()
+	polls, queued, most := 0, 0, 0
 	for _, g := range grants {
 		if g.Position > 0 && g.Retimes == 0 && g.Claims == 0 {
 			queued++
 			polls += g.Polls
+			most = max(most, g.Polls)
 		}
 	}
-	return float64(polls) / float64(max(queued, 1)), queued
+	if r := float64(polls) / float64(max(queued, 1)); r > 1.5 || most > 5 {
+		t.Errorf("%.2f polls per queued caller on time for its slot (%d), at most %d: want ≤ 1.5, and ≤ 5 each", r, queued, most)
+	}
 }
 
 // TestSaturation: many goroutines sharing one Bucket object at the limit.
@@ -196,9 +204,7 @@ func TestSaturation(t *testing.T) {
 	if queued < len(grants)/2 {
 		t.Fatalf("only %d of %d callers queued: not saturated", queued, len(grants))
 	}
-	if r, n := onTimePolls(grants); r > 1.2 {
-		t.Errorf("%.2f polls per queued caller on time for its slot (%d), want ≤ 1.2", r, n)
-	}
+	onTimePolls(t, grants)
 	// The bucket was busy the whole time, so the grants took about
 	// (n − Capacity) / rate; seconds-for-milliseconds (defect 5) would take
 	// a thousand times longer and trip the 1-minute ctx above.

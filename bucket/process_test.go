@@ -124,9 +124,7 @@ func TestAcrossProcesses(t *testing.T) {
 	if queued < len(all)/2 {
 		t.Fatalf("only %d of %d queued: not saturated", queued, len(all))
 	}
-	if r, n := onTimePolls(all); r > 1.2 {
-		t.Errorf("%.2f polls per queued caller on time for its slot (%d), want ≤ 1.2", r, n)
-	}
+	onTimePolls(t, all)
 	t.Logf("%d grants, %d queued, %.2f polls each", len(all), queued, float64(polls)/float64(queued))
 }
 

@@ -74,9 +74,7 @@ func TestPushLaneSaturated(t *testing.T) {
 			polls += g.Polls
 		}
 	}
-	if r, n := onTimePolls(ok); r > 1.2 {
-		t.Errorf("%.2f polls per queued caller on time for its slot (%d), want ≤ 1.2", r, n)
-	}
+	onTimePolls(t, ok)
 	execs, scripts := calls(t, admin, "exec"), calls(t, admin, "evalsha")
 	if execs < int64(len(ok))/4 || scripts > execs {
 		t.Errorf("%d transactions and %d scripts for %d grants: the push lane was not used", execs, scripts, len(ok))
