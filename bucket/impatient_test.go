@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/bench/loadgen"
@@ -101,17 +103,7 @@ func TestRefusedForItsDeadline(t *testing.T) {
 		t.Fatalf("queue length %d (%v) after the refusal: it took a place", l, err)
 	}
 	// Without a deadline the same caller queues (then gives up).
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- b.Enter(ctx) }()
-	waitFor(t, 5*time.Second, "the patient caller to queue", func() bool {
-		l, _ := rdb.LLen(context.Background(), bucket.Keys(b).Queue).Result()
-		return l == 1
-	})
-	cancel()
-	if err := <-done; !errors.Is(err, context.Canceled) {
-		t.Fatalf("cancelled Enter: %v", err)
-	}
+	queuePatient(t, rdb, b, 1)()
 }
 
 // TestRefusedWithoutRoundTrip: once a reply told this process that the
@@ -157,17 +149,7 @@ func TestRefusedWithoutRoundTrip(t *testing.T) {
 	}
 	// A caller of this process that leaves may bring the back nearer: the
 	// next impatient caller asks Redis.
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- b.Enter(ctx) }()
-	waitFor(t, 5*time.Second, "the patient caller to queue", func() bool {
-		l, _ := rdb.LLen(context.Background(), bucket.Keys(b).Queue).Result()
-		return l == 1
-	})
-	cancel()
-	if err := <-done; !errors.Is(err, context.Canceled) {
-		t.Fatalf("cancelled Enter: %v", err)
-	}
+	queuePatient(t, rdb, b, 1)()
 	if n := refused("the refusal after a caller left"); n != 1 {
 		t.Fatalf("the refusal after a caller of this process left made %d round trips, want 1", n)
 	}
@@ -187,37 +169,25 @@ func TestFullQueueRefusedAsFull(t *testing.T) {
 	if err := b.Enter(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 2)
-	queue := func(n int64) {
-		t.Helper()
-		go func() { done <- b.Enter(ctx) }()
-		waitFor(t, 5*time.Second, "a patient caller to queue", func() bool {
-			l, _ := rdb.LLen(context.Background(), bucket.Keys(b).Queue).Result()
-			return l == n
-		})
-	}
 	impatient := func() error {
 		t.Helper()
 		return b.Enter(withTimeout(t, 5*time.Second))
 	}
-	queue(1)
+	leave1 := queuePatient(t, rdb, b, 1)
 	// Room in the queue: refused for its wait (by Redis, then here).
 	for i := range 2 {
 		if err := impatient(); !errors.Is(err, sluice.ErrWaitTooLong) {
 			t.Fatalf("impatient caller %d with room in the queue: %v, want sluice.ErrWaitTooLong", i, err)
 		}
 	}
-	queue(2)
+	leave2 := queuePatient(t, rdb, b, 2)
 	for i := range 3 {
 		if err := impatient(); !errors.Is(err, sluice.ErrQueueFull) || errors.Is(err, sluice.ErrWaitTooLong) {
 			t.Fatalf("impatient caller %d on a full queue: %v, want sluice.ErrQueueFull", i, err)
 		}
 	}
-	cancel()
-	<-done
-	<-done
+	leave1()
+	leave2()
 }
 
 // TestGivenUpSlotPassesOn: a caller that gives up after the scheduler
@@ -266,5 +236,26 @@ func TestGivenUpSlotPassesOn(t *testing.T) {
 	}
 	if res := guarantee.Check([]time.Time{first.Slot, next.Slot}, limitOf(cfg)); !res.OK() {
 		t.Fatalf("grants break the limit: %v", res)
+	}
+}
+
+// queuePatient has a caller without a deadline queue on b, and waits until
+// the queue holds n; the func it returns cancels that caller and checks
+// that its Enter said so.
+func queuePatient(t *testing.T, rdb *redis.Client, b *bucket.Bucket, n int64) func() {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.Enter(ctx) }()
+	waitFor(t, 5*time.Second, "a patient caller to queue", func() bool {
+		l, _ := rdb.LLen(context.Background(), bucket.Keys(b).Queue).Result()
+		return l == n
+	})
+	return func() {
+		t.Helper()
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled Enter: %v", err)
+		}
 	}
 }
