@@ -24,9 +24,7 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep entered, err error) {
 	start := b.now()
 	b.tally.Begin()
 	defer func() { b.ended(ctx, start, rep, err) }()
-	if b.fb != nil {
-		defer b.fb.begin()()
-	}
+	defer b.fb.begin()()
 	limit := b.answerWithin()
 	for settled := 0; ; {
 		select {
@@ -41,7 +39,7 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep entered, err error) {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		if b.fb != nil && b.fb.serving() {
+		if b.fb.serving() {
 			if err := b.fb.admit(ctx, "", costs, &rep.Report); err != errBack {
 				rep.Wait = b.now().Sub(start)
 				return rep, err
@@ -130,7 +128,7 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, lim
 			*limit = min(2**limit, time.Minute)
 			return true, nil // arrive again
 		}
-		if b.fb != nil && b.fb.away(ctx, err) {
+		if b.fb.away(ctx, err) {
 			return false, goneLocal{}
 		}
 		return false, b.callErr(ctx, err, within)

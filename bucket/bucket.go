@@ -133,8 +133,8 @@ type Bucket struct {
 	// burst of 1000 Enters).
 	idPrefix string
 	idSeq    atomic.Uint64
-	// fb is the local share (fallback.go); nil without Config.Fallback.
-	fb *fallback
+	// fb is the fallback while Redis is away (fallback.go).
+	fb fallback
 
 	closeOnce sync.Once
 }
@@ -206,8 +206,9 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 	b.notices.changed = b.changed
 	u := uuid.New()
 	b.idPrefix = base64.RawURLEncoding.EncodeToString(u[:]) + "."
+	b.fb = noFallback{b}
 	if cfg.Fallback == LocalShare {
-		b.fb = newFallback(b)
+		b.fb = newLocalShare(b)
 	}
 	return b, nil
 }

@@ -10,7 +10,6 @@ import (
 	"net"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/hub"
 	"github.com/sluicehq/sluice/internal/rediscall"
 	"github.com/sluicehq/sluice/queue"
 )
@@ -24,12 +23,7 @@ func (b *Bucket) answerWithin() time.Duration {
 	if b.cfg.ReplicaAcks > 0 {
 		return rediscall.AnswerWithin + 4*b.cfg.ReplicaTimeout
 	}
-	if b.fb != nil {
-		// A frozen Redis sends a caller in flight to its share this soon:
-		// the probe's verdict (AwayAfter) and a round of it to spare.
-		return hub.AwayAfter + 2*hub.ProbeEvery
-	}
-	return rediscall.AnswerWithin
+	return b.fb.answerWithin()
 }
 
 // busy reports that a call made on cctx (rediscall.CallCtx(ctx), which
@@ -46,16 +40,7 @@ func (b *Bucket) busy(ctx, cctx context.Context, within time.Duration, err error
 	if within <= 0 || ctx.Err() != nil || !timedOut {
 		return false
 	}
-	began := b.now().Add(-within)
-	if b.fb != nil {
-		return b.fb.answers(ctx, began) // the probe's verdict since the call began
-	}
-	// Redis answered a call of this process's that left after this one
-	// did: it runs, and this call met a queue (thousands of callers on one
-	// pool) or a process too starved to read its reply in time, not a
-	// frozen Redis; no PING can say more, and a starved process's own
-	// PING may run out as its call did.
-	return b.hub.RepliedSince(began) || b.hub.Answers(ctx, rediscall.AnswerWithin)
+	return b.fb.answers(ctx, b.now().Add(-within)) // since the call began
 }
 
 // redisErr reports sluice.ErrClosed after Close, and otherwise an error that

@@ -89,7 +89,7 @@ func (b *Bucket) retimeOnce(ctx context.Context, rep *entered, costs []int64, ro
 		if err != nil && b.busy(ctx, cctx, within, err) {
 			continue
 		}
-		if err != nil && b.fb != nil && b.fb.away(ctx, err) {
+		if err != nil && b.fb.away(ctx, err) {
 			return sent, received, r, goneLocal{} // the missed slot stays spent
 		}
 		if err != nil {

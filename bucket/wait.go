@@ -28,10 +28,8 @@ func (b *Bucket) awaitSlot(ctx context.Context, er queueio.Arrival, enqueued tim
 	w := &waiting{er: er, entry: er.Entry, enqueued: enqueued, rep: rep, costs: costs, limit: limit}
 	var forget func()
 	w.hints, forget = b.notices.register(w.entry)
-	unqueue := func() {}
-	if b.fb != nil {
-		w.switched, unqueue = b.fb.queue(w.entry, er.Ticket, costs)
-	}
+	var unqueue func()
+	w.switched, unqueue = b.fb.queue(w.entry, er.Ticket, costs)
 	w.dequeued = sync.OnceFunc(func() {
 		if !w.keep {
 			unqueue()
@@ -108,11 +106,7 @@ func (b *Bucket) gone(w *waiting) error {
 // error: the caller leaves with it (its ctx ended, the bucket closed, or
 // it went to the local share).
 func (b *Bucket) sleepToPoll(ctx context.Context, w *waiting) (repeat bool, err error) {
-	var reach <-chan struct{}
-	if b.fb != nil {
-		_, reach = b.hub.Away()
-	}
-	slot, err := b.sleep(ctx, min(w.wait, checkIn), w.hints, w.switched, reach)
+	slot, err := b.sleep(ctx, min(w.wait, checkIn), w.hints, w.switched, b.fb.reach())
 	if errors.Is(err, errReach) {
 		if away, _ := b.hub.Away(); away && b.fb.goLocal() {
 			return false, b.gone(w)
@@ -167,7 +161,7 @@ func (b *Bucket) pollSlot(ctx context.Context, w *waiting) (pr queueio.PollReply
 			w.wait = 0 // poll again
 			return pr, sent, received, true, nil
 		}
-		if b.fb != nil && b.fb.away(ctx, err) {
+		if b.fb.away(ctx, err) {
 			return pr, sent, received, false, b.gone(w)
 		}
 		b.cancel(w.entry)

@@ -101,24 +101,7 @@ func (s *Semaphore) awayCause(runErr error, byAway, timedOut bool, sent time.Tim
 // away), false once Redis is marked away, or when the probe gives no
 // verdict within its own bound (it is not running: Close).
 func (s *Semaphore) answers(since time.Time) bool {
-	t := time.NewTicker(hub.ProbeEvery)
-	defer t.Stop()
-	giveUp := time.Now().Add(hub.AwayAfter + 2*hub.ProbeEvery)
-	for {
-		answered, away, changed := s.hub.Answered()
-		switch {
-		case away:
-			return false
-		case answered.After(since):
-			return true
-		case time.Now().After(giveUp):
-			return false
-		}
-		select {
-		case <-changed:
-		case <-t.C:
-		}
-	}
+	return s.hub.AwaitVerdict(context.Background(), since, time.Now().Add(hub.AwayAfter+2*hub.ProbeEvery))
 }
 
 // say logs msg at level through the Logger: for the first handle on the
@@ -126,14 +109,7 @@ func (s *Semaphore) answers(since time.Time) bool {
 // Debug (a process with thousands of semaphores would otherwise log
 // thousands of lines per outage).
 func (s *Semaphore) say(level slog.Level, msg string, args ...any) {
-	l := s.cfg.Logger
-	if l == nil {
-		return
-	}
-	if !s.hub.FirstToSay(l) {
-		level = slog.LevelDebug
-	}
-	l.Log(context.Background(), level, msg, append([]any{"semaphore", s.cfg.Name}, args...)...)
+	s.hub.Say(s.cfg.Logger, level, msg, append([]any{"semaphore", s.cfg.Name}, args...)...)
 }
 
 // noAnswer is the cause of a switch the probe decided: Redis left a PING
