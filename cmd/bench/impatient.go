@@ -490,8 +490,15 @@ func callersWorker(raw string) error {
 				cut := 0
 				for runCtx.Err() == nil {
 					rec, err := callOnce(runCtx, call, spec.Deadline)
-					if err != nil && (runCtx.Err() != nil || time.Until(until) < time.Millisecond) {
-						cut++ // the run's end, not the call's deadline
+					if err != nil && (runCtx.Err() != nil || time.Until(until) < time.Millisecond ||
+						rec.OutOfTime && spec.Deadline == 0) {
+						// The run's end, not the call's deadline: a call
+						// without one of its own refused because its turn
+						// comes after the run's end (sluice says so at
+						// once, redis_rate sleeps to the end) is cut off,
+						// not made again at once (it spun a pod's CPU
+						// quota away on refusals, 80,000 a run).
+						cut++
 						break
 					}
 					mine = append(mine, rec)
