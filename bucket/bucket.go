@@ -112,6 +112,12 @@ type Bucket struct {
 	// arrival until they learn their slot: the scheduler keeps the lock
 	// only while there are some (scheduler.New's waiting).
 	queued atomic.Int64
+	// others is when (local clock, unix ns) a reply last showed callers
+	// of other handles waiting in this bucket, whose processes may stop
+	// (a claim, a swap, a slot taken, a slot written for a late caller):
+	// a late caller here then has a queued one poll to take what theirs
+	// leave (notices.poke).
+	others atomic.Int64
 	// now is the local clock, used only to measure durations: nothing read
 	// from it is ever compared with Redis time. Tests skew it.
 	now func() time.Time

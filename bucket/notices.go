@@ -28,21 +28,34 @@ type notices struct {
 	handover func()
 
 	mu      sync.Mutex
-	waiters map[string]chan int64
+	waiters map[string]waiter
 	stop    func() // stops listening; nil while not listening
 	closed  bool
 }
 
-// register returns the channel that gives the caller queued as entry its
-// slot (µs, Redis clock), and the function that forgets it.
-func (n *notices) register(entry string) (<-chan int64, func()) {
+// waiter is a queued caller of this process: its ticket orders it among
+// the others, c gives it its slot.
+type waiter struct {
+	ticket int64
+	c      chan int64
+}
+
+// pollNow is the slot a poke gives (see poke): long past, so that the
+// caller polls at once, and through the script (which claims); 1 is an
+// unreadable slot's (poll at once).
+const pollNow = 2
+
+// register returns the channel that gives the caller queued as entry
+// (with its ticket) its slot (µs, Redis clock), and the function that
+// forgets it.
+func (n *notices) register(entry string, ticket int64) (<-chan int64, func()) {
 	c := make(chan int64, 1)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.waiters == nil {
-		n.waiters = make(map[string]chan int64)
+		n.waiters = make(map[string]waiter)
 	}
-	n.waiters[entry] = c
+	n.waiters[entry] = waiter{ticket, c}
 	if n.stop == nil && !n.closed {
 		n.stop = n.hub.Listen(n.channel, n.deliver, nil)
 	}
@@ -86,11 +99,37 @@ func (n *notices) deliver(payload string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	protocol.ParseWake(payload, func(entry string, slot int64) {
-		if c, ok := n.waiters[entry]; ok {
+		if w, ok := n.waiters[entry]; ok {
 			select {
-			case c <- slot:
+			case w.c <- slot:
 			default:
 			}
 		}
 	})
+}
+
+// poke has the earliest queued caller of this process that has no word
+// pending poll at once: a caller of this process found slots whose
+// callers did not come for them (their processes stopped), and a queued
+// caller that polls takes one (claim.lua), starting now. It says whether
+// it found one to poke.
+func (n *notices) poke() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var first *waiter
+	for _, w := range n.waiters {
+		if len(w.c) == 0 && (first == nil || w.ticket < first.ticket) {
+			w := w
+			first = &w
+		}
+	}
+	if first == nil {
+		return false
+	}
+	select {
+	case first.c <- pollNow:
+		return true
+	default:
+		return false
+	}
 }

@@ -104,6 +104,10 @@ func (b *Bucket) retimeOnce(ctx context.Context, rep *entered, costs []int64, ro
 	b.rtt.observe(received.Sub(sent))
 	b.hub.Replied(sent)
 	rep.Retimes++
+	if r.Claimed || r.Entry != "" {
+		b.sawOthers()
+	}
+	b.drain()
 	if r.Refunded {
 		rep.Refunds++
 	}
@@ -183,5 +187,21 @@ func (rep *entered) countPoll(pr queueio.PollReply) {
 	}
 	if pr.Swapped {
 		rep.Retimes++
+	}
+}
+
+// sawOthers notes a reply that showed callers of other handles waiting in
+// this bucket (Bucket.others).
+func (b *Bucket) sawOthers() { b.others.Store(b.now().UnixNano()) }
+
+// drain has a queued caller of this process poll at once, to take a slot
+// another process's caller did not come for, or tokens nobody came for
+// (claim.lua), when this process has just found itself late (a late
+// caller, a pod at its CPU limit: the others were likely stopped too)
+// and other handles' callers were seen in the last second. Each caller
+// that takes one has the next poll (afterPoll), until none is left.
+func (b *Bucket) drain() {
+	if b.now().UnixNano()-b.others.Load() < int64(time.Second) {
+		b.notices.poke()
 	}
 }

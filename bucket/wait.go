@@ -27,7 +27,7 @@ import (
 func (b *Bucket) awaitSlot(ctx context.Context, er queueio.Arrival, enqueued time.Time, rep *entered, costs []int64, limit *time.Duration) (bool, error) {
 	w := &waiting{er: er, entry: er.Entry, enqueued: enqueued, rep: rep, costs: costs, limit: limit}
 	var forget func()
-	w.hints, forget = b.notices.register(w.entry)
+	w.hints, forget = b.notices.register(w.entry, er.Ticket)
 	var unqueue func()
 	w.switched, unqueue = b.fb.queue(w.entry, er.Ticket, costs)
 	w.dequeued = sync.OnceFunc(func() {
@@ -82,6 +82,7 @@ type waiting struct {
 	dequeued func() // once: the caller learned its slot, or gave up
 	backoff  time.Duration
 	wait     time.Duration // until the next poll
+	poked    bool          // told to poll now, to claim (notices.poke)
 }
 
 // local places an instant of the Redis clock on this process's clock,
@@ -107,6 +108,7 @@ func (b *Bucket) gone(w *waiting) error {
 // it went to the local share).
 func (b *Bucket) sleepToPoll(ctx context.Context, w *waiting) (repeat bool, err error) {
 	slot, err := b.sleep(ctx, min(w.wait, checkIn), w.hints, w.switched, b.fb.reach())
+	w.poked = slot == pollNow
 	if errors.Is(err, errReach) {
 		if away, _ := b.hub.Away(); away && b.fb.goLocal() {
 			return false, b.gone(w)
@@ -118,7 +120,7 @@ func (b *Bucket) sleepToPoll(ctx context.Context, w *waiting) (repeat bool, err 
 		b.cancel(w.entry)
 		return false, err
 	}
-	if slot > 0 {
+	if slot > 0 && !w.poked {
 		// The scheduler gave the slot: poll a lead before it.
 		if _, err := b.sleep(ctx, w.local(slot).Add(-b.leadNow()).Sub(b.now()), nil, w.switched, nil); errors.Is(err, errReach) {
 			return false, b.gone(w)
@@ -137,7 +139,11 @@ func (b *Bucket) sleepToPoll(ctx context.Context, w *waiting) (repeat bool, err 
 func (b *Bucket) pollSlot(ctx context.Context, w *waiting) (pr queueio.PollReply, sent, received time.Time, repeat bool, err error) {
 	cctx, done, within := rediscall.CallCtx(ctx, *w.limit)
 	sentFn, pctx := sentAt(cctx, b.now)
-	pr, err = b.q.Poll(pctx, w.entry)
+	if w.poked {
+		pr, err = b.q.PollToClaim(pctx, w.entry)
+	} else {
+		pr, err = b.q.Poll(pctx, w.entry)
+	}
 	done()
 	received = b.now()
 	if err == nil {
@@ -187,6 +193,12 @@ func (b *Bucket) afterPoll(ctx context.Context, w *waiting, pr queueio.PollReply
 		return true, false, b.tooLong(pr.Delay, own)
 	case pr.Found:
 		w.dequeued()
+		if pr.Claimed || pr.Swapped {
+			b.sawOthers()
+		}
+		if pr.Claimed {
+			b.notices.poke() // there may be more to take
+		}
 		w.rep.Slot = time.UnixMicro(pr.Slot)
 		w.rep.countPoll(pr)
 		again, err = b.sleepToSlot(ctx, sent, received, pr.Delay, w.rep, w.costs, w.entry, pr.Room)
@@ -194,6 +206,9 @@ func (b *Bucket) afterPoll(ctx context.Context, w *waiting, pr queueio.PollReply
 	case pr.Stale:
 		// The poll itself came too late for the slot: keep the place.
 		w.dequeued()
+		if pr.Swapped || pr.Room == "" {
+			b.sawOthers() // another handle's caller took it, or gave its own
+		}
 		w.rep.Slot = time.UnixMicro(pr.Slot)
 		again, err = b.retime(ctx, w.rep, w.costs, w.entry, pr.Room)
 		return true, again, err

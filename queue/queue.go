@@ -195,13 +195,24 @@ func parseEnqueue(ids, costs []string, reply any, err error) ([]queueio.Arrival,
 // holds one; a caller still queued takes such a slot, and leaves the
 // queue (queueio.Arrival.Claim says when to poll for one at once).
 func (q *Queue) Poll(ctx context.Context, entry string) (queueio.PollReply, error) {
+	return q.poll(ctx, entry, q.direct != nil)
+}
+
+// PollToClaim is Poll for a caller told that slots whose callers did not
+// come for them wait in the due set: it always runs the script, which
+// claims one (claim.lua), where a direct poll claims nothing.
+func (q *Queue) PollToClaim(ctx context.Context, entry string) (queueio.PollReply, error) {
+	return q.poll(ctx, entry, false)
+}
+
+func (q *Queue) poll(ctx context.Context, entry string, direct bool) (queueio.PollReply, error) {
 	tol := us(q.opt.MaxLateness)
 	if q.opt.MaxLateness < 0 {
 		tol = 1 << 52 // never stale
 	}
 	lo, hi := protocol.ClaimWindow(q.opt.MaxLateness)
 	trips := 0
-	if q.direct != nil {
+	if direct {
 		trips++
 		r, found, err := q.pollDirect(ctx, entry, tol)
 		if err != nil || found {

@@ -1,6 +1,7 @@
 package scheduler_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/testing/guarantee"
 	"github.com/sluicehq/sluice/internal/testing/redistest"
+	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/scheduler"
 )
 
@@ -223,5 +225,96 @@ func TestClaimsSkipOwnHandle(t *testing.T) {
 	}
 	if v, err := rdb.Get(ctx, slotKey(q, "handle1.a")).Result(); err != nil || v != first {
 		t.Fatalf("the first caller's slot key holds %q %v, want %q untouched", v, err, first)
+	}
+}
+
+// TestQueuedCallerTakesFreeTokens: the books have held tokens nobody was
+// given for longer than the claim window's near end (half MaxLateness):
+// the callers at the head of the queue, whose turn has come, did not
+// come (a caller that runs when its turn has come gives the slots due
+// itself), nor did a scheduler. A queued caller of another handle, whose
+// own turn is further off, takes one now and leaves the queue; the
+// callers it overtook keep their places. Not from its own handle's
+// head, and not from tokens free for less than the window. The grants
+// (the taken one, then the others' by a step) judged by the checker.
+func TestQueuedCallerTakesFreeTokens(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	// 100/s; MaxLateness 100 ms: tokens free for 50 ms (5 of them) or
+	// more are taken. Ten callers queued ahead, more than the tokens.
+	queued := func(t *testing.T, s queueio.Client, capacity int64, head string) (*queue.Queue, []string) {
+		l := protocol.Policy{Capacity: capacity, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}
+		q := newQ(s, "sluice", t.Name(), []protocol.Policy{l},
+			queueio.Options{Lookahead: 5 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 100 * time.Millisecond})
+		if err := rdb.RPush(ctx, keysOf(q).Queue, "placeholder").Err(); err != nil {
+			t.Fatal(err)
+		}
+		var entries []string
+		for i := range 11 {
+			id := fmt.Sprintf("%s.%d", head, i)
+			if i == 10 {
+				id = "mine.x"
+			}
+			a, err := enqueueOne(q, id)
+			if err != nil || kindOf(a) != kQueued {
+				t.Fatalf("enqueue %s: %+v %v, want queued", id, a, err)
+			}
+			entries = append(entries, a.Entry)
+		}
+		if err := rdb.LRem(ctx, keysOf(q).Queue, 1, "placeholder").Err(); err != nil {
+			t.Fatal(err)
+		}
+		return q, entries
+	}
+	eachPoll(t, rdb, []bool{true, false}, func(t *testing.T, s queueio.Client, _ bool) {
+		// A full bucket of 8: one grant's tokens free for 70 ms.
+		q, entries := queued(t, s, 8, "other")
+		p, err := q.Poll(ctx, entries[10])
+		if err != nil || !p.Found || !p.Claimed || p.Delay > 0 {
+			t.Fatalf("the queued caller's poll: %+v %v, want tokens taken now (found, claimed)", p, err)
+		}
+		if n, err := rdb.LLen(ctx, keysOf(q).Queue).Result(); err != nil || n != 10 {
+			t.Fatalf("queue length %d %v, want the 10 overtaken still queued", n, err)
+		}
+		if head, err := rdb.LIndex(ctx, keysOf(q).Queue, 0).Result(); err != nil || head != entries[0] {
+			t.Fatalf("queue head %q %v, want %q", head, err, entries[0])
+		}
+		takeLock(t, rdb, q, "tok")
+		var grants []time.Time
+		grants = append(grants, time.UnixMicro(p.Slot))
+		deadline := time.Now().Add(5 * time.Second)
+		for given := 0; given < 10; {
+			r, err := scheduler.Step(ctx, rdb, q, "tok")
+			if err != nil {
+				t.Fatal(err)
+			}
+			given += r.Scheduled
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of the 10 overtaken given a slot in 5 s", given)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		for _, sl := range slotsOf(t, rdb, q, entries[:10]) {
+			grants = append(grants, time.UnixMicro(sl))
+		}
+		if res := guarantee.Check(grants, guarantee.Limit{Capacity: 8, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}); !res.OK() {
+			t.Fatalf("grants %v break the promise: %v", grants, res)
+		}
+	})
+	for _, c := range []struct {
+		name     string
+		capacity int64
+		head     string
+	}{
+		{"own handle ahead", 8, "mine"},
+		{"free too shortly", 3, "other"}, // 20 ms: the head may yet come
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			q, entries := queued(t, rdb, c.capacity, c.head)
+			p, err := q.Poll(ctx, entries[10])
+			if err != nil || p.Found || p.Claimed || p.Position != 11 {
+				t.Fatalf("the queued caller's poll: %+v %v, want still queued at 11", p, err)
+			}
+		})
 	}
 }

@@ -142,3 +142,44 @@ local function claim_for(state_key, config_key, prefix, due, now, lo, hi, grace,
   local t = slot_of(taken)
   return {5, t - now, 0, 0, t, room_of(taken)}
 end
+
+-- free_since is how long (µs), at least, the books have held the tokens
+-- of one more grant (each policy's call) that no slot was given: from
+-- each policy's level now, less its call, at its refill rate. nil when a
+-- policy has not those tokens now, holds (the upstream said to wait), or
+-- is a rolling window (whose grants never go back).
+local function free_since(st, ps, now)
+  if (st.hold or 0) > now then return nil end
+  local since
+  for i = 1, #ps do
+    local p, s = ps[i], st[i]
+    if p.kind == ROLLING or s.level < p.call then return nil end
+    if p.call > 0 then
+      local d = (s.level - p.call) * p.freq / p.amount
+      since = since and math.min(since, d) or d
+    end
+  end
+  return since
+end
+
+-- take_free is a queued caller's take (poll.lua) of tokens nobody came
+-- for: when the books have held the tokens of one more grant for hi µs
+-- or more, the callers ahead of it, whose slots they are, did not come
+-- (a caller that runs when its turn has come gives the slots due itself:
+-- schedule.lua), nor did a scheduler: their processes are stopped. The
+-- caller, whose process runs, takes them now, as a claim does (the
+-- limit holds: they are the books' own), and leaves the queue; the
+-- callers it overtakes keep their places, first in line when they come.
+-- Only from another handle's head (claim.lua: one handle's callers run
+-- together). It returns the poll's reply, or nil.
+local function take_free(qkey, st, ps, now, hi, entry, cid)
+  local since = free_since(st, ps, now)
+  if not since or since < hi then return nil end
+  local head = redis.call('LINDEX', qkey, 0)
+  local own = own_prefix(entry)
+  if not head or head == entry or (own and string.sub(head, 1, #own) == own) then return nil end
+  take_at(st, ps, now, nil, now)
+  window_record(st, ps, now, nil)
+  redis.call('LREM', qkey, 1, entry)
+  return {5, 0, 0, 0, now, room_of(slot_value(now, now, cid, st, ''))}
+end

@@ -4,8 +4,11 @@
 -- A caller of the bucket's own costs that finds its slot ahead claims,
 -- in exchange, a slot of the due set whose caller did not come for it
 -- (claim.lua), if there is one in its window; one still queued takes
--- such a slot and leaves the queue (its ticket counted as done). A caller
--- that finds its own slot taken (TAKEN) is told stale, without a room.
+-- such a slot and leaves the queue (its ticket counted as done), or,
+-- when its own turn is further off, the tokens the books have held
+-- unpromised for half MaxLateness or more, whose callers at the head of
+-- the queue did not come (claim.lua's take_free). A caller that finds
+-- its own slot taken (TAKEN) is told stale, without a room.
 --
 -- KEYS[1] queue, KEYS[2] state, KEYS[3] slot key prefix, KEYS[4] lock,
 -- KEYS[5] config (as in enqueue.lua), KEYS[6] refunds (unused), KEYS[7]
@@ -107,6 +110,13 @@ if est <= now then
       local slot = slot_of(raw)
       return {1, slot - now, 0, 0, slot, room_of(raw)}
     end
+  end
+end
+if est > now and not costs and lo > 0 then
+  local c = take_free(KEYS[1], st, ps, now, hi, id, cid)
+  if c then
+    save(KEYS[2], st, ps, now, tonumber(ARGV[7]), done + 1, till, KEYS[5])
+    return c
   end
 end
 return {2, est - now, pos + 1, redis.call('PTTL', KEYS[4]), 0}
