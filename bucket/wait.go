@@ -139,11 +139,7 @@ func (b *Bucket) sleepToPoll(ctx context.Context, w *waiting) (repeat bool, err 
 func (b *Bucket) pollSlot(ctx context.Context, w *waiting) (pr queueio.PollReply, sent, received time.Time, repeat bool, err error) {
 	cctx, done, within := rediscall.CallCtx(ctx, *w.limit)
 	sentFn, pctx := sentAt(cctx, b.now)
-	if w.poked {
-		pr, err = b.q.PollToClaim(pctx, w.entry)
-	} else {
-		pr, err = b.q.Poll(pctx, w.entry)
-	}
+	pr, err = b.q.Poll(pctx, w.entry, w.poked)
 	done()
 	received = b.now()
 	if err == nil {

@@ -192,20 +192,13 @@ func parseEnqueue(ids, costs []string, reply any, err error) ([]queueio.Arrival,
 // caller of the bucket's own costs whose poll script finds its slot ahead
 // claims, in exchange, a slot whose caller did not come for it within the
 // window its MaxLateness sets (protocol.ClaimWindow), if the due set
-// holds one; a caller still queued takes such a slot, and leaves the
-// queue (queueio.Arrival.Claim says when to poll for one at once).
-func (q *Queue) Poll(ctx context.Context, entry string) (queueio.PollReply, error) {
-	return q.poll(ctx, entry, q.direct != nil)
-}
-
-// PollToClaim is Poll for a caller told that slots whose callers did not
-// come for them wait in the due set: it always runs the script, which
-// claims one (claim.lua), where a direct poll claims nothing.
-func (q *Queue) PollToClaim(ctx context.Context, entry string) (queueio.PollReply, error) {
-	return q.poll(ctx, entry, false)
-}
-
-func (q *Queue) poll(ctx context.Context, entry string, direct bool) (queueio.PollReply, error) {
+// holds one; a caller still queued takes such a slot, or tokens nobody
+// came for (poll.lua), and leaves the queue (queueio.Arrival.Claim says
+// when to poll for one at once). With claim the script runs at once,
+// direct poll or not: a caller told that there may be something to take
+// (a direct poll claims nothing).
+func (q *Queue) Poll(ctx context.Context, entry string, claim bool) (queueio.PollReply, error) {
+	direct := q.direct != nil && !claim
 	tol := us(q.opt.MaxLateness)
 	if q.opt.MaxLateness < 0 {
 		tol = 1 << 52 // never stale

@@ -48,17 +48,17 @@ func TestClaimSwapsSlots(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
-		p, err := q.Poll(ctx, ids[2])
+		p, err := q.Poll(ctx, ids[2], false)
 		if err != nil || !p.Found || !p.Claimed || p.Slot != want[0] {
 			t.Fatalf("the third caller's poll: %+v %v, want the first's slot %d, claimed", p, err, want[0])
 		}
 		// The second comes for its own (before the first comes: past
 		// 50 ms, its slot too would be the first's to claim).
-		p, err = q.Poll(ctx, ids[1])
+		p, err = q.Poll(ctx, ids[1], false)
 		if err != nil || p.Claimed || p.Swapped || p.Slot != want[1] {
 			t.Fatalf("the second caller's poll: %+v %v, want its own slot %d", p, err, want[1])
 		}
-		p, err = q.Poll(ctx, ids[0])
+		p, err = q.Poll(ctx, ids[0], false)
 		if err != nil || !(p.Found || p.Stale) || !p.Swapped || p.Claimed || p.Slot != want[2] {
 			t.Fatalf("the first caller's poll: %+v %v, want the third's slot %d, swapped", p, err, want[2])
 		}
@@ -104,7 +104,7 @@ func TestQueuedCallerTakesSlot(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
-		p, err := q.Poll(ctx, ids[1])
+		p, err := q.Poll(ctx, ids[1], false)
 		if err != nil || !p.Found || !p.Claimed {
 			t.Fatalf("the queued caller's poll: %+v %v, want the first's slot, claimed", p, err)
 		}
@@ -115,7 +115,7 @@ func TestQueuedCallerTakesSlot(t *testing.T) {
 		if n, err := rdb.LLen(ctx, keysOf(q).Queue).Result(); err != nil || n != 0 {
 			t.Fatalf("queue length %d %v after the claim, want 0: the claimer left it", n, err)
 		}
-		a, err := q.Poll(ctx, ids[0])
+		a, err := q.Poll(ctx, ids[0], false)
 		if err != nil || !a.Stale || a.Found || a.Room != "" || a.Slot != first {
 			t.Fatalf("the first caller's poll: %+v %v, want its slot %d, stale and without a room", a, err, first)
 		}
@@ -144,7 +144,7 @@ func TestRetimeWritesNextSlot(t *testing.T) {
 	// next slot ahead and nothing to claim.
 	q, ids, slots := stepped(t, rdb, rdb, protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond},
 		queueio.Options{Lookahead: time.Second, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: time.Second, Lead: 2 * time.Millisecond}, 4)
-	if _, err := q.Poll(ctx, ids[0]); err != nil {
+	if _, err := q.Poll(ctx, ids[0], false); err != nil {
 		t.Fatal(err)
 	}
 	// No room: its tokens stay spent (a slot given at arrival).
@@ -155,7 +155,7 @@ func TestRetimeWritesNextSlot(t *testing.T) {
 	if score, err := rdb.ZScore(ctx, strings.TrimSuffix(keysOf(q).Queue, "queue")+"due", r.Entry).Result(); err != nil || int64(score) != r.Slot {
 		t.Fatalf("the due set has %v %v for the entry, want its slot %d", score, err, r.Slot)
 	}
-	p, err := q.Poll(ctx, r.Entry)
+	p, err := q.Poll(ctx, r.Entry, false)
 	if err != nil || !p.Found || p.Slot != r.Slot || p.Room == "" {
 		t.Fatalf("the poll of the caller retimed: %+v %v, want its slot %d with its room", p, err, r.Slot)
 	}
@@ -219,7 +219,7 @@ func TestClaimsSkipOwnHandle(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	p, err := q.Poll(ctx, entries[1])
+	p, err := q.Poll(ctx, entries[1], false)
 	if err != nil || p.Claimed || (p.Found && p.Slot == slot) {
 		t.Fatalf("the second caller's poll: %+v %v, want no claim of its own handle's slot %d", p, err, slot)
 	}
@@ -269,7 +269,7 @@ func TestQueuedCallerTakesFreeTokens(t *testing.T) {
 	eachPoll(t, rdb, []bool{true, false}, func(t *testing.T, s queueio.Client, _ bool) {
 		// A full bucket of 8: one grant's tokens free for 70 ms.
 		q, entries := queued(t, s, 8, "other")
-		p, err := q.Poll(ctx, entries[10])
+		p, err := q.Poll(ctx, entries[10], false)
 		if err != nil || !p.Found || !p.Claimed || p.Delay > 0 {
 			t.Fatalf("the queued caller's poll: %+v %v, want tokens taken now (found, claimed)", p, err)
 		}
@@ -311,7 +311,7 @@ func TestQueuedCallerTakesFreeTokens(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			q, entries := queued(t, rdb, c.capacity, c.head)
-			p, err := q.Poll(ctx, entries[10])
+			p, err := q.Poll(ctx, entries[10], false)
 			if err != nil || p.Found || p.Claimed || p.Position != 11 {
 				t.Fatalf("the queued caller's poll: %+v %v, want still queued at 11", p, err)
 			}

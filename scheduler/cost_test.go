@@ -231,14 +231,14 @@ func TestDirectPollMatchesScript(t *testing.T) {
 	eachPoll(t, rdb, []bool{true, false}, func(t *testing.T, s queueio.Client, direct bool) {
 		q, ids, want := stepped(t, rdb, s, protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond},
 			queueio.Options{Lookahead: time.Second, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 300 * time.Millisecond}, 3)
-		p, err := q.Poll(ctx, ids[0])
+		p, err := q.Poll(ctx, ids[0], false)
 		if err != nil || pollKindOf(p) != pSlot || p.Slot != want[0] || p.RoundTrips != 1 {
 			t.Fatalf("poll: %+v %v, want slot %d in 1 round trip", p, err, want[0])
 		}
-		if p, err := q.Poll(ctx, ids[0]); err != nil || pollKindOf(p) != pLost {
+		if p, err := q.Poll(ctx, ids[0], false); err != nil || pollKindOf(p) != pLost {
 			t.Fatalf("second poll: %+v %v, want lost", p, err)
 		}
-		if p, err := q.Poll(ctx, "never-queued|1"); err != nil || pollKindOf(p) != pLost {
+		if p, err := q.Poll(ctx, "never-queued|1", false); err != nil || pollKindOf(p) != pLost {
 			t.Fatalf("poll of a stranger: %+v %v, want lost", p, err)
 		} else if wantTrips := map[bool]int{true: 2, false: 1}[direct]; p.RoundTrips != wantTrips {
 			t.Fatalf("a miss took %d round trips, want %d", p.RoundTrips, wantTrips)
@@ -258,7 +258,7 @@ func TestDirectPollMatchesScript(t *testing.T) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		if p, err := q.Poll(ctx, ids[2]); err != nil || pollKindOf(p) != pStale || p.Delay > -300*time.Millisecond {
+		if p, err := q.Poll(ctx, ids[2], false); err != nil || pollKindOf(p) != pStale || p.Delay > -300*time.Millisecond {
 			t.Fatalf("late poll: %+v %v, want stale", p, err)
 		}
 		if n := countSlots(t, rdb, q); n != 1 {

@@ -40,7 +40,7 @@ func Example() {
 	defer s.Close()
 	s.Ensure()
 	for {
-		r, err := q.Poll(ctx, second.Entry)
+		r, err := q.Poll(ctx, second.Entry, false)
 		if err != nil || r.Found || r.Lost || r.Stale {
 			fmt.Println(r.Found, err)
 			break

@@ -133,7 +133,7 @@ func giveBackRounds(t *testing.T, seed uint64) {
 			takeLock(t, rdb, q, "tok")
 		default: // the queued callers poll, in order
 			for len(queued) > 0 {
-				r, err := q.Poll(ctx, queued[0])
+				r, err := q.Poll(ctx, queued[0], false)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -28,7 +28,7 @@ func TestLeaverPassesItsSlotOn(t *testing.T) {
 		}
 		next = append(next, a.Entry)
 	}
-	read, err := q.Poll(ctx, entries[0])
+	read, err := q.Poll(ctx, entries[0], false)
 	if err != nil || !read.Found || read.Room == "" {
 		t.Fatalf("poll = %+v, %v: want the slot, with its room", read, err)
 	}
@@ -39,7 +39,7 @@ func TestLeaverPassesItsSlotOn(t *testing.T) {
 	}
 	var got []int64
 	for _, e := range next[:2] {
-		r, err := q.Poll(ctx, e)
+		r, err := q.Poll(ctx, e, false)
 		if err != nil || !r.Found {
 			t.Fatalf("poll of %s = %+v, %v: want the slot passed on", e, r, err)
 		}
@@ -60,7 +60,7 @@ func TestLeaverPassesItsSlotOn(t *testing.T) {
 	if err := q.Cancel(ctx, queue.Leaver{Entry: entries[0], Room: read.Room, Slot: read.Slot}); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := q.Poll(ctx, next[2]); err != nil || r.Found || r.Position != 1 {
+	if r, err := q.Poll(ctx, next[2], false); err != nil || r.Found || r.Position != 1 {
 		t.Fatalf("the third caller's poll = %+v, %v: want still first in the queue", r, err)
 	}
 }
@@ -110,11 +110,11 @@ func TestWaitOfItsOwnRefusedAtArrival(t *testing.T) {
 // caller would have the first's slot).
 func TestLeaverGivesItsTokensBack(t *testing.T) {
 	q, entries, slots, step := retimeSetup(t, t.Name()) // burst of 2 at once, slots at 100 and 200 ms given
-	read, err := q.Poll(ctx, entries[0])
+	read, err := q.Poll(ctx, entries[0], false)
 	if err != nil || !read.Found || read.Room == "" {
 		t.Fatalf("poll = %+v, %v: want the slot, with its room", read, err)
 	}
-	second, err := q.Poll(ctx, entries[1])
+	second, err := q.Poll(ctx, entries[1], false)
 	if err != nil || !second.Found {
 		t.Fatalf("poll = %+v, %v: want the second slot", second, err)
 	}
@@ -132,7 +132,7 @@ func TestLeaverGivesItsTokensBack(t *testing.T) {
 		t.Fatalf("next caller = %+v, %v: want queued", a, err)
 	}
 	step()
-	r, err := q.Poll(ctx, a.Entry)
+	r, err := q.Poll(ctx, a.Entry, false)
 	if err != nil || !r.Found {
 		t.Fatalf("next caller's poll = %+v, %v: want its slot", r, err)
 	}

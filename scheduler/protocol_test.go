@@ -239,11 +239,11 @@ func TestSlotConsumedOnce(t *testing.T) {
 	if _, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil {
 		t.Fatal(err)
 	}
-	first, err := q.Poll(ctx, ids[0])
+	first, err := q.Poll(ctx, ids[0], false)
 	if err != nil || pollKindOf(first) != pSlot {
 		t.Fatalf("first poll: %+v %v, want the slot", first, err)
 	}
-	second, err := q.Poll(ctx, ids[0])
+	second, err := q.Poll(ctx, ids[0], false)
 	if err != nil || pollKindOf(second) != pLost {
 		t.Fatalf("second poll: %+v %v, want lost (slot already used)", second, err)
 	}
@@ -280,7 +280,7 @@ func TestStaleSlotRefused(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	r, err := q.Poll(ctx, ids[0])
+	r, err := q.Poll(ctx, ids[0], false)
 	if err != nil || pollKindOf(r) != pStale {
 		t.Fatalf("late poll: %+v %v, want stale", r, err)
 	}

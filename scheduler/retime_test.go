@@ -79,7 +79,7 @@ func arrive(t *testing.T, q *queue.Queue, n int) (entries []string, slots []time
 // the bucket's promise.
 func TestLateCallerStartsAtOnce(t *testing.T) {
 	q, entries, slots, _ := retimeSetup(t, t.Name())
-	late, err := q.Poll(ctx, entries[0])
+	late, err := q.Poll(ctx, entries[0], false)
 	if err != nil || !late.Found || late.Room == "" {
 		t.Fatalf("poll = %+v, %v: want the slot, with its room", late, err)
 	}
@@ -92,7 +92,7 @@ func TestLateCallerStartsAtOnce(t *testing.T) {
 	if !r.Refunded || r.Delay != 0 || r.Slot < late.Slot+50_000 {
 		t.Fatalf("retime = %+v (missed slot %d): want to start now with the token, unused in a bucket in debt throughout", r, late.Slot)
 	}
-	other, err := q.Poll(ctx, entries[1])
+	other, err := q.Poll(ctx, entries[1], false)
 	if err != nil || !(other.Found || other.Stale) { // stale: this test process was held up past it
 		t.Fatalf("the other caller's poll = %+v, %v", other, err)
 	}
@@ -114,7 +114,7 @@ func TestLateCallerStartsAtOnce(t *testing.T) {
 // before its slot and was moved to now.)
 func TestRetimeBeforeItsSlot(t *testing.T) {
 	q, entries, slots, _ := retimeSetup(t, t.Name())
-	early, err := q.Poll(ctx, entries[0])
+	early, err := q.Poll(ctx, entries[0], false)
 	if err != nil || !early.Found || early.Room == "" {
 		t.Fatalf("poll = %+v, %v: want the slot, with its room", early, err)
 	}
@@ -141,7 +141,7 @@ func TestRetimeBeforeItsSlot(t *testing.T) {
 // over-admit), yet it still gets the next slot.
 func TestRetimeKeepsSpentWhenItCouldHaveFilled(t *testing.T) {
 	q, entries, _, _ := retimeSetup(t, t.Name())
-	late, err := q.Poll(ctx, entries[0])
+	late, err := q.Poll(ctx, entries[0], false)
 	if err != nil || !late.Found {
 		t.Fatalf("poll = %+v, %v", late, err)
 	}
@@ -199,7 +199,7 @@ func TestLateCallerStartsAtSaturation(t *testing.T) {
 			t.Fatal(err)
 		}
 		for next < len(entries) {
-			r, err := q.Poll(ctx, entries[next])
+			r, err := q.Poll(ctx, entries[next], false)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -199,7 +199,7 @@ func (out *Scripts) run(ctx context.Context, e *env) error {
 				return rdb.Set(ctx, freeKeys.Slot+"p"+strconv.Itoa(i), 1, time.Minute).Err()
 			},
 			call: func(ctx context.Context, i int) error {
-				r, err := free.Poll(ctx, "p"+strconv.Itoa(i)+"|0")
+				r, err := free.Poll(ctx, "p"+strconv.Itoa(i)+"|0", false)
 				if err == nil && (!r.Stale || r.RoundTrips != 1) {
 					err = fmt.Errorf("direct poll: %+v, want the (stale) slot in one round trip", r)
 				}
