@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/internal/protocol"
 	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/internal/testing/guarantee"
@@ -180,22 +182,8 @@ func TestClaimsSkipOwnHandle(t *testing.T) {
 	l := protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}
 	q := newQ(scriptOnly{rdb}, "sluice", t.Name(), []protocol.Policy{l},
 		queueio.Options{Lookahead: 5 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 100 * time.Millisecond})
-	// Both queued (behind a placeholder, taken out), the first given its
-	// slot by a step.
-	if err := rdb.RPush(ctx, keysOf(q).Queue, "placeholder").Err(); err != nil {
-		t.Fatal(err)
-	}
-	var entries []string
-	for _, id := range []string{"handle1.a", "handle1.b"} {
-		a, err := enqueueOne(q, id)
-		if err != nil || kindOf(a) != kQueued {
-			t.Fatalf("enqueue %s: %+v %v, want queued", id, a, err)
-		}
-		entries = append(entries, a.Entry)
-	}
-	if err := rdb.LRem(ctx, keysOf(q).Queue, 1, "placeholder").Err(); err != nil {
-		t.Fatal(err)
-	}
+	// Both queued, the first given its slot by a step.
+	entries := queuedAll(t, rdb, q, "handle1.a", "handle1.b")
 	takeLock(t, rdb, q, "tok")
 	if r, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil || r.Scheduled != 1 {
 		t.Fatalf("step: %+v %v", r, err)
@@ -246,25 +234,12 @@ func TestQueuedCallerTakesFreeTokens(t *testing.T) {
 		l := protocol.Policy{Capacity: capacity, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}
 		q := newQ(s, "sluice", t.Name(), []protocol.Policy{l},
 			queueio.Options{Lookahead: 5 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 100 * time.Millisecond})
-		if err := rdb.RPush(ctx, keysOf(q).Queue, "placeholder").Err(); err != nil {
-			t.Fatal(err)
+		ids := make([]string, 11)
+		for i := range 10 {
+			ids[i] = fmt.Sprintf("%s.%d", head, i)
 		}
-		var entries []string
-		for i := range 11 {
-			id := fmt.Sprintf("%s.%d", head, i)
-			if i == 10 {
-				id = "mine.x"
-			}
-			a, err := enqueueOne(q, id)
-			if err != nil || kindOf(a) != kQueued {
-				t.Fatalf("enqueue %s: %+v %v, want queued", id, a, err)
-			}
-			entries = append(entries, a.Entry)
-		}
-		if err := rdb.LRem(ctx, keysOf(q).Queue, 1, "placeholder").Err(); err != nil {
-			t.Fatal(err)
-		}
-		return q, entries
+		ids[10] = "mine.x"
+		return q, queuedAll(t, rdb, q, ids...)
 	}
 	eachPoll(t, rdb, []bool{true, false}, func(t *testing.T, s queueio.Client, _ bool) {
 		// A full bucket of 8: one grant's tokens free for 70 ms.
@@ -317,4 +292,26 @@ func TestQueuedCallerTakesFreeTokens(t *testing.T) {
 			}
 		})
 	}
+}
+
+// queuedAll queues callers ids, in order, all of them (behind a
+// placeholder, taken out after: an arrival on an empty queue could be
+// granted at once), and returns their entries.
+func queuedAll(t *testing.T, rdb *redis.Client, q *queue.Queue, ids ...string) []string {
+	t.Helper()
+	if err := rdb.RPush(ctx, keysOf(q).Queue, "placeholder").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var entries []string
+	for _, id := range ids {
+		a, err := enqueueOne(q, id)
+		if err != nil || kindOf(a) != kQueued {
+			t.Fatalf("enqueue %s: %+v %v, want queued", id, a, err)
+		}
+		entries = append(entries, a.Entry)
+	}
+	if err := rdb.LRem(ctx, keysOf(q).Queue, 1, "placeholder").Err(); err != nil {
+		t.Fatal(err)
+	}
+	return entries
 }
