@@ -44,6 +44,8 @@ func TestCallErrorWords(t *testing.T) {
 			`semaphore "db": Redis unreachable: no answer within 1s`},
 		{&CallError{Prefix: "bucket", Name: "api", Addr: "h:1", Ctx: context.DeadlineExceeded, Err: refused},
 			`bucket "api": context deadline exceeded; Redis at h:1 unreachable: connection refused`},
+		{&CallError{Prefix: "bucket", Name: "api", Addr: "h:1", Ctx: context.DeadlineExceeded, Err: fmt.Errorf("%w: %w", ErrCutShort, os.ErrDeadlineExceeded)},
+			`bucket "api": context deadline exceeded; Redis at h:1: no answer before it`},
 		{&CallError{Prefix: "bucket", Addr: "h:1", Err: errors.New("OOM command not allowed")},
 			`bucket: Redis at h:1: OOM command not allowed`},
 	} {

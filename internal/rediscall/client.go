@@ -8,6 +8,7 @@ package rediscall
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strconv"
@@ -88,6 +89,12 @@ func CallCtx(ctx context.Context, limit time.Duration) (_ context.Context, cance
 // reason: Redis accepted the connection but did not answer.
 var ErrNoAnswer = errors.New("no answer")
 
+// ErrCutShort is the cause of a call whose socket timed out on the
+// caller's own deadline: Redis had not answered when the caller's time
+// was up, which says nothing of Redis (a process starved or paused while
+// waiting for the reply meets it too).
+var ErrCutShort = errors.New("no answer before it")
+
 // CallError is a call to Redis that failed. It matches both its causes
 // with errors.Is: the ctx error, when the caller's ctx ended (or its
 // deadline passed as the socket timed out), and Redis's or the network's
@@ -164,6 +171,8 @@ func Words(err error) (why string, away bool) {
 	switch {
 	case err == nil:
 		return "no error", false
+	case errors.Is(err, ErrCutShort):
+		return ErrCutShort.Error(), false
 	case errors.Is(err, ErrNoAnswer):
 		return "no answer", true
 	case errors.As(err, &errno):
@@ -264,6 +273,12 @@ func RedisError(ctx context.Context, prefix, name string, rdb redis.UniversalCli
 	}
 	var ne net.Error
 	timedOut := errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+	if ctxErr != nil && timedOut {
+		// go-redis set the socket's deadline from ctx's: the caller's
+		// time ran out, not Redis's (it was not "unreachable").
+		call.Ctx, call.Err = ctxErr, fmt.Errorf("%w: %w", ErrCutShort, err)
+		return call
+	}
 	if ctxErr == nil && timedOut {
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < time.Millisecond {
 			call.Ctx = context.DeadlineExceeded
