@@ -155,7 +155,7 @@ func (f *localShare) answers(ctx context.Context, since time.Time) bool {
 	if f.b.hub.AwaitVerdict(ctx, since, time.Time{}) {
 		return true
 	}
-	if away, _ := f.b.hub.Away(); away {
+	if away, _ := f.b.hub.Away(); away && ctx.Err() == nil {
 		f.goLocal()
 	}
 	return false
