@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,8 +19,14 @@ import (
 	"github.com/sluicehq/sluice/internal/testing/testkit"
 )
 
+// procsSet is what serve last gave setProcs (--procs), -1 for nothing:
+// the tests run serve in their own process, whose GOMAXPROCS they keep.
+var procsSet atomic.Int64
+
 func TestMain(m *testing.M) {
 	redis.SetLogger(quiet{}) // as main does
+	procsSet.Store(-1)
+	setProcs = func(n int) { procsSet.Store(int64(n)) }
 	goleak.VerifyTestMain(m)
 }
 

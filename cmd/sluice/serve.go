@@ -7,11 +7,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -64,6 +66,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	tokenFile := fs.String("token-file", "", "a `FILE` holding the bearer token every request but /healthz must carry")
 	maxWaiting := fs.Int("max-waiting", 1000, "the most callers waiting in this server per bucket or semaphore; beyond, 429 at once")
 	lease := fs.Duration("lease", 10*time.Second, "how long a semaphore permit stays held without a renew from its client")
+	procs := fs.Int("procs", 1, "how many `N` threads run the server's Go code at once (GOMAXPROCS); 0: Go's default, one per CPU.\n"+
+		"1 (unless GOMAXPROCS is set) fits a sidecar per host: a call answers sooner on one thread than handed between two;\n"+
+		"a server for a fleet wants more (docs/sidecar.md)")
 	pos, ok, err := parse(fs, args, stdout)
 	if !ok {
 		return err
@@ -76,6 +81,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if *lease < 100*time.Millisecond || *lease > time.Hour {
 		return usagef("serve: --lease %v, want between 100ms and 1h", *lease)
+	}
+	if *procs < 0 {
+		return usagef("serve: --procs %d, want ≥ 0 (0: one per CPU)", *procs)
 	}
 	var cfg serveConfig
 	if *configFile != "" {
@@ -110,10 +118,30 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		s.close()
 		return fmt.Errorf("serve: %w", err)
 	}
+	if given(fs, "procs") || os.Getenv("GOMAXPROCS") == "" {
+		setProcs(*procs)
+	}
 	fmt.Fprintf(stdout, "sluice serve: listening on http://%s (Redis at %s, prefix %q)\n", ln.Addr(), t.addr, t.prefix)
 	err = s.serve(ctx, ln)
 	fmt.Fprintln(stdout, "sluice serve: stopped")
 	return err
+}
+
+// setProcs applies --procs: GOMAXPROCS n, or Go's default for 0. The
+// tests, which run serve in their own process, replace it.
+var setProcs = func(n int) {
+	if n == 0 {
+		runtime.SetDefaultGOMAXPROCS()
+		return
+	}
+	runtime.GOMAXPROCS(n)
+}
+
+// given says whether flag name was on the command line.
+func given(fs *flag.FlagSet, name string) bool {
+	found := false
+	fs.Visit(func(f *flag.Flag) { found = found || f.Name == name })
+	return found
 }
 
 // serveConfig is --config: the limits of the buckets and semaphores it

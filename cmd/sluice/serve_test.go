@@ -268,6 +268,7 @@ func TestServeUsage(t *testing.T) {
 		{[]string{"serve", r, "extra"}, "no arguments expected"},
 		{[]string{"serve", r, "--max-waiting", "0"}, "--max-waiting 0"},
 		{[]string{"serve", r, "--lease", "1ms"}, "--lease 1ms"},
+		{[]string{"serve", r, "--procs", "-1"}, "--procs -1"},
 		{[]string{"serve", r, "--token-file", writeConfig(t, " \n")}, "is empty"},
 		{[]string{"serve", r, "--config", writeConfig(t, `{"buckets": {"a": {"policies": ["rate=0/1s,burst=1"]}}}`)}, `bucket "a": policy "rate=0/1s,burst=1"`},
 		{[]string{"serve", r, "--config", writeConfig(t, `{"buckets": {"a": {}}}`)}, `bucket "a": no policies`},
@@ -278,6 +279,37 @@ func TestServeUsage(t *testing.T) {
 		res := sluice(t, tc.args...)
 		if res.code != 2 || !strings.Contains(res.stderr, tc.want) {
 			t.Errorf("sluice %q: exit %d, stderr %q; want exit 2 and a message containing %q", tc.args, res.code, res.stderr, tc.want)
+		}
+	}
+}
+
+// TestServeProcs: serve runs its Go code on --procs threads, 1 unless
+// GOMAXPROCS is set, which the flag overrides.
+func TestServeProcs(t *testing.T) {
+	for _, tc := range []struct {
+		env  string // GOMAXPROCS
+		args []string
+		want int64 // -1: GOMAXPROCS left as it is
+	}{
+		{"", nil, 1},
+		{"", []string{"--procs", "3"}, 3},
+		{"", []string{"--procs", "0"}, 0},
+		{"2", nil, -1},
+		{"2", []string{"--procs", "1"}, 1},
+	} {
+		t.Setenv("GOMAXPROCS", tc.env)
+		if tc.env == "" {
+			os.Unsetenv("GOMAXPROCS")
+		}
+		procsSet.Store(-1)
+		sr := startServe(t, append([]string{"--redis", unreachable}, tc.args...)...)
+		sr.stop()
+		if err := <-sr.done; err != nil {
+			t.Fatalf("serve %q: %v", tc.args, err)
+		}
+		sr.done <- nil
+		if got := procsSet.Load(); got != tc.want {
+			t.Errorf("GOMAXPROCS=%q serve %q: setProcs(%d), want %d", tc.env, tc.args, got, tc.want)
 		}
 	}
 }
