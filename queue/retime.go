@@ -21,8 +21,12 @@ import (
 // caller whose next slot is further off than the lead is not told it: the
 // slot is written as a step writes one, and the caller polls for it as
 // queueio.Retimed.Entry, so that a running caller can claim it should the
-// caller's process stop again. One round trip.
-func (q *Queue) Retime(ctx context.Context, slot int64, room string, costs []int64, id string) (queueio.Retimed, error) {
+// caller's process stop again. quiet: the caller reads its replies
+// promptly (its round trips are short), so that a grant moved to now
+// starts within MaxLateness of it; the grant may then move whenever the
+// bucket counted no refill since the slot (lua/refund.lua's no_refill),
+// not only by the peaks. One round trip.
+func (q *Queue) Retime(ctx context.Context, slot int64, room string, costs []int64, id string, quiet bool) (queueio.Retimed, error) {
 	again := ""
 	if id != "" && costs == nil {
 		again = protocol.MakeEntry(id, 0, "")
@@ -31,13 +35,17 @@ func (q *Queue) Retime(ctx context.Context, slot int64, room string, costs []int
 		if costs != nil && len(costs) != len(c.policies) {
 			return nil, &queueio.ConfigError{Mine: c.id}
 		}
-		args := make([]any, 0, 5+len(c.args))
+		args := make([]any, 0, 8+len(c.args))
 		value := ""
 		if room != "" {
 			value = protocol.SlotValue(slot, room)
 		}
 		lo, hi := protocol.ClaimWindow(q.opt.MaxLateness)
-		args = append(args, value, protocol.Costs(costs), us(q.opt.Grace), lo, hi, again, us(q.opt.Lead))
+		moves := "0"
+		if quiet {
+			moves = "1"
+		}
+		args = append(args, value, protocol.Costs(costs), us(q.opt.Grace), lo, hi, again, us(q.opt.Lead), moves)
 		return append(args, c.args...), nil
 	})
 	if err != nil {

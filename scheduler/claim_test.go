@@ -121,7 +121,7 @@ func TestQueuedCallerTakesSlot(t *testing.T) {
 		if err != nil || !a.Stale || a.Found || a.Room != "" || a.Slot != first {
 			t.Fatalf("the first caller's poll: %+v %v, want its slot %d, stale and without a room", a, err, first)
 		}
-		r, err := q.Retime(ctx, a.Slot, a.Room, nil, "")
+		r, err := q.Retime(ctx, a.Slot, a.Room, nil, "", false)
 		if err != nil || r.Refunded || r.Claimed {
 			t.Fatalf("the first caller's retime: %+v %v, want the next slot", r, err)
 		}
@@ -150,7 +150,7 @@ func TestRetimeWritesNextSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	// No room: its tokens stay spent (a slot given at arrival).
-	r, err := q.Retime(ctx, slots[0], "", nil, "again-0")
+	r, err := q.Retime(ctx, slots[0], "", nil, "again-0", false)
 	if err != nil || r.Entry != protocol.MakeEntry("again-0", 0, "") || r.Refunded || r.Claimed || r.Room != "" || r.Slot < slots[3]+100_000 {
 		t.Fatalf("retime: %+v %v, want the slot after the last given (%d), written for again-0", r, err, slots[3])
 	}
@@ -166,7 +166,7 @@ func TestRetimeWritesNextSlot(t *testing.T) {
 		t.Fatalf("grants %v break the promise: %v", got, res)
 	}
 	// Without an ID: the next slot, told at once.
-	n, err := q.Retime(ctx, slots[1], "", nil, "")
+	n, err := q.Retime(ctx, slots[1], "", nil, "", false)
 	if err != nil || n.Entry != "" || n.Slot <= p.Slot {
 		t.Fatalf("retime without an ID: %+v %v, want the next slot after %d", n, err, p.Slot)
 	}

@@ -176,7 +176,7 @@ func giveBackRounds(t *testing.T, seed uint64) {
 				}
 				continue
 			}
-			r, err := q.Retime(ctx, h.slot, h.room, h.costs, "")
+			r, err := q.Retime(ctx, h.slot, h.room, h.costs, "", true)
 			if err != nil {
 				t.Fatal(err)
 			}

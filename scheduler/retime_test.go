@@ -85,7 +85,7 @@ func TestLateCallerStartsAtOnce(t *testing.T) {
 	}
 	// Too late for it: 50 ms past the slot, before the next refill.
 	time.Sleep(late.Delay + 50*time.Millisecond)
-	r, err := q.Retime(ctx, late.Slot, late.Room, nil, "")
+	r, err := q.Retime(ctx, late.Slot, late.Room, nil, "", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestRetimeBeforeItsSlot(t *testing.T) {
 	if err != nil || !early.Found || early.Room == "" {
 		t.Fatalf("poll = %+v, %v: want the slot, with its room", early, err)
 	}
-	r, err := q.Retime(ctx, early.Slot, early.Room, nil, "")
+	r, err := q.Retime(ctx, early.Slot, early.Room, nil, "", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func TestRetimeKeepsSpentWhenItCouldHaveFilled(t *testing.T) {
 		t.Fatalf("poll = %+v, %v", late, err)
 	}
 	time.Sleep(late.Delay + 400*time.Millisecond)
-	r, err := q.Retime(ctx, late.Slot, late.Room, nil, "")
+	r, err := q.Retime(ctx, late.Slot, late.Room, nil, "", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestRetimeKeepsSpentWhenItCouldHaveFilled(t *testing.T) {
 		t.Fatalf("retime gave a slot %v in the past", r.Delay)
 	}
 	// Without a room (a slot given at arrival) nothing goes back either.
-	r, err = q.Retime(ctx, 0, "", nil, "")
+	r, err = q.Retime(ctx, 0, "", nil, "", false)
 	if err != nil || r.Refunded {
 		t.Fatalf("retime without a room = %+v, %v", r, err)
 	}
@@ -214,7 +214,7 @@ func TestLateCallerStartsAtSaturation(t *testing.T) {
 			next++
 		}
 		if !retimed && !foundAt.IsZero() && time.Since(foundAt) > 300*time.Millisecond {
-			r, err := q.Retime(ctx, late.Slot, late.Room, nil, "")
+			r, err := q.Retime(ctx, late.Slot, late.Room, nil, "", false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -229,5 +229,86 @@ func TestLateCallerStartsAtSaturation(t *testing.T) {
 	l := guarantee.Limit{Capacity: 10, RefillAmount: 1, RefillFrequency: 20 * time.Millisecond}
 	if res := guarantee.Check(slots, l); !res.OK() {
 		t.Fatalf("the grants break the promise: %v", res)
+	}
+}
+
+// quietSetup makes a bucket of capacity 1 that gains 1 token every 200
+// ms, serves one caller at once, queues two and runs one step that gives
+// both their slots (200 and 400 ms on). It returns the queue, the
+// entries queued and the slot served at once.
+func quietSetup(t *testing.T, name string) (*queue.Queue, []string, []time.Time) {
+	t.Helper()
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	rdb := srv.Client()
+	t.Cleanup(func() { rdb.Close() })
+	ps := []protocol.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: 200 * time.Millisecond}}
+	opt := queueio.Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 10 * time.Millisecond}
+	q := newQ(rdb, "sluice", name, ps, opt)
+	opt.Lookahead = 450 * time.Millisecond
+	stepper := newQ(rdb, "sluice", name, ps, opt)
+	entries, slots := arrive(t, q, 3)
+	if len(entries) != 2 || len(slots) != 1 {
+		t.Fatalf("%d callers queued and %d served, want 2 and 1", len(entries), len(slots))
+	}
+	if err := rdb.Set(ctx, keysOf(q).Lock, "tok", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := scheduler.Step(ctx, rdb, stepper, "tok"); err != nil || r.Scheduled != 2 {
+		t.Fatalf("step scheduled %d (%v), want both", r.Scheduled, err)
+	}
+	return q, entries, slots
+}
+
+// TestLateWithinAPeriodKeepsItsToken: on a bucket of capacity 1 at
+// saturation (each grant takes the refill it waited for, so the levels
+// before the grants reach the capacity and the peaks rule every move
+// out), a caller 50 ms late for its slot, before the next refill, starts
+// at once with its token when it reads its replies promptly (quiet): the
+// bucket counted no refill since its slot, so the token only sat in it.
+// Without quiet it takes the next slot, its token spent. The grants in
+// the end keep the promise.
+func TestLateWithinAPeriodKeepsItsToken(t *testing.T) {
+	for _, quiet := range []bool{false, true} {
+		t.Run(fmt.Sprint("quiet=", quiet), func(t *testing.T) {
+			q, entries, slots := quietSetup(t, t.Name())
+			late, err := q.Poll(ctx, entries[0], false)
+			if err != nil || !late.Found || late.Room == "" {
+				t.Fatalf("poll = %+v, %v: want the slot, with its room", late, err)
+			}
+			next, err := q.Poll(ctx, entries[1], false)
+			if err != nil || !next.Found {
+				t.Fatalf("the next caller's poll = %+v, %v", next, err)
+			}
+			time.Sleep(late.Delay + 50*time.Millisecond)
+			r, err := q.Retime(ctx, late.Slot, late.Room, nil, "", quiet)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Now < late.Slot {
+				t.Fatalf("retime at %d, before the slot %d", r.Now, late.Slot)
+			}
+			// The next refill comes with the next caller's slot.
+			inTime := r.Now < next.Slot
+			switch {
+			case quiet && inTime && (!r.Refunded || r.Delay != 0):
+				t.Fatalf("retime %v late, before the next refill = %+v: want to start now with the token", time.Duration(r.Now-late.Slot)*time.Microsecond, r)
+			case quiet && !inTime && r.Refunded:
+				t.Fatalf("retime past the next refill (this test process was held up) = %+v: the token could have overflowed", r)
+			case !quiet && r.Refunded:
+				t.Fatalf("retime without quiet = %+v: want the next slot, the token spent (the peaks reach the capacity)", r)
+			}
+			if !inTime {
+				t.Logf("the retime came %v after the slot, past the next refill", time.Duration(r.Now-late.Slot)*time.Microsecond)
+			}
+			slots = append(slots, time.UnixMicro(r.Slot), time.UnixMicro(next.Slot))
+			if !r.Refunded {
+				slots = append(slots, time.UnixMicro(late.Slot)) // its token was spent there
+			}
+			l := guarantee.Limit{Capacity: 1, RefillAmount: 1, RefillFrequency: 200 * time.Millisecond}
+			if res := guarantee.Check(slots, l); !res.OK() {
+				t.Fatalf("slots %v break the promise: %v", slots, res)
+			}
+		})
 	}
 }

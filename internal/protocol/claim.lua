@@ -178,8 +178,8 @@ local function take_free(qkey, st, ps, now, hi, entry, cid)
   local head = redis.call('LINDEX', qkey, 0)
   local own = own_prefix(entry)
   if not head or head == entry or (own and string.sub(head, 1, #own) == own) then return nil end
-  take_at(st, ps, now, nil, now)
+  local as = take_at(st, ps, now, nil, now)
   window_record(st, ps, now, nil)
   redis.call('LREM', qkey, 1, entry)
-  return {5, 0, 0, 0, now, room_of(slot_value(now, now, cid, st, ''))}
+  return {5, 0, 0, 0, now, room_of(slot_value(now, now, cid, st, '', as))}
 end

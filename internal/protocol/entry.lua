@@ -54,23 +54,31 @@ end
 -- slot (no room) is read as well.
 
 -- slot_value makes a slot key's value; refunds is the refunds key's value
--- ('' when missing). After the levels come the anchors, each policy's
--- last refill as the script that gave the slot left it (refund.lua: a
--- policy whose anchor is still that one gained no refill since); the
--- previous version's pattern does not match a value with them, so its
--- late callers' tokens stay spent.
-local function slot_value(slot, now, id, st, refunds)
+-- ('' when missing). After the levels come the anchors: with anchors
+-- (take_at's, of this slot's own grant), "@" then each policy's slot
+-- anchor (tokens.lua's slot_anchor; "-" for none), ";" between them;
+-- without, each policy's last refill as the script that gave the slot
+-- left it, "," between them. refund.lua reads either. The pattern of the
+-- version before the anchors does not match a value with them, so its
+-- late callers' tokens stay spent; the version before "@" reads no
+-- number from "@...;...": the same.
+local function slot_value(slot, now, id, st, refunds, anchors)
   local ls, as = {}, {}
   for i = 1, #st do
     ls[i] = string.format('%d', st[i].level)
-    as[i] = string.format('%d', st[i].anchor)
+    if anchors then
+      as[i] = anchors[i] and string.format('%d', anchors[i]) or '-'
+    else
+      as[i] = string.format('%d', st[i].anchor)
+    end
   end
   if refunds == '' then
     local zs = {'0'}
     for i = 1, #st do zs[i + 1] = '0' end
     refunds = table.concat(zs, ',')
   end
-  return string.format('%d %d ', slot, now) .. id .. ' ' .. refunds .. ' ' .. table.concat(ls, ',') .. ' ' .. table.concat(as, ',')
+  local anchored = anchors and '@' .. table.concat(as, ';') or table.concat(as, ',')
+  return string.format('%d %d ', slot, now) .. id .. ' ' .. refunds .. ' ' .. table.concat(ls, ',') .. ' ' .. anchored
 end
 
 -- slot_of is the slot a slot key's value holds.

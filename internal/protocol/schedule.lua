@@ -20,6 +20,7 @@
 -- policy's call: slot_all tells it).
 local function schedule(keys, now, lookahead, batch, grace, lead, channel, ps, unit, cid, st)
   local ids, slots, blocked = {}, {}, nil
+  local anchors = {} -- per slot, take_at's: its room's (entry.lua)
   -- Each caller's slot follows from the state its predecessors in this
   -- step left (take_at spends their tokens at their slots), and never
   -- comes before theirs.
@@ -52,8 +53,9 @@ local function schedule(keys, now, lookahead, batch, grace, lead, channel, ps, u
         note_peak(st, 1, lag_peak(p, v, slot, at), slot)
         s.anchor = s.anchor + lag_shift(p, v, slot, at) -- take_at's lag
         s.level = s.level - 1
+        anchors[n] = {slot_anchor(p, s, slot, at)}
       else
-        take_at(st, ps, slot, nil, now)
+        anchors[n] = take_at(st, ps, slot, nil, now)
         window_record(st, ps, slot, nil)
       end
     end
@@ -77,7 +79,7 @@ local function schedule(keys, now, lookahead, batch, grace, lead, channel, ps, u
         end
         ids[#ids + 1] = e
         slots[#ids], last = slot, slot
-        take_at(st, ps, slot, ks, now)
+        anchors[#ids] = take_at(st, ps, slot, ks, now)
         window_record(st, ps, slot, ks)
         if costs then
           st.costed = st.costed - 1
@@ -100,7 +102,7 @@ local function schedule(keys, now, lookahead, batch, grace, lead, channel, ps, u
     -- never collects (it died) expires grace after the slot. It carries the
     -- room (entry.lua's slot_value) for a caller that comes too late.
     local bare, est, costs = entry_parts(id)
-    redis.call('SET', keys.slot .. bare, slot_value(slot, now, cid, st, refunds), 'PX', ceil_ms(slot - now + grace))
+    redis.call('SET', keys.slot .. bare, slot_value(slot, now, cid, st, refunds, anchors[k]), 'PX', ceil_ms(slot - now + grace))
     if not costs then
       due[#due + 1] = slot
       due[#due + 1] = id

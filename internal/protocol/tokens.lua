@@ -267,6 +267,19 @@ local function lag_shift(p, before, slot, at)
   return math.max(0, slot + refill_lag(p) - back - at)
 end
 
+-- slot_anchor is what a grant at slot leaves of a token bucket policy p's
+-- grid (state s just after the grant), for refund.lua: the books count
+-- no refill after the slot, and count the next one at the first point of
+-- s.anchor + k*freq past it, when the last refill they counted by then,
+-- at, came no later than the slot. An anchor past the slot is then the
+-- lag's shift, which adds no token: the next refill is a period after
+-- it. false when at is past the slot (a grant of another script counted
+-- refills up to a later slot already) or p is no token bucket.
+local function slot_anchor(p, s, slot, at)
+  if p.kind ~= 0 or at > slot then return false end
+  return s.anchor
+end
+
 -- lag_anchor is the anchor slot_for counts from for a policy at (level,
 -- anchor) at now, for a token past the level: a full token bucket's
 -- next grant, now, moves its refills to a lag after now (lag_shift).
@@ -386,7 +399,11 @@ end
 -- It also notes, for the state's peaks (state.lua, "Peaks"), each
 -- policy's level at the slot before the grant: the highest the bucket
 -- holds since the grant before it.
+--
+-- It returns, per policy, the slot's anchor (slot_anchor): what the slot's
+-- room keeps (entry.lua's slot_value) for refund.lua.
 local function take_at(st, ps, slot, ks, now)
+  local as = {}
   for i = 1, #ps do
     local p, s = ps[i], st[i]
     local k = ks and ks[i] or p.call
@@ -401,8 +418,12 @@ local function take_at(st, ps, slot, ks, now)
       note_peak(st, i, lag_peak(p, before, slot, at), slot)
       s.anchor = s.anchor + lag_shift(p, before, slot, at)
       s.level = s.level - k
+      as[i] = slot_anchor(p, s, slot, at)
+    else
+      as[i] = false
     end
   end
+  return as
 end
 
 -- ahead_k is, per policy, the tokens that n queued callers (with the

@@ -29,6 +29,46 @@
 -- t0, a rolling window, whose grants stay logged) the slot's tokens stay
 -- spent.
 
+-- quiet_moves: no_refill may judge a move (retime.lua sets it from its
+-- caller's word: Queue.Retime's quiet).
+local quiet_moves = false
+
+-- slot_anchors reads a room's anchors (entry.lua's slot_value): per
+-- policy, a number or false, and whether they are the slot's own
+-- (take_at's, "@...") rather than those the slot's script left.
+local function slot_anchors(as)
+  local own = string.sub(as, 1, 1) == '@'
+  local out, i = {}, 0
+  for a in string.gmatch(own and string.sub(as, 2) or as, own and '[^;]+' or '[^,]+') do
+    i = i + 1
+    out[i] = tonumber(a) or false
+  end
+  return out, own
+end
+
+-- no_refill says whether a token bucket policy p (state s now) counts no
+-- refill in (t0, upto]: a is the slot's anchor (tokens.lua's slot_anchor),
+-- whose grid a + k*freq holds the refills the books count after t0; a
+-- later script only moves that grid later (take_at's lag_shift,
+-- feedback.lua's hold), never earlier. The next refill after t0 comes at
+-- the first point of that grid past t0 or later (an anchor past t0 is a
+-- shift, which adds no token: then a period after it). The peaks
+-- reaching back to t0 (their floor) say the state is the same since: one
+-- created afresh (its keys lost) starts them later.
+local function no_refill(st, p, s, a, t0, upto)
+  if p.kind ~= 0 or not a or s.anchor < a or not st.pk or t0 < st.pk.floor then
+    return false
+  end
+  local nxt = a + p.freq
+  if a <= t0 then
+    local d = t0 - a
+    local n = math.floor(d / p.freq)
+    if n * p.freq > d then n = n - 1 end -- the float division, rounded up
+    nxt = a + (n + 1) * p.freq
+  end
+  return nxt > upto
+end
+
 -- unused_back takes the tokens ks (one per policy) of the slot whose slot
 -- key's value (entry.lua) is value off the books from its grant until
 -- upto (a late caller that starts then), or for good (upto nil: a caller
@@ -36,7 +76,9 @@
 -- that is exact. It returns whether it did.
 local function unused_back(st, ps, now, grace, value, ks, cid, upto)
   local t0, id, as = string.match(value, '^(%d+) %d+ (%S+) %S+ %S+ ?(%S*)')
-  t0, as = tonumber(t0), parse_costs(as or '') or {}
+  local own
+  t0 = tonumber(t0)
+  as, own = slot_anchors(as or '')
   if not t0 or id ~= cid or now - t0 > grace then
     return false
   end
@@ -65,8 +107,16 @@ local function unused_back(st, ps, now, grace, value, ks, cid, upto)
       -- scheduler/TestGiveBacksKeepThePromise broke the promise by one,
       -- in 2 of 18 runs beside a busy loop, with such a move (a caller
       -- moved from its slot 4 ms before the anchor to 2 ms after it,
-      -- the next grant 200 µs later); 0 of 36 since.
-      local quiet = upto and as[i] == s.anchor and as[i] <= t0
+      -- the next grant 200 µs later); 0 of 36 since. For a caller that
+      -- reads its replies promptly (quiet_moves: a grant moved to now
+      -- then starts within MaxLateness of it), no refill in the span by
+      -- the slot's own anchor is enough, whatever grants came after it
+      -- (no_refill): a capacity of one at saturation, its caller back
+      -- before the next refill, keeps its token.
+      local quiet = upto and as[i] and as[i] == s.anchor and as[i] <= t0
+      if not quiet and upto and own and quiet_moves then
+        quiet = no_refill(st, p, s, as[i], t0, upto)
+      end
       local top = not quiet and peak_since(st, i, t0, upto)
       if not quiet and (not top or math.max(top, s.level) + ks[i] > p.cap) then
         return false

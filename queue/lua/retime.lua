@@ -34,7 +34,10 @@
 --         for a next slot further off than the lead; "" to tell it that
 --         slot however far
 -- ARGV[7] lead µs: a next slot at most this far off is given at once
--- ARGV[8..] policies: configuration id, n, then cap, amount, freq µs, call, kind for each
+-- ARGV[8] '1' when a grant may move on no_refill's word (refund.lua): its
+--         caller reads replies promptly, so that a grant moved to now
+--         starts within MaxLateness of it; '0' otherwise
+-- ARGV[9..] policies: configuration id, n, then cap, amount, freq µs, call, kind for each
 --
 -- Reply {delay µs, kind, room, now µs}: kind 0 the next slot, delay from
 -- Redis's now (the missed slot itself, when it is still ahead: the
@@ -53,7 +56,8 @@ end
 local grace = tonumber(ARGV[3])
 local lo, hi = tonumber(ARGV[4]), tonumber(ARGV[5])
 local again, lead = ARGV[6], tonumber(ARGV[7])
-local ps, _, _, cid = read_policies(ARGV, 8)
+quiet_moves = ARGV[8] == '1'
+local ps, _, _, cid = read_policies(ARGV, 9)
 local st, done, till = load(KEYS[2], ps, now, KEYS[3], cid)
 local cs = parse_costs(ARGV[2])
 local ks = {}
@@ -69,12 +73,13 @@ if not moved and not cs and lo > 0 then
     slot, kind, value = slot_of(taken), 2, taken
   end
 end
+local as
 if kind == 0 then
   slot = slot_k(st, ps, now, ks)
-  take_at(st, ps, slot, ks, now)
+  as = take_at(st, ps, slot, ks, now)
   window_record(st, ps, slot, ks)
 end
-value = value or slot_value(slot, now, cid, st, '')
+value = value or slot_value(slot, now, cid, st, '', as)
 if kind == 0 and again ~= '' and not cs and slot - now > lead and others_due(KEYS[6], again, now) then
   -- The slot is written as the step writes one (its key, the due set),
   -- for the caller to poll for a lead before it; only while callers of
