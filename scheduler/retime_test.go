@@ -20,18 +20,26 @@ import (
 // function that runs one more such step.
 func retimeSetup(t *testing.T, name string) (*queue.Queue, []string, []time.Time, func()) {
 	t.Helper()
+	return twoQueued(t, name, protocol.Policy{Capacity: 2, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond}, 4, 250*time.Millisecond)
+}
+
+// twoQueued makes a bucket of policy p, has n callers arrive so that the
+// burst serves all but two, and runs one step whose lookahead gives both
+// queued callers their slots. It returns what retimeSetup does.
+func twoQueued(t *testing.T, name string, p protocol.Policy, n int, lookahead time.Duration) (*queue.Queue, []string, []time.Time, func()) {
+	t.Helper()
 	srv := redistest.New(t)
 	srv.RequireReal(t)
 	rdb := srv.Client()
 	t.Cleanup(func() { rdb.Close() })
-	ps := []protocol.Policy{{Capacity: 2, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond}}
+	ps := []protocol.Policy{p}
 	opt := queueio.Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 10 * time.Millisecond}
 	q := newQ(rdb, "sluice", name, ps, opt)
 	// The step looks further ahead than arrivals do, so that one step
 	// gives both queued callers their slots.
-	opt.Lookahead = 250 * time.Millisecond
+	opt.Lookahead = lookahead
 	stepper := newQ(rdb, "sluice", name, ps, opt)
-	entries, slots := arrive(t, q, 4)
+	entries, slots := arrive(t, q, n)
 	if len(entries) != 2 {
 		t.Fatalf("%d callers queued, want 2", len(entries))
 	}
@@ -232,34 +240,6 @@ func TestLateCallerStartsAtSaturation(t *testing.T) {
 	}
 }
 
-// quietSetup makes a bucket of capacity 1 that gains 1 token every 200
-// ms, serves one caller at once, queues two and runs one step that gives
-// both their slots (200 and 400 ms on). It returns the queue, the
-// entries queued and the slot served at once.
-func quietSetup(t *testing.T, name string) (*queue.Queue, []string, []time.Time) {
-	t.Helper()
-	srv := redistest.New(t)
-	srv.RequireReal(t)
-	rdb := srv.Client()
-	t.Cleanup(func() { rdb.Close() })
-	ps := []protocol.Policy{{Capacity: 1, RefillAmount: 1, RefillFrequency: 200 * time.Millisecond}}
-	opt := queueio.Options{Lookahead: 20 * time.Millisecond, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 10 * time.Millisecond}
-	q := newQ(rdb, "sluice", name, ps, opt)
-	opt.Lookahead = 450 * time.Millisecond
-	stepper := newQ(rdb, "sluice", name, ps, opt)
-	entries, slots := arrive(t, q, 3)
-	if len(entries) != 2 || len(slots) != 1 {
-		t.Fatalf("%d callers queued and %d served, want 2 and 1", len(entries), len(slots))
-	}
-	if err := rdb.Set(ctx, keysOf(q).Lock, "tok", time.Minute).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if r, err := scheduler.Step(ctx, rdb, stepper, "tok"); err != nil || r.Scheduled != 2 {
-		t.Fatalf("step scheduled %d (%v), want both", r.Scheduled, err)
-	}
-	return q, entries, slots
-}
-
 // TestLateWithinAPeriodKeepsItsToken: on a bucket of capacity 1 at
 // saturation (each grant takes the refill it waited for, so the levels
 // before the grants reach the capacity and the peaks rule every move
@@ -271,7 +251,9 @@ func quietSetup(t *testing.T, name string) (*queue.Queue, []string, []time.Time)
 func TestLateWithinAPeriodKeepsItsToken(t *testing.T) {
 	for _, quiet := range []bool{false, true} {
 		t.Run(fmt.Sprint("quiet=", quiet), func(t *testing.T) {
-			q, entries, slots := quietSetup(t, t.Name())
+			// Capacity 1, a token every 200 ms: one caller served at
+			// once, two given slots 200 and 400 ms on.
+			q, entries, slots, _ := twoQueued(t, t.Name(), protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 200 * time.Millisecond}, 3, 450*time.Millisecond)
 			late, err := q.Poll(ctx, entries[0], false)
 			if err != nil || !late.Found || late.Room == "" {
 				t.Fatalf("poll = %+v, %v: want the slot, with its room", late, err)
