@@ -340,7 +340,7 @@ func connect(url string, stderr io.Writer, info *RedisInfo) (target, func(), err
 		info.Server = "existing server " + opt.Addr
 		return target{opt: opt, url: url}, func() {}, nil
 	}
-	srv, err := redistest.Start()
+	srv, err := redistest.StartService()
 	if err == nil {
 		info.Server = "throwaway redis-server at " + srv.Addr()
 		return target{opt: &redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true}, srv: srv}, srv.Close, nil

@@ -190,7 +190,7 @@ func (o *Outage) run(ctx context.Context, e *env) error {
 // runOnce starts a redis-server, runs the workers against it while it is
 // killed and restarted, and judges their grants.
 func (o *Outage) runOnce(ctx context.Context, e *env, fb string) (OutageRow, error) {
-	srv, err := redistest.Start()
+	srv, err := redistest.StartService()
 	if errors.Is(err, redistest.ErrNoRedisServer) {
 		return OutageRow{}, errors.New("needs redis-server on PATH: it kills and restarts a server of its own")
 	}
