@@ -40,11 +40,16 @@ type Trace struct {
 	mu    sync.Mutex
 	next  time.Time // local clock: the next trace is due then
 	count atomic.Int64
+	// top is the highest count read within Window, and when (under
+	// mu): Count never says fewer processes than that.
+	top   int64
+	topAt time.Time
+	now   func() time.Time // time.Now; tests move it
 }
 
 // New returns the trace of the limiter whose set is key, sent through rdb.
 func New(rdb redis.Scripter, key string) *Trace {
-	return &Trace{rdb: rdb, key: key, member: uuid.NewString()}
+	return &Trace{rdb: rdb, key: key, member: uuid.NewString(), now: time.Now}
 }
 
 // Due reports whether a trace is due (Every has passed since the last
@@ -69,10 +74,19 @@ func (t *Trace) Send(ctx context.Context) error {
 		t.mu.Unlock()
 		return err
 	}
-	t.count.Store(n)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if now := t.now(); n >= t.top || now.Sub(t.topAt) > Window {
+		t.top, t.topAt = n, now
+	}
+	t.count.Store(t.top)
 	return nil
 }
 
-// Count is the processes traced within Window at the last successful
-// Send, this one included; 0 before the first.
+// Count is the processes traced within Window, this one included: the
+// most any successful Send read within the last Window (0 before the
+// first). A count that falls sooner (Redis restarted empty, or lost the
+// traces: the processes trace themselves again only one by one) does not
+// count: a process that then fell back to its local share would take the
+// share of one of fewer processes than there are.
 func (t *Trace) Count() int { return int(t.count.Load()) }

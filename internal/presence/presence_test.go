@@ -42,11 +42,54 @@ func TestCount(t *testing.T) {
 	if err := b.Send(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if got := b.Count(); got != 2 {
+		t.Errorf("a trace older than the window, 2 read within it: count %d, want 2", got)
+	}
+	// A Window after the read of 2, the count falls.
+	clock := time.Now().Add(Window + time.Millisecond)
+	b.now = func() time.Time { return clock }
+	if err := b.Send(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if got := b.Count(); got != 1 {
-		t.Errorf("a trace older than the window: count %d, want 1", got)
+		t.Errorf("a trace older than the window, a Window on: count %d, want 1", got)
 	}
 	if ttl := rdb.PTTL(ctx, "p:{x}:procs").Val(); ttl <= 0 || ttl > 2*Window {
 		t.Errorf("set's TTL %v, want in (0, %v]", ttl, 2*Window)
+	}
+}
+
+// TestCountAfterRestart: Redis restarted empty (the traces gone, the
+// processes tracing themselves again one by one) does not make a process
+// count fewer processes than it read within Window: it would take, on
+// its local share, the share of fewer. (semaphore/TestFallbackFleet,
+// 4_killed, beside two busy loops: workers whose first trace after the
+// restart read 1 fell back again with the whole capacity as their share,
+// a fleet peak of 8 of 4.)
+func TestCountAfterRestart(t *testing.T) {
+	srv := redistest.New(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	ctx := context.Background()
+	ts := []*Trace{New(rdb, "p:{y}:procs"), New(rdb, "p:{y}:procs"), New(rdb, "p:{y}:procs")}
+	for range 2 {
+		for _, tr := range ts {
+			if err := tr.Send(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if got := ts[0].Count(); got != 3 {
+		t.Fatalf("three traces: count %d, want 3", got)
+	}
+	if err := rdb.FlushAll(ctx).Err(); err != nil { // as an empty restart
+		t.Fatal(err)
+	}
+	if err := ts[0].Send(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := ts[0].Count(); got != 3 {
+		t.Errorf("the first trace after the traces were lost: count %d, want still 3", got)
 	}
 }
 
