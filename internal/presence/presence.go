@@ -10,6 +10,7 @@ package presence
 import (
 	"context"
 	_ "embed"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,7 +67,10 @@ func (t *Trace) Due(now time.Time) bool {
 
 // Send leaves this process's trace and reads the count.
 func (t *Trace) Send(ctx context.Context) error {
-	n, err := script.Run(ctx, t.rdb, []string{t.key}, t.member, Window.Milliseconds()).Int64()
+	v, err := script.Run(ctx, t.rdb, []string{t.key}, t.member, Window.Milliseconds()).Int64Slice()
+	if err == nil && len(v) != 2 {
+		err = fmt.Errorf("presence: reply %v", v)
+	}
 	if err != nil {
 		// Try again at the next call rather than in a second.
 		t.mu.Lock()
@@ -74,9 +78,16 @@ func (t *Trace) Send(ctx context.Context) error {
 		t.mu.Unlock()
 		return err
 	}
+	n, young := v[0], v[1] == 1
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if now := t.now(); n >= t.top || now.Sub(t.topAt) > Window {
+	switch now := t.now(); {
+	case n >= t.top:
+		t.top, t.topAt = n, now
+	case young:
+		// A set younger than the window (Redis restarted empty) may not
+		// hold every process yet, however long ago the higher count.
+	case now.Sub(t.topAt) > Window:
 		t.top, t.topAt = n, now
 	}
 	t.count.Store(t.top)
@@ -85,8 +96,9 @@ func (t *Trace) Send(ctx context.Context) error {
 
 // Count is the processes traced within Window, this one included: the
 // most any successful Send read within the last Window (0 before the
-// first). A count that falls sooner (Redis restarted empty, or lost the
-// traces: the processes trace themselves again only one by one) does not
-// count: a process that then fell back to its local share would take the
-// share of one of fewer processes than there are.
+// first), or since, while the set is younger than Window (Redis restarted
+// empty, or lost the traces: the processes trace themselves again only
+// one by one). A count that falls sooner does not count: a process that
+// then fell back to its local share would take the share of one of fewer
+// processes than there are.
 func (t *Trace) Count() int { return int(t.count.Load()) }

@@ -1,17 +1,27 @@
 -- presence.lua: one process's trace, and the count of the processes that
 -- left one recently (internal/presence). The sorted set holds each
 -- process's member, scored by the Redis time (ms) of its last trace;
--- members older than the window leave it here.
+-- members older than the window leave it here. A set made afresh (the
+-- first trace since Redis started empty, or since every process stopped
+-- tracing) also holds the member BORN, scored by the time it was made,
+-- which leaves it like any trace a window later: until then the set may
+-- not hold every process yet (they trace themselves again one by one).
 --
 -- KEYS[1] the set ("<prefix>:{<name>}:procs")
 -- ARGV[1] this process's member
 -- ARGV[2] the window, ms
 --
--- Reply: the processes traced within the window, this one included.
+-- Reply {count, young}: the processes traced within the window, this one
+-- included; young 1 while the set is younger than the window, else 0.
+local BORN = '~born'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local window = tonumber(ARGV[2])
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('ZADD', KEYS[1], now, BORN)
+end
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
 redis.call('PEXPIRE', KEYS[1], 2 * window)
-return redis.call('ZCARD', KEYS[1])
+local young = redis.call('ZSCORE', KEYS[1], BORN) and 1 or 0
+return {redis.call('ZCARD', KEYS[1]) - young, young}

@@ -35,8 +35,10 @@ func TestCount(t *testing.T) {
 	if got := b.Count(); got != 2 {
 		t.Errorf("two traces: count %d, want 2", got)
 	}
-	// Age a's trace past the window, as Redis time would.
-	if err := rdb.ZAdd(ctx, "p:{x}:procs", redisZ(a.member, time.Now().Add(-Window-time.Second))).Err(); err != nil {
+	// Age a's trace past the window, as Redis time would, and the set's
+	// birth: it is no longer young.
+	old := time.Now().Add(-Window - time.Second)
+	if err := rdb.ZAdd(ctx, "p:{x}:procs", redisZ(a.member, old), redisZ("~born", old)).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Send(ctx); err != nil {
@@ -90,6 +92,26 @@ func TestCountAfterRestart(t *testing.T) {
 	}
 	if got := ts[0].Count(); got != 3 {
 		t.Errorf("the first trace after the traces were lost: count %d, want still 3", got)
+	}
+	// However long since the count of 3, while the set is young (a
+	// restart that took seconds).
+	clock := time.Now().Add(2 * Window)
+	ts[0].now = func() time.Time { return clock }
+	if err := ts[0].Send(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := ts[0].Count(); got != 3 {
+		t.Errorf("a young set, %v after the count of 3: count %d, want still 3", 2*Window, got)
+	}
+	// A window after its birth the set counts: the others did not come back.
+	if err := rdb.ZAdd(ctx, "p:{y}:procs", redisZ("~born", time.Now().Add(-Window-time.Second))).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts[0].Send(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := ts[0].Count(); got != 1 {
+		t.Errorf("a set a window old with one trace: count %d, want 1", got)
 	}
 }
 
