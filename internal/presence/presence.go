@@ -67,7 +67,7 @@ func (t *Trace) Due(now time.Time) bool {
 
 // Send leaves this process's trace and reads the count.
 func (t *Trace) Send(ctx context.Context) error {
-	v, err := script.Run(ctx, t.rdb, []string{t.key}, t.member, Window.Milliseconds()).Int64Slice()
+	v, err := script.Run(ctx, t.rdb, []string{t.key, t.key + ":born"}, t.member, Window.Milliseconds()).Int64Slice()
 	if err == nil && len(v) != 2 {
 		err = fmt.Errorf("presence: reply %v", v)
 	}

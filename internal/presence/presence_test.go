@@ -37,8 +37,10 @@ func TestCount(t *testing.T) {
 	}
 	// Age a's trace past the window, as Redis time would, and the set's
 	// birth: it is no longer young.
-	old := time.Now().Add(-Window - time.Second)
-	if err := rdb.ZAdd(ctx, "p:{x}:procs", redisZ(a.member, old), redisZ("~born", old)).Err(); err != nil {
+	if err := rdb.ZAdd(ctx, "p:{x}:procs", redisZ(a.member, time.Now().Add(-Window-time.Second))).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Del(ctx, "p:{x}:procs:born").Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Send(ctx); err != nil {
@@ -104,7 +106,7 @@ func TestCountAfterRestart(t *testing.T) {
 		t.Errorf("a young set, %v after the count of 3: count %d, want still 3", 2*Window, got)
 	}
 	// A window after its birth the set counts: the others did not come back.
-	if err := rdb.ZAdd(ctx, "p:{y}:procs", redisZ("~born", time.Now().Add(-Window-time.Second))).Err(); err != nil {
+	if err := rdb.Del(ctx, "p:{y}:procs:born").Err(); err != nil { // as its PX would
 		t.Fatal(err)
 	}
 	if err := ts[0].Send(ctx); err != nil {
