@@ -59,14 +59,10 @@ local function no_refill(st, p, s, a, t0, upto)
   if p.kind ~= 0 or not a or s.anchor < a or not st.pk or t0 < st.pk.floor then
     return false
   end
-  local nxt = a + p.freq
-  if a <= t0 then
-    local d = t0 - a
-    local n = math.floor(d / p.freq)
-    if n * p.freq > d then n = n - 1 end -- the float division, rounded up
-    nxt = a + (n + 1) * p.freq
-  end
-  return nxt > upto
+  -- The grid's last point by t0 (tokens.lua's refill; a itself when a is
+  -- t0 or past it), then the next.
+  local _, at = refill(0, a, t0, p.cap, p.amount, p.freq)
+  return at + p.freq > upto
 end
 
 -- unused_back takes the tokens ks (one per policy) of the slot whose slot
