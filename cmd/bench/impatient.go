@@ -248,6 +248,12 @@ type LimiterRun struct {
 	InRun       int     `json:"in_run"`
 	Allowed     int     `json:"allowed"`
 	Utilization float64 `json:"utilization"`
+	// Settled is the utilization after the run's first second (0 for a
+	// run shorter than two): the grants that started from then to its
+	// end, against the refills the limit gives over that span, its burst
+	// left out. A run that begins with every caller arriving at once on
+	// a full bucket loses most of what it loses in that second.
+	Settled float64 `json:"settled_utilization"`
 	// FailedIn is how long the failed calls took from their arrival;
 	// Wait how long the granted ones waited to start.
 	FailedIn Dist `json:"failed_in"`
@@ -303,10 +309,15 @@ func judgeCallers(results []callersResult, lims []string, rate, burst int, begin
 	return runs, late
 }
 
+// settleTime is how much of a run LimiterRun.Settled leaves out.
+const settleTime = time.Second
+
 // judge fills run's figures from its calls over the run from begin, d
 // long, against l.
 func (run *LimiterRun) judge(calls []callRecord, l guarantee.Limit, begin time.Time, d time.Duration) {
 	end := begin.Add(d)
+	settledFrom := begin.Add(settleTime)
+	settled := 0
 	var grantTimes, starts []time.Time
 	var failed, waits []time.Duration
 	for _, c := range calls {
@@ -329,7 +340,6 @@ func (run *LimiterRun) judge(calls []callRecord, l guarantee.Limit, begin time.T
 		run.Retimes += c.Retimes
 		run.Refunds += c.Refunds
 		run.Claims += c.Claims
-		run.Claims += c.Claims
 		start := time.Unix(0, c.End)
 		starts = append(starts, start)
 		waits = append(waits, took)
@@ -341,9 +351,15 @@ func (run *LimiterRun) judge(calls []callRecord, l guarantee.Limit, begin time.T
 		if !start.Before(begin) && !start.After(end) {
 			run.InRun++
 		}
+		if !start.Before(settledFrom) && !start.After(end) {
+			settled++
+		}
 	}
 	run.Allowed = l.Allowed(d)
 	run.Utilization = float64(run.InRun) / float64(run.Allowed)
+	if refills := int((d - settleTime) / l.RefillFrequency); d >= 2*settleTime && refills > 0 {
+		run.Settled = float64(settled) / float64(refills*l.RefillAmount)
+	}
 	run.FailedIn, run.Wait = distOf(failed), distOf(waits)
 	run.Excess = guarantee.Check(grantTimes, l).Excess
 	run.ExcessSlack = guarantee.CheckSlack(starts, l, bucketSlack()).Excess

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/testing/guarantee"
 	"github.com/sluicehq/sluice/internal/testing/redistest"
 )
 
@@ -89,5 +90,33 @@ func TestImpatientRefusesBadFlags(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("run(%q) = %v, want an error containing %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// TestJudgeCountsEachGrantOnce judges calls made by hand: each grant's
+// claims, refunds and retimes count once, and the settled utilization
+// counts the starts from the run's first second on against the refills
+// over that span.
+func TestJudgeCountsEachGrantOnce(t *testing.T) {
+	l := guarantee.Limit{Capacity: 2, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond}
+	begin := time.Unix(1_800_000_000, 0)
+	var calls []callRecord
+	for i := range 30 { // one start every 100 ms, from 0 to 2.9 s
+		at := begin.Add(time.Duration(i) * 100 * time.Millisecond)
+		calls = append(calls, callRecord{Start: at.Add(-time.Millisecond).UnixNano(), End: at.UnixNano(), Slot: at.UnixMicro(), Claims: 1, Refunds: 1, Retimes: 2})
+	}
+	var run LimiterRun
+	run.judge(calls, l, begin, 3*time.Second)
+	if run.Granted != 30 || run.Claims != 30 || run.Refunds != 30 || run.Retimes != 60 {
+		t.Errorf("granted %d, claims %d, refunds %d, retimes %d: want 30, 30, 30, 60", run.Granted, run.Claims, run.Refunds, run.Retimes)
+	}
+	// From 1 s on: the starts at 1.0 … 2.9 s, 20 of them, against 20 refills.
+	if run.Settled != 1 {
+		t.Errorf("settled utilization %.3f, want 1 (20 starts from 1 s on, 20 refills)", run.Settled)
+	}
+	var short LimiterRun
+	short.judge(calls[:10], l, begin, time.Second)
+	if short.Settled != 0 {
+		t.Errorf("a run of 1 s: settled utilization %.3f, want 0 (none)", short.Settled)
 	}
 }

@@ -232,6 +232,10 @@ func (p *Pods) table(t *table, _ Limit) {
 			t.goal(sl.Utilization >= podsUtilGoal, fmt.Sprintf("≥ %.1f", podsUtilGoal)),
 			t.goal(sl.Utilization >= podsRatioGoal*rr.Utilization, fmt.Sprintf("≥ %.2f × redis_rate's (%.3f)", podsRatioGoal, podsRatioGoal*rr.Utilization)),
 			commas(l.Allowed(p.Duration)), p.Duration))
+	if sl.Settled > 0 {
+		row("  after the first second", func(r PodsRun) string { return fmt.Sprintf("%.3f", r.Settled) },
+			fmt.Sprintf("no goal: grants that started from %v into the run to its end / the limit's refills over that span (its burst left out); the run's start (every caller at once on a full bucket) weighs less", settleTime))
+	}
 	row("granted", func(r PodsRun) string { return commas(r.Granted) }, fmt.Sprintf("errors: sluice %d, redis_rate %d%s", sl.Errors, rr.Errors, firstErr([]LimiterRun{sl.LimiterRun, rr.LimiterRun})))
 	row("  still waiting at the run's end", func(r PodsRun) string { return commas(r.CutOff) }, "calls cut off when the run ended: not counted")
 	row("excess over the limit, by grant time", func(r PodsRun) string { return fmt.Sprint(max(r.Excess, 0)) },
