@@ -1,6 +1,7 @@
 package bucket
 
 import (
+	"container/heap"
 	"sync"
 
 	"github.com/sluicehq/sluice/internal/hub"
@@ -29,8 +30,12 @@ type notices struct {
 
 	mu      sync.Mutex
 	waiters map[string]waiter
-	stop    func() // stops listening; nil while not listening
-	closed  bool
+	// byTicket orders the waiters for poke, earliest ticket first. A
+	// waiter forgotten stays in it until a poke pops it, or until the
+	// heap holds twice as many as there are waiters (forget rebuilds it).
+	byTicket tickets
+	stop     func() // stops listening; nil while not listening
+	closed   bool
 }
 
 // waiter is a queued caller of this process: its ticket orders it among
@@ -38,6 +43,26 @@ type notices struct {
 type waiter struct {
 	ticket int64
 	c      chan int64
+}
+
+// ticketed is a waiter's place in notices.byTicket.
+type ticketed struct {
+	ticket int64
+	entry  string
+}
+
+// tickets is a min-heap of ticketed (container/heap), earliest first.
+type tickets []ticketed
+
+func (h tickets) Len() int           { return len(h) }
+func (h tickets) Less(i, j int) bool { return h[i].ticket < h[j].ticket }
+func (h tickets) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *tickets) Push(x any)        { *h = append(*h, x.(ticketed)) }
+func (h *tickets) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
 
 // pollNow is the slot a poke gives (see poke): long past, so that the
@@ -55,19 +80,47 @@ func (n *notices) register(entry string, ticket int64) (<-chan int64, func()) {
 	if n.waiters == nil {
 		n.waiters = make(map[string]waiter)
 	}
-	n.waiters[entry] = waiter{ticket, c}
+	n.add(entry, waiter{ticket, c})
 	if n.stop == nil && !n.closed {
 		n.stop = n.hub.Listen(n.channel, n.deliver, nil)
 	}
 	return c, func() {
 		n.mu.Lock()
 		defer n.mu.Unlock()
-		delete(n.waiters, entry)
+		n.remove(entry)
 		if len(n.waiters) == 0 && n.stop != nil {
 			n.stop()
 			n.stop = nil
 		}
 	}
+}
+
+// add registers w as entry's waiter (n.mu held).
+func (n *notices) add(entry string, w waiter) {
+	if n.waiters == nil {
+		n.waiters = make(map[string]waiter)
+	}
+	n.waiters[entry] = w
+	heap.Push(&n.byTicket, ticketed{w.ticket, entry})
+}
+
+// remove forgets entry's waiter (n.mu held); byTicket is made again
+// once it holds more than twice as many as there are waiters.
+func (n *notices) remove(entry string) {
+	delete(n.waiters, entry)
+	if len(n.byTicket) > 2*len(n.waiters)+64 {
+		n.rebuild()
+	}
+}
+
+// rebuild makes byTicket again from the waiters alone, leaving out the
+// forgotten ones (n.mu held).
+func (n *notices) rebuild() {
+	n.byTicket = n.byTicket[:0]
+	for entry, w := range n.waiters {
+		n.byTicket = append(n.byTicket, ticketed{w.ticket, entry})
+	}
+	heap.Init(&n.byTicket)
 }
 
 // close stops listening for good.
@@ -113,23 +166,33 @@ func (n *notices) deliver(payload string) {
 // callers did not come for them (their processes stopped), and a queued
 // caller that polls takes one (claim.lua), starting now. It says whether
 // it found one to poke.
+//
+// It takes waiters off byTicket, earliest first, until one has no word
+// pending, dropping the forgotten ones; those it passed over, and the one
+// it poked, go back: a poke costs O(log n) for the n waiters, plus those
+// passed over, not a walk over all of them (thousands of callers of one
+// process queued in a bucket that other processes share).
 func (n *notices) poke() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var first *waiter
-	for _, w := range n.waiters {
-		if len(w.c) == 0 && (first == nil || w.ticket < first.ticket) {
-			w := w
-			first = &w
+	var kept []ticketed
+	defer func() {
+		for _, t := range kept {
+			heap.Push(&n.byTicket, t)
+		}
+	}()
+	for n.byTicket.Len() > 0 {
+		t := heap.Pop(&n.byTicket).(ticketed)
+		w, ok := n.waiters[t.entry]
+		if !ok || w.ticket != t.ticket {
+			continue // forgotten (or registered again, with its own place)
+		}
+		kept = append(kept, t)
+		select {
+		case w.c <- pollNow:
+			return true
+		default: // a word pending: it polls soon anyway
 		}
 	}
-	if first == nil {
-		return false
-	}
-	select {
-	case first.c <- pollNow:
-		return true
-	default:
-		return false
-	}
+	return false
 }

@@ -1,15 +1,18 @@
 package bucket
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+)
 
 // TestNoticesHandSlots: a message names entries with their slots; each
 // registered waiter gets its own slot, others are ignored, and a slot that
 // cannot be read still wakes its waiter (to poll at once).
 func TestNoticesHandSlots(t *testing.T) {
-	w := notices{waiters: map[string]waiter{}}
+	var w notices
 	get := func(entry string) chan int64 {
 		c := make(chan int64, 1)
-		w.waiters[entry] = waiter{c: c}
+		w.add(entry, waiter{c: c})
 		return c
 	}
 	a, b, c := get("a|1"), get("b|0"), get("c|5")
@@ -31,10 +34,10 @@ func TestNoticesHandSlots(t *testing.T) {
 // ticket poll at once, passing over one with a word pending (it polls
 // soon anyway); with none left to poke it says so.
 func TestPokeEarliestWaiter(t *testing.T) {
-	w := notices{waiters: map[string]waiter{}}
+	var w notices
 	get := func(entry string, ticket int64) chan int64 {
 		c := make(chan int64, 1)
-		w.waiters[entry] = waiter{ticket: ticket, c: c}
+		w.add(entry, waiter{ticket: ticket, c: c})
 		return c
 	}
 	late, first, second := get("late|0", 9), get("first|0", 3), get("second|0", 5)
@@ -58,5 +61,65 @@ func TestPokeEarliestWaiter(t *testing.T) {
 	}
 	if w.poke() {
 		t.Fatal("poke with every waiter's word pending said it poked one")
+	}
+}
+
+// TestPokeForgets: waiters forgotten are never poked, one registered
+// again under its entry is poked at its new place, and the ticket order
+// does not grow with the waiters forgotten (it is made again from those
+// left).
+func TestPokeForgets(t *testing.T) {
+	var w notices
+	cs := map[string]chan int64{}
+	for i := range 1000 {
+		e := fmt.Sprintf("e%d|0", i)
+		cs[e] = make(chan int64, 1)
+		w.add(e, waiter{ticket: int64(i), c: cs[e]})
+	}
+	for i := range 990 {
+		w.remove(fmt.Sprintf("e%d|0", i))
+	}
+	if len(w.byTicket) > 2*10+64 {
+		t.Fatalf("the ticket order holds %d for 10 waiters", len(w.byTicket))
+	}
+	// e995 registers again, behind every other.
+	again := make(chan int64, 1)
+	w.add("e995|0", waiter{ticket: 5000, c: again})
+	for i, want := range []string{"e990|0", "e991|0", "e992|0", "e993|0", "e994|0", "e996|0", "e997|0", "e998|0", "e999|0"} {
+		if !w.poke() {
+			t.Fatalf("poke %d found nobody", i)
+		}
+		if len(cs[want]) != 1 {
+			t.Fatalf("poke %d: %s not poked", i, want)
+		}
+	}
+	if len(cs["e995|0"]) != 0 {
+		t.Fatal("e995's first registration, forgotten, was poked")
+	}
+	if !w.poke() || len(again) != 1 {
+		t.Fatal("e995, registered again, was not poked last")
+	}
+	if w.poke() {
+		t.Fatal("poke said it poked one with every word pending")
+	}
+}
+
+// BenchmarkPoke pokes the earliest of 10,000 waiters of one process, who
+// reads its word at once (a drain's chain).
+func BenchmarkPoke(b *testing.B) {
+	var w notices
+	var first chan int64
+	for i := range 10000 {
+		c := make(chan int64, 1)
+		if i == 0 {
+			first = c
+		}
+		w.add(fmt.Sprintf("e%d|0", i), waiter{ticket: int64(i), c: c})
+	}
+	for b.Loop() {
+		if !w.poke() {
+			b.Fatal("nobody poked")
+		}
+		<-first
 	}
 }
