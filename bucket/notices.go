@@ -32,7 +32,7 @@ type notices struct {
 	waiters map[string]waiter
 	// byTicket orders the waiters for poke, earliest ticket first. A
 	// waiter forgotten stays in it until a poke pops it, or until the
-	// heap holds twice as many as there are waiters (forget rebuilds it).
+	// heap holds twice as many as there are waiters (remove rebuilds it).
 	byTicket tickets
 	stop     func() // stops listening; nil while not listening
 	closed   bool
@@ -77,9 +77,6 @@ func (n *notices) register(entry string, ticket int64) (<-chan int64, func()) {
 	c := make(chan int64, 1)
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.waiters == nil {
-		n.waiters = make(map[string]waiter)
-	}
 	n.add(entry, waiter{ticket, c})
 	if n.stop == nil && !n.closed {
 		n.stop = n.hub.Listen(n.channel, n.deliver, nil)
