@@ -232,7 +232,7 @@ func (p *Pods) table(t *table, _ Limit) {
 			t.goal(sl.Utilization >= podsUtilGoal, fmt.Sprintf("≥ %.1f", podsUtilGoal)),
 			t.goal(sl.Utilization >= podsRatioGoal*rr.Utilization, fmt.Sprintf("≥ %.2f × redis_rate's (%.3f)", podsRatioGoal, podsRatioGoal*rr.Utilization)),
 			commas(l.Allowed(p.Duration)), p.Duration))
-	if sl.Settled > 0 {
+	if p.Duration >= 2*settleTime { // LimiterRun.Settled is 0 for shorter runs
 		row("  after the first second", func(r PodsRun) string { return fmt.Sprintf("%.3f", r.Settled) },
 			fmt.Sprintf("no goal: grants that started from %v into the run to its end / the limit's refills over that span (its burst left out); the run's start (every caller at once on a full bucket) weighs less", settleTime))
 	}
