@@ -118,6 +118,9 @@ type Bucket struct {
 	// a late caller here then has a queued one poll to take what theirs
 	// leave (notices.poke).
 	others atomic.Int64
+	// watching: this process's stops are watched for this bucket
+	// (Bucket.watchStops).
+	watching atomic.Bool
 	// now is the local clock, used only to measure durations: nothing read
 	// from it is ever compared with Redis time. Tests skew it.
 	now func() time.Time

@@ -206,8 +206,43 @@ func (rep *entered) countPoll(pr queueio.PollReply) {
 }
 
 // sawOthers notes a reply that showed callers of other handles waiting in
-// this bucket (Bucket.others).
-func (b *Bucket) sawOthers() { b.others.Store(b.now().UnixNano()) }
+// this bucket (Bucket.others), and has this process's stops watched.
+func (b *Bucket) sawOthers() {
+	b.others.Store(b.now().UnixNano())
+	if b.watching.CompareAndSwap(false, true) {
+		b.hub.WatchStops(b.onTick)
+	}
+}
+
+// othersLately says whether a reply showed callers of other handles in
+// the last second.
+func (b *Bucket) othersLately() bool {
+	return b.now().UnixNano()-b.others.Load() < int64(time.Second)
+}
+
+// onTick is this bucket's turn at a tick of the process's stop watch
+// (hub.WatchStops), while it has callers queued and has lately seen
+// other handles' callers: when the process was stopped lately (a pod at
+// its CPU limit), its earliest queued caller polls now, to take a slot
+// or tokens that another process's caller, stopped too, left (drain).
+// A pod runs a few ms of every 100: the tokens due meanwhile go to
+// whoever runs, as with a limiter that takes a token when its caller
+// runs, rather than sit held for callers that do not.
+func (b *Bucket) onTick(stopped bool) bool {
+	select {
+	case <-b.bg.Done():
+		return false // closed: no more watching
+	default:
+	}
+	if b.queued.Load() == 0 || !b.othersLately() {
+		b.watching.Store(false)
+		return false
+	}
+	if stopped {
+		b.notices.poke()
+	}
+	return true
+}
 
 // drain has a queued caller of this process poll at once, to take a slot
 // another process's caller did not come for, or tokens nobody came for
@@ -216,7 +251,7 @@ func (b *Bucket) sawOthers() { b.others.Store(b.now().UnixNano()) }
 // and other handles' callers were seen in the last second. Each caller
 // that takes one has the next poll (afterPoll), until none is left.
 func (b *Bucket) drain() {
-	if b.now().UnixNano()-b.others.Load() < int64(time.Second) {
+	if b.othersLately() {
 		b.notices.poke()
 	}
 }

@@ -241,8 +241,21 @@ func (b *Bucket) afterPoll(ctx context.Context, w *waiting, pr queueio.PollReply
 // the lookahead, by when the scheduler has surely given the slot. A poll
 // whose reply came after the slot leaves the caller late.
 func (b *Bucket) leadNow() time.Duration {
-	return min(max(b.lead, 2*b.hub.RoundTrip()), b.cfg.Lookahead/2)
+	lead := min(max(b.lead, 2*b.hub.RoundTrip()), b.cfg.Lookahead/2)
+	if b.hub.Stopped() && b.othersLately() {
+		// A process that stops (a pod at its CPU limit) polls as close
+		// to its slot as the network allows: a slot collected ahead and
+		// then missed, its process stopped in between, holds its tokens
+		// for a caller that does not run; one not yet collected is
+		// claimed by a running caller of another process (claim.lua).
+		lead = min(lead, max(stoppedLead, 2*b.rtt.min()))
+	}
+	return lead
 }
+
+// stoppedLead is the lead of a process that stops: enough for a step's
+// slot to be written and its poll's reply to come back.
+const stoppedLead = time.Millisecond
 
 // sleep waits d, or until a hint comes (then it returns the slot the hint
 // gives, µs on the Redis clock; 0 when none), ctx ends or the bucket

@@ -16,8 +16,8 @@ import (
 	"github.com/sluicehq/sluice/scheduler"
 )
 
-// TestClaimSwapsSlots: three callers given slots 10 ms apart; the first
-// does not come for its slot (its process stopped). Once it is 55 ms
+// TestClaimSwapsSlots: three callers given slots 30 ms apart; the first
+// does not come for its slot (its process stopped). Once it is 8 ms
 // past, the third, polling for its own later slot, is given the first's
 // slot instead (Claimed), and the first, when it comes, finds the
 // third's slot (Swapped): the two grants keep their instants. Through the
@@ -27,21 +27,22 @@ func TestClaimSwapsSlots(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
 	eachPoll(t, rdb, []bool{false}, func(t *testing.T, s queueio.Client, _ bool) {
-		// MaxLateness 100 ms: claims from 50 ms to 80 ms after a slot
-		// (older ones only by a move, which a full bucket refuses).
-		q, ids, want := stepped(t, rdb, s, protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond},
+		// MaxLateness 100 ms: claims from 3 ms (protocol.PassOver) to
+		// 80 ms after a slot (older ones only by a move, which a full
+		// bucket refuses), by a caller whose own slot is later.
+		q, ids, want := stepped(t, rdb, s, protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 30 * time.Millisecond},
 			queueio.Options{Lookahead: time.Second, LockTTL: time.Second, Grace: 10 * time.Second, MaxLateness: 100 * time.Millisecond}, 3)
-		// Wait until the first slot is 55 ms past: the others, 15 and 25
-		// ms after it, are not yet 50 ms past.
+		// Wait until the first slot is 8 ms past, the third's still
+		// ahead.
 		deadline := time.Now().Add(5 * time.Second)
 		for {
 			now, err := rdb.Time(ctx).Result()
 			if err != nil {
 				t.Fatal(err)
 			}
-			if d := now.UnixMicro() - want[0]; d >= 55000 {
-				if d > 70000 {
-					t.Skipf("the test process came %v after the first slot, past the claim window: nothing to judge", time.Duration(d)*time.Microsecond)
+			if d := now.UnixMicro() - want[0]; d >= 8000 {
+				if now.UnixMicro() >= want[2] {
+					t.Skipf("the test process came %v after the first slot, the third's slot past: nothing to judge", time.Duration(d)*time.Microsecond)
 				}
 				break
 			}
@@ -54,8 +55,7 @@ func TestClaimSwapsSlots(t *testing.T) {
 		if err != nil || !p.Found || !p.Claimed || p.Slot != want[0] {
 			t.Fatalf("the third caller's poll: %+v %v, want the first's slot %d, claimed", p, err, want[0])
 		}
-		// The second comes for its own (before the first comes: past
-		// 50 ms, its slot too would be the first's to claim).
+		// The second comes for its own (before the first comes).
 		p, err = q.Poll(ctx, ids[1], false)
 		if err != nil || p.Claimed || p.Swapped || p.Slot != want[1] {
 			t.Fatalf("the second caller's poll: %+v %v, want its own slot %d", p, err, want[1])
@@ -217,7 +217,7 @@ func TestClaimsSkipOwnHandle(t *testing.T) {
 }
 
 // TestQueuedCallerTakesFreeTokens: the books have held tokens nobody was
-// given for longer than the claim window's near end (half MaxLateness):
+// given for longer than the claim window's near end (protocol.PassOver):
 // the callers at the head of the queue, whose turn has come, did not
 // come (a caller that runs when its turn has come gives the slots due
 // itself), nor did a scheduler. A queued caller of another handle, whose
@@ -228,8 +228,9 @@ func TestClaimsSkipOwnHandle(t *testing.T) {
 func TestQueuedCallerTakesFreeTokens(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
-	// 100/s; MaxLateness 100 ms: tokens free for 50 ms (5 of them) or
-	// more are taken. Ten callers queued ahead, more than the tokens.
+	// 100/s; MaxLateness 100 ms: tokens free for 3 ms or more (one
+	// more grant's: 10 ms) are taken. Ten callers queued ahead, more
+	// than the tokens.
 	queued := func(t *testing.T, s queueio.Client, capacity int64, head string) (*queue.Queue, []string) {
 		l := protocol.Policy{Capacity: capacity, RefillAmount: 1, RefillFrequency: 10 * time.Millisecond}
 		q := newQ(s, "sluice", t.Name(), []protocol.Policy{l},
@@ -282,7 +283,7 @@ func TestQueuedCallerTakesFreeTokens(t *testing.T) {
 		head     string
 	}{
 		{"own handle ahead", 8, "mine"},
-		{"free too shortly", 3, "other"}, // 20 ms: the head may yet come
+		{"free too shortly", 1, "other"}, // the head's own token only: it may yet come
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			q, entries := queued(t, rdb, c.capacity, c.head)

@@ -39,6 +39,7 @@ type Hub struct {
 	jobs    jobs
 	pipe    pipe
 	reach   reach
+	stops   stops
 }
 
 // registry holds the live Hub of each client.
@@ -75,6 +76,7 @@ func newHub(rdb redis.UniversalClient) *Hub {
 	h.jobs.init(h)
 	h.pipe.h = h
 	h.reach.init(h)
+	h.stops.h = h
 	return h
 }
 

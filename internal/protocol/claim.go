@@ -47,17 +47,30 @@ func handlePrefix(e string) (string, bool) {
 	return p, ok
 }
 
+// PassOver is how long after its instant a slot still uncollected says
+// that its caller's process is stopped: its handle's queued callers are
+// passed over (schedule.lua's PASS_OVER, which spells it out: 3000 µs),
+// and a running caller may claim it (ClaimWindow).
+const PassOver = 3 * time.Millisecond
+
 // ClaimWindow is how long after an uncollected slot's instant a caller
 // whose MaxLateness is maxLate claims it (claim.lua), as offsets back
 // from Redis's now, in µs: from hi (the slot's caller, which polls a lead
-// before it, is then surely not running: half of maxLate) to lo (the
-// claimer, starting at once, still starts within maxLate of the slot: a
-// fifth of it, at least 1 ms, is left for its reply's trip and its own
-// wake-up). 0, 0: the caller claims nothing (maxLate negative, or too
-// short to leave a window).
+// of at least 1 ms before it, did not run for 4 ms or more: PassOver, or
+// half of maxLate when that is less) to lo (the claimer, starting at
+// once, still starts within maxLate of the slot: a fifth of it, at least
+// 1 ms, is left for its reply's trip and its own wake-up). 0, 0: the
+// caller claims nothing (maxLate negative, or too short to leave a
+// window).
+//
+// Half of maxLate (12.5 ms by default) until 2026-11-29: in the bench's
+// pods (processes at their CPU limit, stopped for most of each 100 ms)
+// a slot left uncollected waited that long for a claimer, often into
+// the claimer's own stop; from 3 ms on, the pods used 0.869 of the limit
+// against 0.808 (5 runs each, alternated; docs/design.md).
 func ClaimWindow(maxLate time.Duration) (lo, hi int64) {
 	lateLo := min(maxLate-max(maxLate/5, time.Millisecond), ClaimReach)
-	lateHi := maxLate / 2
+	lateHi := min(maxLate/2, PassOver)
 	if maxLate <= 0 || lateLo <= lateHi {
 		return 0, 0
 	}
