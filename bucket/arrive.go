@@ -156,13 +156,12 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, lim
 	// runs even when the reply says one does: it may be this process's,
 	// handing the lock over because it had no caller queued (its last
 	// step and this arrival crossed).
-	queued := b.queued.Add(1)
-	if queued == 1 || !er.SchedulerRunning {
+	if b.queued.Add(1) == 1 || !er.SchedulerRunning {
 		b.sched.Ensure()
 	}
-	if int64(er.Position) > queued {
-		// More callers queued ahead than this process has: some are
-		// other processes'.
+	if int64(er.Position) > b.tally.Waiting() {
+		// More callers queued than this handle has in Enter (each holds
+		// one place at most): some are other handles'.
 		b.sawOthers()
 	}
 	return b.written(ctx, rep, costs, limit)(b.awaitSlot(ctx, er, received, rep, costs, limit))

@@ -69,6 +69,9 @@ type Tally struct {
 // Begin counts a call that starts.
 func (t *Tally) Begin() { t.waiting.Add(1) }
 
+// Waiting is how many calls have begun and not ended.
+func (t *Tally) Waiting() int64 { return t.waiting.Load() }
+
 // End counts the call's result and reports it to the Observer.
 func (t *Tally) End(e sluice.Event) {
 	t.waiting.Add(-1)
