@@ -239,7 +239,8 @@ func (b *Bucket) afterPoll(ctx context.Context, w *waiting, pr queueio.PollReply
 // lookahead, or twice the round trip the client's calls take now when
 // that is longer (thousands of callers polling at once), but at most half
 // the lookahead, by when the scheduler has surely given the slot. A poll
-// whose reply came after the slot leaves the caller late.
+// whose reply came after the slot leaves the caller late. A process that
+// stops polls closer (below).
 func (b *Bucket) leadNow() time.Duration {
 	lead := min(max(b.lead, 2*b.hub.RoundTrip()), b.cfg.Lookahead/2)
 	if b.hub.Stopped() && b.othersLately() {
