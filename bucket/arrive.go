@@ -152,19 +152,23 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, lim
 		b.comings.leave(queue.Leaver{Entry: er.Entry})
 		return false, b.tooLong(er.Delay, own)
 	}
-	// The first caller of this process to queue makes sure a scheduler
-	// runs even when the reply says one does: it may be this process's,
-	// handing the lock over because it had no caller queued (its last
-	// step and this arrival crossed).
+	b.queuedNow(er)
+	return b.written(ctx, rep, costs, limit)(b.awaitSlot(ctx, er, received, rep, costs, limit))
+}
+
+// queuedNow counts a caller that queued (er). The first of this process
+// to queue makes sure a scheduler runs even when the reply says one
+// does: it may be this process's, handing the lock over because it had
+// no caller queued (its last step and this arrival crossed). A place
+// beyond every caller of this handle in Enter (each holds one place at
+// most) shows other handles' callers queued (sawOthers).
+func (b *Bucket) queuedNow(er queueio.Arrival) {
 	if b.queued.Add(1) == 1 || !er.SchedulerRunning {
 		b.sched.Ensure()
 	}
 	if int64(er.Position) > b.tally.Waiting() {
-		// More callers queued than this handle has in Enter (each holds
-		// one place at most): some are other handles'.
 		b.sawOthers()
 	}
-	return b.written(ctx, rep, costs, limit)(b.awaitSlot(ctx, er, received, rep, costs, limit))
 }
 
 // written takes a wait's outcome (again, err) and, for as long as it is
