@@ -27,29 +27,42 @@ func TestStepPassesOverStoppedHandles(t *testing.T) {
 	ids := []string{"a.0", "a.1", "a.2", "b.0", "b.1"}
 	entries := queuedAll(t, rdb, q, ids...)
 	takeLock(t, rdb, q, "tok")
-	step := func() int {
-		t.Helper()
-		r, err := scheduler.Step(ctx, rdb, q, "tok")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r.Scheduled
-	}
 	given := map[string]bool{}
-	var bSlots []time.Time // collected by b's polls
 	var order []string
-	// Step until a.0 has its slot, then until it is PassOver past.
+	var bSlots []time.Time // collected by b's polls
 	deadline := time.Now().Add(5 * time.Second)
-	for step() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no slot given in 5 s")
+	// stepUntil steps until n callers have their slots, noting the order
+	// they were given in; b's process runs: its callers collect theirs.
+	stepUntil := func(n int) {
+		t.Helper()
+		for len(order) < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("given %v in 5 s, want %d", order, n)
+			}
+			if _, err := scheduler.Step(ctx, rdb, q, "tok"); err != nil {
+				t.Fatal(err)
+			}
+			for i, id := range ids {
+				if n, _ := rdb.Exists(ctx, slotKey(q, id)).Result(); n == 0 || given[id] {
+					continue
+				}
+				given[id], order = true, append(order, id)
+				if id[0] == 'b' {
+					p, err := q.Poll(ctx, entries[i], false)
+					if err != nil || !p.Found {
+						t.Fatalf("%s's poll: %+v %v, want its slot", id, p, err)
+					}
+					bSlots = append(bSlots, time.UnixMicro(p.Slot))
+				}
+			}
+			time.Sleep(time.Millisecond)
 		}
-		time.Sleep(time.Millisecond)
 	}
-	if n, _ := rdb.Exists(ctx, slotKey(q, "a.0")).Result(); n != 1 {
-		t.Fatal("the first step gave a.0 no slot")
+	stepUntil(1)
+	if order[0] != "a.0" {
+		t.Fatalf("the first slot went to %s, want a.0", order[0])
 	}
-	given["a.0"], order = true, append(order, "a.0")
+	// a.0 does not come for its slot: wait until it is PassOver past.
 	a0 := slotsOf(t, rdb, q, []string{"a.0"})[0]
 	for {
 		now, err := rdb.Time(ctx).Result()
@@ -61,28 +74,7 @@ func TestStepPassesOverStoppedHandles(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	// The steps now: b's callers first.
-	for len(order) < 3 {
-		if time.Now().After(deadline) {
-			t.Fatalf("given %v in 5 s, want b's two callers next", order)
-		}
-		if step() > 0 {
-			for i, id := range ids {
-				if n, _ := rdb.Exists(ctx, slotKey(q, id)).Result(); n == 1 && !given[id] {
-					given[id], order = true, append(order, id)
-					if id[0] == 'b' {
-						// b's process runs: its caller collects its slot.
-						p, err := q.Poll(ctx, entries[i], false)
-						if err != nil || !p.Found {
-							t.Fatalf("%s's poll: %+v %v, want its slot", id, p, err)
-						}
-						bSlots = append(bSlots, time.UnixMicro(p.Slot))
-					}
-				}
-			}
-		}
-		time.Sleep(time.Millisecond)
-	}
+	stepUntil(3)
 	if order[1] != "b.0" || order[2] != "b.1" {
 		t.Fatalf("slots given to %v, want b.0 and b.1 after a.0 (a passed over)", order)
 	}
@@ -90,18 +82,7 @@ func TestStepPassesOverStoppedHandles(t *testing.T) {
 		t.Fatalf("queue head %q %v, want a.1's entry %q: its place kept", head, err, entries[1])
 	}
 	// Nobody else queued: a's callers are served, in order.
-	for len(order) < len(ids) {
-		if time.Now().After(deadline) {
-			t.Fatalf("given %v in 5 s, want a.1 and a.2 too", order)
-		}
-		step()
-		for _, id := range ids {
-			if n, _ := rdb.Exists(ctx, slotKey(q, id)).Result(); n == 1 && !given[id] {
-				given[id], order = true, append(order, id)
-			}
-		}
-		time.Sleep(time.Millisecond)
-	}
+	stepUntil(len(ids))
 	if order[3] != "a.1" || order[4] != "a.2" {
 		t.Fatalf("slots given to %v, want a.1 then a.2 last", order)
 	}
