@@ -48,9 +48,9 @@ func handlePrefix(e string) (string, bool) {
 }
 
 // PassOver is how long after its instant a slot still uncollected says
-// that its caller's process is stopped: its handle's queued callers are
-// passed over (schedule.lua's PASS_OVER, which spells it out: 3000 µs),
-// and a running caller may claim it (ClaimWindow).
+// that its caller's process is stopped, so that a running caller may
+// claim it (ClaimWindow): its caller polls a lead of at least 1 ms
+// before it, and did not run for 4 ms or more.
 const PassOver = 3 * time.Millisecond
 
 // ClaimWindow is how long after an uncollected slot's instant a caller
@@ -66,8 +66,8 @@ const PassOver = 3 * time.Millisecond
 // Half of maxLate (12.5 ms by default) until 2026-11-29: in the bench's
 // pods (processes at their CPU limit, stopped for most of each 100 ms)
 // a slot left uncollected waited that long for a claimer, often into
-// the claimer's own stop; from 3 ms on, the pods used 0.869 of the limit
-// against 0.808 (5 runs each, alternated; docs/design.md).
+// the claimer's own stop (docs/design.md, "A process that stops,
+// watched").
 func ClaimWindow(maxLate time.Duration) (lo, hi int64) {
 	lateLo := min(maxLate-max(maxLate/5, time.Millisecond), ClaimReach)
 	lateHi := min(maxLate/2, PassOver)

@@ -1,7 +1,6 @@
 -- schedule.lua: the scheduler's work, shared by its step (step.lua) and
 -- a poll that finds the scheduler late (poll.lua's help): pop, in arrival
--- order (but for the callers of stopped processes, pop_running), every
--- waiting caller whose slot falls within the lookahead,
+-- order, every waiting caller whose slot falls within the lookahead,
 -- take its tokens at its slot in the state, write its slot key (with its
 -- room: entry.lua) and add it to the due set (claim.lua), and tell the
 -- callers whose slot comes earlier than they expect on the wake channel.
@@ -10,59 +9,9 @@
 -- scheduler's and a helping poll's) cannot double a slot: the lock only
 -- saves work.
 
--- PASS_OVER (µs): a handle whose slot is still uncollected this long
--- after its instant has its queued callers passed over (pop_running).
--- Its callers poll a lead (at least 1 ms) before their slots: one not
--- collected 3 ms after its instant belongs to a process that did not run
--- for 4 ms or more (a pod at its CPU limit, stopped), and a running
--- caller may claim it (protocol.ClaimWindow starts at the same 3 ms).
-local PASS_OVER = 3000
-
--- pop_running pops n callers from the head of queue for slots now due,
--- in arrival order, but passing over the callers of handles that left a
--- slot uncollected PASS_OVER or more ago (the due set due), other than
--- running's (the handle of the caller whose script this is, which runs):
--- those processes are stopped, and the slots they would get would wait
--- for them while the callers of processes that run wait behind. The
--- callers passed over keep their places, at the head; when fewer than n
--- others are queued within the first n + 64, the slots left go to them,
--- in arrival order. A process stopped for good (it died) has its slots
--- left in the due set for a second (CLAIM_REACH), and its queued callers
--- are passed over meanwhile.
-local function pop_running(queue, due, now, n, running)
-  local stopped, any = {}, false
-  for _, m in ipairs(redis.call('ZRANGEBYSCORE', due, '-inf', string.format('%d', now - PASS_OVER), 'LIMIT', 0, 64)) do
-    local h = own_prefix(m)
-    if h and h ~= running then stopped[h], any = true, true end
-  end
-  if not any then
-    return redis.call('LPOP', queue, n) or {}
-  end
-  local head = redis.call('LRANGE', queue, 0, n + 63)
-  local picked, rest = {}, {}
-  for j, e in ipairs(head) do
-    local h = own_prefix(e)
-    if #picked < n and not (h and stopped[h]) then picked[#picked + 1] = j else rest[#rest + 1] = j end
-  end
-  for k = 1, math.min(n - #picked, #rest) do picked[#picked + 1] = rest[k] end
-  table.sort(picked)
-  local chosen = {}
-  for _, j in ipairs(picked) do chosen[j] = true end
-  local ids, back = {}, {}
-  for j = 1, picked[#picked] do
-    if chosen[j] then ids[#ids + 1] = head[j] else back[#back + 1] = head[j] end
-  end
-  -- The first n + #back entries become the #back passed over: written
-  -- over the last #back of them, then the first n trimmed off.
-  for k = 1, #back do redis.call('LSET', queue, n + k - 1, back[k]) end
-  redis.call('LTRIM', queue, n, -1)
-  return ids
-end
-
 -- schedule runs one step's pops on the state st (loaded at now under the
 -- configuration cid with policies ps; unit as read_policies says) for the
--- keys {queue, slot (prefix), refunds, due, running (the handle whose
--- caller runs this script, if any: own_prefix)}, giving slots up to
+-- keys {queue, slot (prefix), refunds, due}, giving slots up to
 -- lookahead µs ahead, at most batch callers; a slot key outlives its slot
 -- by grace µs; callers whose slot comes more than lead µs before their
 -- estimate (or who have none) are told on channel. It returns how many
@@ -110,7 +59,7 @@ local function schedule(keys, now, lookahead, batch, grace, lead, channel, ps, u
         window_record(st, ps, slot, nil)
       end
     end
-    if n > 0 then ids = pop_running(keys.queue, keys.due, now, n, keys.running) end
+    if n > 0 then ids = redis.call('LPOP', keys.queue, n) or {} end
     qlen = total - #ids
   else
     -- Costs differ: read the head of the queue a few entries at a time

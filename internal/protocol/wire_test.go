@@ -335,19 +335,17 @@ func TestWindowTwins(t *testing.T) {
 }
 
 // TestConstantTwins: the constants the scripts spell out are their Go
-// twins': schedule.lua's PASS_OVER is PassOver, claim.lua's CLAIM_REACH
-// is ClaimReach.
+// twins': claim.lua's CLAIM_REACH is ClaimReach.
 func TestConstantTwins(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
 	ctx := context.Background()
-	s := protocol.Script(`return {PASS_OVER, CLAIM_REACH}`, protocol.TokensLua, protocol.StateLua, protocol.EntryLua,
-		protocol.WakeLua, protocol.ClaimLua, protocol.ScheduleLua)
+	s := protocol.Script(`return {CLAIM_REACH}`, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.ClaimLua)
 	v, err := s.Run(ctx, rdb, nil).Int64Slice()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []int64{protocol.PassOver.Microseconds(), protocol.ClaimReach.Microseconds()}; !slices.Equal(v, want) {
-		t.Fatalf("the scripts' PASS_OVER, CLAIM_REACH are %v µs, want %v (PassOver, ClaimReach)", v, want)
+	if want := []int64{protocol.ClaimReach.Microseconds()}; !slices.Equal(v, want) {
+		t.Fatalf("the scripts' CLAIM_REACH is %v µs, want %v (ClaimReach)", v, want)
 	}
 }

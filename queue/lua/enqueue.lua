@@ -69,8 +69,7 @@ if qlen > 0 then
     head = slot_k(st, ps, now, ahead_k(st, ps, 0, nil)) -- all extras: at most the head's slot's
   end
   if head <= now - lookahead then
-    -- The batch's first caller's handle runs (they are all one handle's).
-    local keys = {queue = KEYS[1], slot = KEYS[4], refunds = KEYS[5], due = KEYS[6], running = m > 0 and own_prefix(ARGV[i + 1]) or nil}
+    local keys = {queue = KEYS[1], slot = KEYS[4], refunds = KEYS[5], due = KEYS[6]}
     local scheduled
     scheduled, qlen = schedule(keys, now, lookahead, tonumber(ARGV[5]), grace, tonumber(ARGV[6]), ARGV[7], ps, unit, id, st)
     if scheduled > 0 then

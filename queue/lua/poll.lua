@@ -100,7 +100,7 @@ if est <= now then
   -- runs does the step's work itself (schedule.lua), for every caller
   -- due, and starts if its own slot is among them. The lock stays the
   -- scheduler's: this only saves it the work.
-  local keys = {queue = KEYS[1], slot = KEYS[3], refunds = KEYS[6], due = KEYS[7], running = own_prefix(id)}
+  local keys = {queue = KEYS[1], slot = KEYS[3], refunds = KEYS[6], due = KEYS[7]}
   local scheduled = schedule(keys, now, tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9], ps, unit, cid, st)
   if scheduled > 0 then
     save(KEYS[2], st, ps, now, tonumber(ARGV[7]), done + scheduled, till, KEYS[5])
