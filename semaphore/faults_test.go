@@ -102,15 +102,17 @@ func TestKeyTTLs(t *testing.T) {
 	done := make(chan struct{})
 	go func() { s.Acquire(wctx); close(done) }()
 	waitFor(t, time.Second, "a waiter", func() bool { return queueLen(t, e.rdb, s) == 1 })
+	// The leases first, then Redis's now: a lease renewed between the two
+	// reads ends 3 s after a now earlier than the one read, never later.
+	zs, err := e.rdb.ZRangeWithScores(ctx, s.keys[0], 0, -1).Result()
+	if err != nil || len(zs) != 2 {
+		t.Fatalf("leases: %v %v, want the holder's and the waiter's", zs, err)
+	}
 	now, err := e.rdb.Time(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	nowUS := now.UnixMicro()
-	zs, err := e.rdb.ZRangeWithScores(ctx, s.keys[0], 0, -1).Result()
-	if err != nil || len(zs) != 2 {
-		t.Fatalf("leases: %v %v, want the holder's and the waiter's", zs, err)
-	}
 	for _, z := range zs {
 		left := time.Duration(int64(z.Score)-nowUS) * time.Microsecond
 		if left <= 0 || left > 3*time.Second {
