@@ -43,6 +43,7 @@ type notices struct {
 type waiter struct {
 	ticket int64
 	c      chan int64
+	poked  bool // a poke has had it poll (pokeFresh passes it over)
 }
 
 // ticketed is a waiter's place in notices.byTicket.
@@ -77,7 +78,7 @@ func (n *notices) register(entry string, ticket int64) (<-chan int64, func()) {
 	c := make(chan int64, 1)
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.add(entry, waiter{ticket, c})
+	n.add(entry, waiter{ticket: ticket, c: c})
 	if n.stop == nil && !n.closed {
 		n.stop = n.hub.Listen(n.channel, n.deliver, nil)
 	}
@@ -169,7 +170,15 @@ func (n *notices) deliver(payload string) {
 // it poked, go back: a poke costs O(log n) for the n waiters, plus those
 // passed over, not a walk over all of them (thousands of callers of one
 // process queued in a bucket that other processes share).
-func (n *notices) poke() bool {
+func (n *notices) poke() bool { return n.pokeWith(false) }
+
+// pokeFresh pokes as poke does, but passes over the waiters a poke has
+// had poll already: each queued caller polls at most once for pokeFresh
+// (the stop watch's ticks, onTick), however many ticks find its process
+// stopped.
+func (n *notices) pokeFresh() bool { return n.pokeWith(true) }
+
+func (n *notices) pokeWith(fresh bool) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	var kept []ticketed
@@ -185,8 +194,13 @@ func (n *notices) poke() bool {
 			continue // forgotten (or registered again, with its own place)
 		}
 		kept = append(kept, t)
+		if fresh && w.poked {
+			continue
+		}
 		select {
 		case w.c <- pollNow:
+			w.poked = true
+			n.waiters[t.entry] = w
 			return true
 		default: // a word pending: it polls soon anyway
 		}

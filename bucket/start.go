@@ -222,13 +222,19 @@ func (b *Bucket) othersLately() bool {
 
 // onTick is this bucket's turn at a tick of the process's stop watch
 // (hub.WatchStops), while it has callers queued and has lately seen
-// other handles' callers: when the process was stopped lately (a pod at
-// its CPU limit), its earliest queued caller polls now, to take a slot
-// or tokens that another process's caller, stopped too, left (drain).
-// A pod runs a few ms of every 100: the tokens due meanwhile go to
-// whoever runs, as with a limiter that takes a token when its caller
-// runs, rather than sit held for callers that do not.
-func (b *Bucket) onTick(stopped bool) bool {
+// other handles' callers: while the process runs again after a stop (a
+// pod at its CPU limit), its earliest queued
+// caller polls now, to take a slot or tokens that another process's
+// caller, stopped too, left; each that takes one has the next poll
+// (afterPoll). A pod runs a few ms of every 100: the tokens due
+// meanwhile go to whoever runs, as with a limiter that takes a token
+// when its caller runs, rather than sit held for callers that do not.
+// Each queued caller polls at most once for the ticks (pokeFresh): a
+// poll that finds nothing is a round trip for nothing, and poking the
+// earliest caller at every tick had one caller of a process on a busy
+// host (its ticks 10 ms late now and then) poll 21 times for one slot
+// (bucket/TestPushLaneSaturated, clean-clone CI).
+func (b *Bucket) onTick(since time.Duration) bool {
 	select {
 	case <-b.bg.Done():
 		return false // closed: no more watching
@@ -238,8 +244,8 @@ func (b *Bucket) onTick(stopped bool) bool {
 		b.watching.Store(false)
 		return false
 	}
-	if stopped {
-		b.notices.poke()
+	if since < hub.StoppedLately {
+		b.notices.pokeFresh()
 	}
 	return true
 }

@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -32,15 +33,18 @@ const (
 	StoppedLately = 200 * time.Millisecond
 )
 
-// Watcher is called at a tick while it watches: stopped says whether the
-// process was stopped in the last StoppedLately. It returns false to
-// watch no longer. It must not block.
-type Watcher func(stopped bool) (keep bool)
+// Watcher is called at a tick while it watches: since is how long ago
+// the process was last found stopped (a large duration when never). It
+// returns false to watch no longer. It must not block.
+type Watcher func(since time.Duration) (keep bool)
+
+// watch is one watcher.
+type watch struct{ fn Watcher }
 
 type stops struct {
 	h        *Hub
 	mu       sync.Mutex
-	watchers []*Watcher
+	watchers []*watch
 	next     int  // the watcher the next tick calls
 	running  bool // the ticking goroutine is started and not yet past its last look
 	last     atomic.Int64
@@ -52,7 +56,7 @@ func (h *Hub) WatchStops(w Watcher) {
 	s := &h.stops
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.watchers = append(s.watchers, &w)
+	s.watchers = append(s.watchers, &watch{fn: w})
 	if !s.running && h.group.Go(s.tick) {
 		s.running = true
 	}
@@ -81,7 +85,7 @@ func (s *stops) tick(ctx context.Context) {
 			if now := time.Now(); now.Sub(due) > stopGap {
 				s.last.Store(now.UnixNano())
 			}
-			if !s.call(s.h.Stopped()) {
+			if !s.call() {
 				return
 			}
 			due = time.Now().Add(stopTick)
@@ -92,7 +96,7 @@ func (s *stops) tick(ctx context.Context) {
 
 // call calls the next watcher, dropping it if it is done. It reports
 // whether any watcher is left (if not, the ticking ends).
-func (s *stops) call(stopped bool) bool {
+func (s *stops) call() bool {
 	s.mu.Lock()
 	if len(s.watchers) == 0 {
 		s.running = false
@@ -101,8 +105,12 @@ func (s *stops) call(stopped bool) bool {
 	}
 	s.next %= len(s.watchers)
 	w := s.watchers[s.next]
+	since := time.Duration(math.MaxInt64)
+	if last := s.last.Load(); last != 0 {
+		since = time.Duration(time.Now().UnixNano() - last)
+	}
 	s.mu.Unlock()
-	keep := (*w)(stopped)
+	keep := w.fn(since)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch i := slices.Index(s.watchers, w); {

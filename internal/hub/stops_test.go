@@ -32,11 +32,11 @@ func watchAndSay() {
 	defer h.group.Close()
 	ticked, seen := make(chan struct{}), make(chan struct{})
 	var first, once atomic.Bool
-	h.WatchStops(func(stopped bool) bool {
+	h.WatchStops(func(since time.Duration) bool {
 		if first.CompareAndSwap(false, true) {
 			close(ticked)
 		}
-		if stopped && once.CompareAndSwap(false, true) {
+		if since < time.Second && once.CompareAndSwap(false, true) {
 			close(seen)
 		}
 		return true
@@ -53,8 +53,7 @@ func watchAndSay() {
 
 // TestWatchStopsSeesAStop: a process the kernel stops (SIGSTOP, as the
 // CFS throttles a pod at its CPU limit) finds, once it runs again, that
-// it was stopped: its watchers are called with stopped, and Stopped says
-// so.
+// it was stopped: its watchers are told how long ago.
 func TestWatchStopsSeesAStop(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), stopsChild+"=1")
@@ -106,8 +105,8 @@ func TestWatchStopsEnds(t *testing.T) {
 	h := newHub(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}))
 	defer h.group.Close()
 	var calls [2]atomic.Int64
-	h.WatchStops(func(bool) bool { return calls[0].Add(1) < 3 })
-	h.WatchStops(func(bool) bool { return calls[1].Add(1) < 5 })
+	h.WatchStops(func(time.Duration) bool { return calls[0].Add(1) < 3 })
+	h.WatchStops(func(time.Duration) bool { return calls[1].Add(1) < 5 })
 	deadline := time.Now().Add(10 * time.Second)
 	for running(h) {
 		if time.Now().After(deadline) {
@@ -119,7 +118,7 @@ func TestWatchStopsEnds(t *testing.T) {
 		t.Fatalf("watchers called %d and %d times, want 3 and 5 (each until it returned false)", a, b)
 	}
 	again := make(chan struct{})
-	h.WatchStops(func(bool) bool { close(again); return false })
+	h.WatchStops(func(time.Duration) bool { close(again); return false })
 	select {
 	case <-again:
 	case <-time.After(10 * time.Second):
