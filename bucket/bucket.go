@@ -118,8 +118,8 @@ type Bucket struct {
 	// a late caller here then has a queued one poll to take what theirs
 	// leave (notices.poke).
 	others atomic.Int64
-	// watching: this process's stops are watched for this bucket
-	// (Bucket.watchStops).
+	// watching: the process's stop watch calls this bucket's onTick
+	// (sawOthers starts it; onTick ends it).
 	watching atomic.Bool
 	// now is the local clock, used only to measure durations: nothing read
 	// from it is ever compared with Redis time. Tests skew it.

@@ -27,7 +27,7 @@ func TestClaimSwapsSlots(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	defer rdb.Close()
 	eachPoll(t, rdb, []bool{false}, func(t *testing.T, s queueio.Client, _ bool) {
-		// MaxLateness 100 ms: claims from 3 ms (protocol.PassOver) to
+		// MaxLateness 100 ms: claims from 3 ms (protocol.ClaimAfter) to
 		// 80 ms after a slot (older ones only by a move, which a full
 		// bucket refuses), by a caller whose own slot is later.
 		q, ids, want := stepped(t, rdb, s, protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 30 * time.Millisecond},
@@ -217,7 +217,7 @@ func TestClaimsSkipOwnHandle(t *testing.T) {
 }
 
 // TestQueuedCallerTakesFreeTokens: the books have held tokens nobody was
-// given for longer than the claim window's near end (protocol.PassOver):
+// given for longer than the claim window's near end (protocol.ClaimAfter):
 // the callers at the head of the queue, whose turn has come, did not
 // come (a caller that runs when its turn has come gives the slots due
 // itself), nor did a scheduler. A queued caller of another handle, whose

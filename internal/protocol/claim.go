@@ -47,16 +47,16 @@ func handlePrefix(e string) (string, bool) {
 	return p, ok
 }
 
-// PassOver is how long after its instant a slot still uncollected says
+// ClaimAfter is how long after its instant a slot still uncollected says
 // that its caller's process is stopped, so that a running caller may
-// claim it (ClaimWindow): its caller polls a lead of at least 1 ms
-// before it, and did not run for 4 ms or more.
-const PassOver = 3 * time.Millisecond
+// claim it (ClaimWindow's near end): its caller polls a lead of at
+// least 1 ms before it, and did not run for 4 ms or more.
+const ClaimAfter = 3 * time.Millisecond
 
 // ClaimWindow is how long after an uncollected slot's instant a caller
 // whose MaxLateness is maxLate claims it (claim.lua), as offsets back
 // from Redis's now, in µs: from hi (the slot's caller, which polls a lead
-// of at least 1 ms before it, did not run for 4 ms or more: PassOver, or
+// of at least 1 ms before it, did not run for 4 ms or more: ClaimAfter, or
 // half of maxLate when that is less) to lo (the claimer, starting at
 // once, still starts within maxLate of the slot: a fifth of it, at least
 // 1 ms, is left for its reply's trip and its own wake-up). 0, 0: the
@@ -70,7 +70,7 @@ const PassOver = 3 * time.Millisecond
 // watched").
 func ClaimWindow(maxLate time.Duration) (lo, hi int64) {
 	lateLo := min(maxLate-max(maxLate/5, time.Millisecond), ClaimReach)
-	lateHi := min(maxLate/2, PassOver)
+	lateHi := min(maxLate/2, ClaimAfter)
 	if maxLate <= 0 || lateLo <= lateHi {
 		return 0, 0
 	}

@@ -31,6 +31,12 @@ local SWAPPED = ' s'
 -- CLAIM_REACH is the furthest back (µs) a claim looks: protocol.ClaimReach.
 local CLAIM_REACH = 1000000
 
+-- own_prefix is the prefix the IDs of a handle's callers share, up to
+-- the first '.', of the entry or ID e (nil when it has none).
+local function own_prefix(e)
+  return string.match(e, '^[^.|]*%.')
+end
+
 -- others_due says whether the due set due holds, among its first slots
 -- (those a claim still reaches, and later ones), one of a caller of
 -- another handle than self's (an entry or ID): another process has

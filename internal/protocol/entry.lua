@@ -13,13 +13,6 @@ local function entry(id, est, costs)
   return id .. '|' .. string.format('%d', est)
 end
 
--- own_prefix is the prefix the IDs of a handle's callers share, up to
--- the first '.', of the entry or ID e (nil when it has none): the
--- handle, one process's (protocol.SameHandle).
-local function own_prefix(e)
-  return string.match(e, '^[^.|]*%.')
-end
-
 -- parse_costs reads "c1,c2,..." into a table of numbers, or nil for "".
 local function parse_costs(s)
   if not s or s == '' then return nil end

@@ -6,7 +6,7 @@
 -- (claim.lua), if there is one in its window; one still queued takes
 -- such a slot and leaves the queue (its ticket counted as done), or,
 -- when its own turn is further off, the tokens the books have held
--- unpromised for the claim window's near end (protocol.PassOver, 3 ms)
+-- unpromised for the claim window's near end (protocol.ClaimAfter, 3 ms)
 -- or more, whose callers at the head of
 -- the queue did not come (claim.lua's take_free). A caller that finds
 -- its own slot taken (TAKEN) is told stale, without a room.
