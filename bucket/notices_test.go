@@ -123,3 +123,26 @@ func BenchmarkPoke(b *testing.B) {
 		<-first
 	}
 }
+
+// TestPokeFreshOnce: pokeFresh has each waiter poll once at most, the
+// earliest not yet poked first, while poke pokes the earliest again.
+func TestPokeFreshOnce(t *testing.T) {
+	var w notices
+	first, second := make(chan int64, 1), make(chan int64, 1)
+	w.add("first|0", waiter{ticket: 1, c: first})
+	w.add("second|0", waiter{ticket: 2, c: second})
+	if !w.pokeFresh() || len(first) != 1 {
+		t.Fatal("the first pokeFresh did not poke the earliest waiter")
+	}
+	<-first // it polled
+	if !w.pokeFresh() || len(second) != 1 || len(first) != 0 {
+		t.Fatal("the second pokeFresh did not pass over the waiter poked already")
+	}
+	<-second
+	if w.pokeFresh() {
+		t.Fatal("pokeFresh poked a waiter a second time")
+	}
+	if !w.poke() || len(first) != 1 {
+		t.Fatal("poke did not poke the earliest waiter, poked before")
+	}
+}

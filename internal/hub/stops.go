@@ -64,9 +64,16 @@ func (h *Hub) WatchStops(w Watcher) {
 
 // Stopped reports whether the process was found stopped in the last
 // StoppedLately (only while some handle watches).
-func (h *Hub) Stopped() bool {
-	last := h.stops.last.Load()
-	return last != 0 && time.Now().UnixNano()-last < int64(StoppedLately)
+func (h *Hub) Stopped() bool { return h.stops.since() < StoppedLately }
+
+// since is how long ago the process was last found stopped (the largest
+// duration when never).
+func (s *stops) since() time.Duration {
+	last := s.last.Load()
+	if last == 0 {
+		return math.MaxInt64
+	}
+	return time.Duration(time.Now().UnixNano() - last)
 }
 
 // tick runs while some watcher is left.
@@ -105,12 +112,8 @@ func (s *stops) call() bool {
 	}
 	s.next %= len(s.watchers)
 	w := s.watchers[s.next]
-	since := time.Duration(math.MaxInt64)
-	if last := s.last.Load(); last != 0 {
-		since = time.Duration(time.Now().UnixNano() - last)
-	}
 	s.mu.Unlock()
-	keep := w.fn(since)
+	keep := w.fn(s.since())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch i := slices.Index(s.watchers, w); {
