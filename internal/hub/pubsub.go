@@ -35,21 +35,27 @@ type listener struct {
 type subscriptions struct {
 	h *Hub
 
-	mu        sync.Mutex
-	wanted    map[string][]*listener // channel → its listeners
-	have      map[string]bool        // subscribed (or being subscribed) on ps
-	ps        *redis.PubSub          // nil while no connection is open
-	psDone    chan struct{}          // closed when ps's reader returns
-	running   bool                   // the reconciler runs
-	kick      chan struct{}          // wakes the reconciler from its linger
-	failures  int64                  // SUBSCRIBE/UNSUBSCRIBE calls that failed
-	delivered int64                  // messages handed to a listener
+	mu     sync.Mutex
+	wanted map[string][]*listener // channel → its listeners
+	have   map[string]bool        // subscribed (or being subscribed) on ps
+	// dirty holds the channels whose wanted or have changed since the
+	// reconciler last compared them: it compares only those, so that one
+	// handle's callers coming and going cost O(1), not a walk over the
+	// channels of every handle (thousands of buckets on one client).
+	dirty     map[string]struct{}
+	ps        *redis.PubSub // nil while no connection is open
+	psDone    chan struct{} // closed when ps's reader returns
+	running   bool          // the reconciler runs
+	kick      chan struct{} // wakes the reconciler from its linger
+	failures  int64         // SUBSCRIBE/UNSUBSCRIBE calls that failed
+	delivered int64         // messages handed to a listener
 }
 
 func (s *subscriptions) init(h *Hub) {
 	s.h = h
 	s.wanted = make(map[string][]*listener)
 	s.have = make(map[string]bool)
+	s.dirty = make(map[string]struct{})
 	s.kick = make(chan struct{}, 1)
 	// The reader waits on the connection, not on the group's ctx: closing
 	// the connection ends it.
@@ -75,6 +81,7 @@ func (h *Hub) Listen(channel string, fn func(payload string), ready func()) (sto
 	first := len(s.wanted[channel]) == 0
 	s.wanted[channel] = append(s.wanted[channel], l)
 	if first {
+		s.dirty[channel] = struct{}{}
 		s.wake()
 	}
 	s.mu.Unlock()
@@ -92,6 +99,7 @@ func (h *Hub) Listen(channel string, fn func(payload string), ready func()) (sto
 			}
 			if len(ls) == 0 {
 				delete(s.wanted, channel)
+				s.dirty[channel] = struct{}{}
 				s.wake()
 			} else {
 				s.wanted[channel] = ls
@@ -153,6 +161,7 @@ func (s *subscriptions) reconcile(ctx context.Context) {
 			s.mu.Lock()
 			s.failures++
 			s.markLocked(unsub, sub)
+			s.dirtyLocked(sub, unsub)
 			s.mu.Unlock()
 			pause(ctx, backoff)
 			backoff = min(2*backoff, time.Second)
@@ -163,19 +172,28 @@ func (s *subscriptions) reconcile(ctx context.Context) {
 }
 
 // diffLocked returns the channels wanted but not subscribed (sub), and
-// those subscribed but no longer wanted (unsub). Called with mu held.
+// those subscribed but no longer wanted (unsub), of the dirty ones, and
+// forgets which were dirty. Called with mu held.
 func (s *subscriptions) diffLocked() (sub, unsub []string) {
-	for c := range s.wanted {
-		if !s.have[c] {
+	for c := range s.dirty {
+		switch wanted := len(s.wanted[c]) > 0; {
+		case wanted && !s.have[c]:
 			sub = append(sub, c)
-		}
-	}
-	for c := range s.have {
-		if len(s.wanted[c]) == 0 {
+		case !wanted && s.have[c]:
 			unsub = append(unsub, c)
 		}
 	}
+	clear(s.dirty)
 	return sub, unsub
+}
+
+// dirtyLocked marks the channels of each list dirty. Called with mu held.
+func (s *subscriptions) dirtyLocked(lists ...[]string) {
+	for _, l := range lists {
+		for _, c := range l {
+			s.dirty[c] = struct{}{}
+		}
+	}
 }
 
 // lingerAndClose waits linger with nothing wanted, then closes the
@@ -264,6 +282,9 @@ func (s *subscriptions) closeLocked() {
 	done := s.psDone
 	s.ps, s.psDone = nil, nil
 	clear(s.have)
+	for c := range s.wanted { // to be subscribed again on the next connection
+		s.dirty[c] = struct{}{}
+	}
 	s.mu.Unlock()
 	<-done
 	s.mu.Lock()
