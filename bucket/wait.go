@@ -220,6 +220,15 @@ func (b *Bucket) afterPoll(ctx context.Context, w *waiting, pr queueio.PollReply
 	if pr.LockTTL < 0 {
 		b.sched.Ensure()
 	}
+	if pr.Told && pr.Delay > b.leadNow() {
+		// Its slot moved later than its estimate: the step tells it on
+		// the wake channel (notices) when it gives that slot. It waits
+		// for the message, polling only to check in, rather than at each
+		// new estimate (under overload late callers ahead push it back
+		// again and again).
+		w.wait = max(pr.Delay-b.leadNow(), checkIn)
+		return false, false, nil
+	}
 	// Far from its slot (callers ahead cancelled, or the caller woke
 	// early): trust the new estimate. At or past it: the scheduler is
 	// late or dead; back off, but never beyond the moment its lock

@@ -307,6 +307,9 @@ func parsePoll(reply any, err error) (queueio.PollReply, error) {
 		LockTTL:  dur(v[3], time.Millisecond),
 		Slot:     v[4],
 	}
+	if v[0] == 2 {
+		r.Told, r.Slot = v[4] == 1, 0
+	}
 	r.Room, r.Swapped = protocol.Swapped(room)
 	r.Swapped = r.Swapped && !r.Claimed
 	if v[3] < 0 {

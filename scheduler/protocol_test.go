@@ -455,6 +455,121 @@ func TestEarlySlotsArePublished(t *testing.T) {
 	}
 }
 
+// TestLaterSlotsAreTold: a caller late for its slot takes the next one,
+// ahead of the queue (retime.lua), and the slots of the callers queued
+// behind come later than the estimates their entries carry. A poll says
+// so (Told), and the step publishes their entries with their slots on the
+// wake channel, so that they wait for the message rather than polling
+// again at each new estimate; an entry whose estimate held is not
+// published.
+func TestLaterSlotsAreTold(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	p := protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond}
+	// MaxWait: every arrival through enqueue.lua, with its estimate (the
+	// push lane queues callers without one, and the step tells them all).
+	opt := queueio.Options{Lookahead: 20 * time.Millisecond, Lead: 5 * time.Millisecond, LockTTL: 2 * time.Second, Grace: 10 * time.Second, MaxLateness: time.Second, MaxWait: time.Minute}
+	q := newQueue(t, rdb, p, opt)
+	opt.Lookahead = time.Second // the step gives every slot at once
+	stepper := newQ(rdb, "sluice", t.Name(), []protocol.Policy{p}, opt)
+	sub := rdb.Subscribe(ctx, keysOf(q).Wake)
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first, err := enqueueOne(q, "first")
+	if err != nil || kindOf(first) != kGranted {
+		t.Fatalf("first arrival: %+v, %v: want served at once", first, err)
+	}
+	entries, _ := arrive(t, q, 2) // queued, estimates 100 and 200 ms out
+	if len(entries) != 2 {
+		t.Fatalf("%d queued, want 2", len(entries))
+	}
+	// The first caller comes too late for its slot, which held no room:
+	// its token is spent, and it takes the next slot, ahead of both.
+	r, err := q.Retime(ctx, first.Slot, "", nil, "", false)
+	if err != nil || r.Refunded || r.Claimed {
+		t.Fatalf("retime = %+v, %v: want the next slot", r, err)
+	}
+	last, err := enqueueOne(q, "last") // arrives after: its estimate holds
+	if err != nil || kindOf(last) != kQueued {
+		t.Fatalf("last arrival: %+v, %v: want queued", last, err)
+	}
+	told := func(e string) bool {
+		t.Helper()
+		pr, err := q.Poll(ctx, e, false)
+		if err != nil || pollKindOf(pr) != pWaiting {
+			t.Fatalf("poll %s = %+v, %v: want still queued", e, pr, err)
+		}
+		return pr.Told
+	}
+	for i, e := range entries {
+		if !told(e) {
+			t.Errorf("queued caller %d, its slot a period past its estimate: not told", i)
+		}
+	}
+	if told(last.Entry) {
+		t.Errorf("the caller that arrived after the retime, its estimate exact: told")
+	}
+	takeLock(t, rdb, q, "tok")
+	if st, err := scheduler.Step(ctx, rdb, stepper, "tok"); err != nil || st.Scheduled != 3 {
+		t.Fatalf("step: %+v %v: want all three given slots", st, err)
+	}
+	msg, err := sub.ReceiveMessage(withDeadline(t, 2*time.Second))
+	if err != nil {
+		t.Fatalf("no wake message: %v", err)
+	}
+	fields := strings.Fields(msg.Payload)
+	if len(fields) != 4 || fields[0] != entries[0] || fields[2] != entries[1] {
+		t.Fatalf("published %q, want the two pushed back, with their slots, and not %s", msg.Payload, last.Entry)
+	}
+	for i := 0; i < len(fields); i += 2 {
+		if raw, _ := rdb.Get(ctx, slotKey(q, fields[i])).Result(); !strings.HasPrefix(raw, fields[i+1]+" ") {
+			t.Fatalf("%s published with slot %s, its slot key holds %s", fields[i], fields[i+1], raw)
+		}
+	}
+}
+
+// TestPollGivesSlotsWithinLookahead: a scheduler that holds the lock and
+// does not step (its process starved) leaves a queued caller without its
+// slot; the caller's poll a lead before its estimated slot, within the
+// lookahead, does the step's work and finds its slot, in that one poll,
+// before the slot comes, and the callers behind it stay queued.
+func TestPollGivesSlotsWithinLookahead(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	p := protocol.Policy{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second}
+	q := newQueue(t, rdb, p, queueio.Options{Lookahead: 400 * time.Millisecond, LockTTL: 2 * time.Second, MaxWait: time.Minute})
+	takeLock(t, rdb, q, "a scheduler that never steps")
+	if first, err := enqueueOne(q, "first"); err != nil || kindOf(first) != kGranted {
+		t.Fatalf("first arrival: %+v, %v: want served at once", first, err)
+	}
+	enqueued := time.Now()
+	entries, _ := arrive(t, q, 2) // estimates 1 s and 2 s out
+	if len(entries) != 2 {
+		t.Fatalf("%d queued, want 2", len(entries))
+	}
+	est, ok := protocol.EntryEstimate(entries[0])
+	if !ok {
+		t.Fatalf("entry %q: no estimate", entries[0])
+	}
+	// 300 ms before its estimated slot: within the lookahead.
+	time.Sleep(time.Until(enqueued.Add(700 * time.Millisecond)))
+	pr, err := q.Poll(ctx, entries[0], false)
+	if err != nil || !pr.Found {
+		t.Fatalf("poll within the lookahead = %+v, %v: want its slot", pr, err)
+	}
+	if pr.Slot != est {
+		t.Errorf("slot %d, want its estimate %d", pr.Slot, est)
+	}
+	if pr.Delay <= 0 {
+		t.Logf("the poll came %v after the slot (this process held up): the help then is older than this test", -pr.Delay)
+	}
+	if pr, err := q.Poll(ctx, entries[1], false); err != nil || pollKindOf(pr) != pWaiting {
+		t.Errorf("the next caller's poll = %+v, %v: want still queued, its slot beyond the lookahead", pr, err)
+	}
+}
+
 func withDeadline(t *testing.T, d time.Duration) context.Context {
 	c, cancel := context.WithTimeout(ctx, d)
 	t.Cleanup(cancel)

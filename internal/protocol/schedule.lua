@@ -3,7 +3,7 @@
 -- order, every waiting caller whose slot falls within the lookahead,
 -- take its tokens at its slot in the state, write its slot key (with its
 -- room: entry.lua) and add it to the due set (claim.lua), and tell the
--- callers whose slot comes earlier than they expect on the wake channel.
+-- callers whose slot is not the one they expect on the wake channel.
 -- Needs tokens.lua, state.lua, entry.lua and wake.lua before it. Each
 -- step is atomic and the state lives in Redis, so two runs at once (the
 -- scheduler's and a helping poll's) cannot double a slot: the lock only
@@ -13,8 +13,8 @@
 -- configuration cid with policies ps; unit as read_policies says) for the
 -- keys {queue, slot (prefix), refunds, due}, giving slots up to
 -- lookahead µs ahead, at most batch callers; a slot key outlives its slot
--- by grace µs; callers whose slot comes more than lead µs before their
--- estimate (or who have none) are told on channel. It returns how many
+-- by grace µs; callers whose slot comes more than lead µs from their
+-- estimate (or who have none) are told on channel (wake_told). It returns how many
 -- callers it gave a slot, the queue's length after, and the slot the
 -- next caller would have (nil when it would take its tokens as each
 -- policy's call: slot_all tells it).
@@ -108,8 +108,8 @@ local function schedule(keys, now, lookahead, batch, grace, lead, channel, ps, u
       due[#due + 1] = id
     end
     -- An estimate of 0: pushed without one (queue/push.go); its caller
-    -- waits for this message.
-    if est and (est == 0 or slot < est - lead) then
+    -- waits for this message, as does one told its slot moved later.
+    if est and wake_told(est, slot, lead) then
       wake_add(early, id, slot)
     end
   end

@@ -8,6 +8,17 @@ local function wake_add(list, e, slot)
   list[#list + 1] = string.format('%d', slot)
 end
 
+-- wake_told says whether the step tells a caller whose entry carries the
+-- estimate est its slot: one pushed without an estimate (0), one whose
+-- slot comes more than lead µs before its estimate (it would poll too
+-- late), and one whose slot comes more than lead µs after it: callers
+-- ahead of it were late and took the next slots first, and its poll at
+-- its estimate found it still queued (poll.lua's told), after which it
+-- waits for this message rather than polling again at each new estimate.
+local function wake_told(est, slot, lead)
+  return est == 0 or slot < est - lead or slot > est + lead
+end
+
 -- wake_publish sends the message, if it names anyone.
 local function wake_publish(channel, list)
   if #list > 0 then

@@ -46,7 +46,12 @@ type PollReply struct {
 	Delay    time.Duration
 	Position int           // still queued: 1-based place in the queue
 	LockTTL  time.Duration // still queued: the scheduler lock's remaining TTL, < 0 if none
-	Slot     int64         // Found: the slot, µs on the Redis clock (for analysis only)
+	// Told (still queued): the slot will come on the wake channel
+	// (notices), for it is not the entry's estimate: callers ahead were
+	// late and took the next slots first. The caller waits for it rather
+	// than polling again at each new estimate.
+	Told bool
+	Slot int64 // Found: the slot, µs on the Redis clock (for analysis only)
 	// Room is what the step that gave the slot left for Retime (Found,
 	// Stale): a caller too late to use its slot passes it back.
 	Room string

@@ -26,7 +26,8 @@
 --   kind 1 slot found: start after delay (may be negative: late); 5 the
 --   same, the slot claimed from a caller that did not come for it;
 --   2 still queued: delay = estimate of the slot, lock TTL as PTTL (-2: no
---   scheduler); 3 stale: the slot passed more than tolerance ago, or a
+--   scheduler), slot 1 when the step will tell the caller its slot on the
+--   wake channel (it came later than the entry's estimate), else 0; 3 stale: the slot passed more than tolerance ago, or a
 --   running caller took it (room ''), the token is spent: retime; 4
 --   lost: neither queued nor scheduled (expired, or Redis lost its
 --   data), enter again. slot (µs, Redis time) is set for
@@ -94,12 +95,14 @@ else
   end
   est = slot_k(st, ps, now, ks)
 end
-if est <= now then
-  -- The caller's turn has come and no step gave it its slot: the
-  -- scheduler is late (its process starved or stopped). A caller that
-  -- runs does the step's work itself (schedule.lua), for every caller
-  -- due, and starts if its own slot is among them. The lock stays the
-  -- scheduler's: this only saves it the work.
+if est <= now + tonumber(ARGV[5]) then
+  -- The caller's slot falls within the lookahead and no step gave it:
+  -- the scheduler is late (its process starved or stopped; a step gives
+  -- a slot a lookahead before it, the caller polls a lead before). A
+  -- caller that runs does the step's work itself (schedule.lua), for
+  -- every caller due within the lookahead, and finds its own slot among
+  -- them: one poll, not a poll and a back-off until the step comes. The
+  -- lock stays the scheduler's: this only saves it the work.
   local keys = {queue = KEYS[1], slot = KEYS[3], refunds = KEYS[6], due = KEYS[7]}
   local scheduled = schedule(keys, now, tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9], ps, unit, cid, st)
   if scheduled > 0 then
@@ -120,4 +123,8 @@ if est > now and not costs and lo > 0 then
     return c
   end
 end
-return {2, est - now, pos + 1, redis.call('PTTL', KEYS[4]), 0}
+-- Its slot moved later than its entry's estimate (callers ahead were late
+-- and took the next slots first): the step will tell it (wake_told).
+local _, eest = entry_parts(id)
+local told = eest and eest > 0 and wake_told(eest, est, tonumber(ARGV[8])) and 1 or 0
+return {2, est - now, pos + 1, redis.call('PTTL', KEYS[4]), told}

@@ -19,10 +19,11 @@
 -- ARGV[4] max callers to schedule in this step
 -- ARGV[5] grace µs added to every key's TTL; a slot key outlives its slot by this
 -- ARGV[6] lead µs: callers poll this long before their estimated slot
--- ARGV[7] wake channel: entries whose slot comes earlier than their
---         estimate less the lead, or whose estimate is 0 (pushed without
---         one), are published there with their slot, as space-separated
---         pairs "entry slot-µs" (wake.lua), so that their process polls in time
+-- ARGV[7] wake channel: entries whose slot comes more than the lead from
+--         their estimate (earlier or later), or whose estimate is 0
+--         (pushed without one), are published there with their slot, as
+--         space-separated pairs "entry slot-µs" (wake.lua's wake_told), so
+--         that their process polls in time
 -- ARGV[8..] policies: configuration id, n, then cap, amount, freq µs, call, kind for each
 --
 -- Reply {status, next µs, queue length, scheduled}:
