@@ -220,6 +220,13 @@ func (b *Bucket) afterPoll(ctx context.Context, w *waiting, pr queueio.PollReply
 	if pr.LockTTL < 0 {
 		b.sched.Ensure()
 	}
+	b.nextPoll(w, pr)
+	return false, false, nil
+}
+
+// nextPoll sets when a caller still queued polls next, by its poll's
+// reply pr.
+func (b *Bucket) nextPoll(w *waiting, pr queueio.PollReply) {
 	if pr.Told && pr.Delay > b.leadNow() {
 		// Its slot moved later than its estimate: the step tells it on
 		// the wake channel (notices) when it gives that slot. It waits
@@ -227,7 +234,7 @@ func (b *Bucket) afterPoll(ctx context.Context, w *waiting, pr queueio.PollReply
 		// new estimate (under overload late callers ahead push it back
 		// again and again).
 		w.wait = max(pr.Delay-b.leadNow(), checkIn)
-		return false, false, nil
+		return
 	}
 	// Far from its slot (callers ahead cancelled, or the caller woke
 	// early): trust the new estimate. At or past it: the scheduler is
@@ -241,7 +248,6 @@ func (b *Bucket) afterPoll(ctx context.Context, w *waiting, pr queueio.PollReply
 		}
 		w.backoff = min(2*w.backoff, b.cfg.LockTTL/4)
 	}
-	return false, false, nil
 }
 
 // leadNow is how long before its slot a caller polls: a quarter of the
