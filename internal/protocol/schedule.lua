@@ -14,10 +14,10 @@
 -- keys {queue, slot (prefix), refunds, due}, giving slots up to
 -- lookahead µs ahead, at most batch callers; a slot key outlives its slot
 -- by grace µs; callers whose slot comes more than lead µs from their
--- estimate (or who have none) are told on channel (wake_told). It returns how many
--- callers it gave a slot, the queue's length after, and the slot the
--- next caller would have (nil when it would take its tokens as each
--- policy's call: slot_all tells it).
+-- estimate (or who have none) are told on channel (wake_told). It
+-- returns how many callers it gave a slot, the queue's length after, and
+-- the slot the next caller would have (nil when it would take its tokens
+-- as each policy's call: slot_all tells it).
 local function schedule(keys, now, lookahead, batch, grace, lead, channel, ps, unit, cid, st)
   local ids, slots, blocked = {}, {}, nil
   local anchors = {} -- per slot, take_at's: its room's (entry.lua)

@@ -27,8 +27,10 @@
 --   same, the slot claimed from a caller that did not come for it;
 --   2 still queued: delay = estimate of the slot, lock TTL as PTTL (-2: no
 --   scheduler), slot 1 when the step will tell the caller its slot on the
---   wake channel (it came later than the entry's estimate), else 0; 3 stale: the slot passed more than tolerance ago, or a
---   running caller took it (room ''), the token is spent: retime; 4
+--   wake channel (it is more than the lead from the entry's estimate:
+--   wake_told), else 0; 3 stale: the slot passed more than tolerance
+--   ago, or a running caller took it (room ''), the token is spent:
+--   retime; 4
 --   lost: neither queued nor scheduled (expired, or Redis lost its
 --   data), enter again. slot (µs, Redis time) is set for
 --   kinds 1 and 3, for analysis only; room (entry.lua's room_of) too, for
@@ -123,8 +125,9 @@ if est > now and not costs and lo > 0 then
     return c
   end
 end
--- Its slot moved later than its entry's estimate (callers ahead were late
--- and took the next slots first): the step will tell it (wake_told).
+-- Its slot moved more than the lead from its entry's estimate (later:
+-- callers ahead were late and took the next slots first; earlier: some
+-- left): the step will tell it (wake_told).
 local _, eest = entry_parts(id)
 local told = eest and eest > 0 and wake_told(eest, est, tonumber(ARGV[8])) and 1 or 0
 return {2, est - now, pos + 1, redis.call('PTTL', KEYS[4]), told}
