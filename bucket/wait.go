@@ -227,20 +227,21 @@ func (b *Bucket) afterPoll(ctx context.Context, w *waiting, pr queueio.PollReply
 // nextPoll sets when a caller still queued polls next, by its poll's
 // reply pr.
 func (b *Bucket) nextPoll(w *waiting, pr queueio.PollReply) {
-	if pr.Told && pr.Delay > b.leadNow() {
-		// Its slot moved later than its estimate: the step tells it on
-		// the wake channel (notices) when it gives that slot. It waits
-		// for the message, polling only to check in, rather than at each
-		// new estimate (under overload late callers ahead push it back
-		// again and again).
-		w.wait = max(pr.Delay-b.leadNow(), checkIn)
+	w.wait = pr.Delay - b.leadNow()
+	if pr.Told && w.wait > 0 {
+		// Its slot is not its entry's estimate (later: callers ahead
+		// were late and took the next slots first; earlier: some left):
+		// the step tells it on the wake channel (notices) when it gives
+		// that slot. It waits for the message, polling only to check in,
+		// rather than at each new estimate (under overload late callers
+		// ahead push it back again and again).
+		w.wait = max(w.wait, checkIn)
 		return
 	}
 	// Far from its slot (callers ahead cancelled, or the caller woke
 	// early): trust the new estimate. At or past it: the scheduler is
 	// late or dead; back off, but never beyond the moment its lock
 	// expires, when this caller may take over.
-	w.wait = pr.Delay - b.leadNow()
 	if w.wait < w.backoff {
 		w.wait = w.backoff
 		if pr.LockTTL > 0 {

@@ -69,7 +69,7 @@ local pos = redis.call('LPOS', KEYS[1], id)
 if not pos then
   return {4, 0, 0, 0, 0}
 end
-local _, _, costs = entry_parts(id)
+local _, eest, costs = entry_parts(id)
 local lo, hi = tonumber(ARGV[3]), tonumber(ARGV[4])
 if not costs and lo > 0 then
   -- A caller still queued, whose process runs, takes a slot whose caller
@@ -128,6 +128,5 @@ end
 -- Its slot moved more than the lead from its entry's estimate (later:
 -- callers ahead were late and took the next slots first; earlier: some
 -- left): the step will tell it (wake_told).
-local _, eest = entry_parts(id)
 local told = eest and eest > 0 and wake_told(eest, est, tonumber(ARGV[8])) and 1 or 0
 return {2, est - now, pos + 1, redis.call('PTTL', KEYS[4]), told}
