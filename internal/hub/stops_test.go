@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -57,6 +58,12 @@ func watchAndSay() {
 func TestWatchStopsSeesAStop(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), stopsChild+"=1")
+	stderr, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stderr.Close()
+	cmd.Stderr = stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -73,12 +80,20 @@ func TestWatchStopsSeesAStop(t *testing.T) {
 		}
 		close(lines)
 	}()
+	// next waits for the child's next line. A line that came by the
+	// deadline wins over it: when this process runs again after a stall
+	// (a busy host, a paused VM), both are ready and select picks either.
 	next := func(within time.Duration) string {
 		select {
 		case l := <-lines:
 			return l
 		case <-time.After(within):
-			t.Fatalf("the child said nothing within %v", within)
+			select {
+			case l := <-lines:
+				return l
+			default:
+			}
+			t.Fatalf("the child said nothing within %v; its state: %s; its stderr: %q", within, procState(cmd.Process.Pid), readFile(stderr.Name()))
 			return ""
 		}
 	}
@@ -130,4 +145,29 @@ func running(h *Hub) bool {
 	h.stops.mu.Lock()
 	defer h.stops.mu.Unlock()
 	return h.stops.running
+}
+
+// procState is what /proc says of a process's state and where it waits,
+// for a failure's message.
+func procState(pid int) string {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return err.Error()
+	}
+	var state string
+	for _, l := range strings.Split(string(status), "\n") {
+		if strings.HasPrefix(l, "State:") {
+			state = strings.TrimSpace(strings.TrimPrefix(l, "State:"))
+		}
+	}
+	wchan, _ := os.ReadFile(fmt.Sprintf("/proc/%d/wchan", pid))
+	return fmt.Sprintf("%s, waiting in %q", state, wchan)
+}
+
+func readFile(name string) string {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return err.Error()
+	}
+	return string(b)
 }
