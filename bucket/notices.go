@@ -103,10 +103,15 @@ func (n *notices) add(entry string, w waiter) {
 }
 
 // remove forgets entry's waiter (n.mu held); byTicket is made again
-// once it holds more than twice as many as there are waiters.
+// once it holds more than twice as many as there are waiters. The last
+// waiter gone, both go, so that an idle bucket keeps neither (a map
+// never shrinks; byTicket holds forgotten entries' IDs).
 func (n *notices) remove(entry string) {
 	delete(n.waiters, entry)
-	if len(n.byTicket) > 2*len(n.waiters)+64 {
+	switch {
+	case len(n.waiters) == 0:
+		n.waiters, n.byTicket = nil, nil
+	case len(n.byTicket) > 2*len(n.waiters)+64:
 		n.rebuild()
 	}
 }

@@ -65,9 +65,9 @@ func TestPokeEarliestWaiter(t *testing.T) {
 }
 
 // TestPokeForgets: waiters forgotten are never poked, one registered
-// again under its entry is poked at its new place, and the ticket order
+// again under its entry is poked at its new place, the ticket order
 // does not grow with the waiters forgotten (it is made again from those
-// left).
+// left), and with none left nothing is kept.
 func TestPokeForgets(t *testing.T) {
 	var w notices
 	cs := map[string]chan int64{}
@@ -101,6 +101,14 @@ func TestPokeForgets(t *testing.T) {
 	}
 	if w.poke() {
 		t.Fatal("poke said it poked one with every word pending")
+	}
+	// The last waiters gone, an idle bucket keeps neither the map nor
+	// the ticket order (forgotten entries' IDs).
+	for _, e := range []string{"e990|0", "e991|0", "e992|0", "e993|0", "e994|0", "e995|0", "e996|0", "e997|0", "e998|0", "e999|0"} {
+		w.remove(e)
+	}
+	if w.waiters != nil || w.byTicket != nil {
+		t.Fatalf("with no waiter left, the bucket keeps a map of %d and a ticket order of %d", len(w.waiters), len(w.byTicket))
 	}
 }
 
