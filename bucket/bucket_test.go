@@ -49,6 +49,8 @@ func TestNewRejectsBadInput(t *testing.T) {
 		{"lookahead past TTL/2", rdb, with(func(c *bucket.Config) { c.Lookahead = time.Second }), "Lookahead"},
 		{"negative MaxQueue", rdb, with(func(c *bucket.Config) { c.MaxQueue = -1 }), "MaxQueue"},
 		{"negative MaxWait", rdb, with(func(c *bucket.Config) { c.MaxWait = -1 }), "MaxWait"},
+		{"MaxLateness no caller keeps", rdb, with(func(c *bucket.Config) { c.MaxLateness = time.Microsecond }), "MaxLateness 1µs, want 0 (default 25ms), negative (start however late) or ≥ 1ms"},
+		{"MaxLateness just under 1 ms", rdb, with(func(c *bucket.Config) { c.MaxLateness = 999 * time.Microsecond }), "MaxLateness 999µs"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := bucket.New(tc.rdb, tc.cfg)

@@ -17,6 +17,12 @@ const (
 	defaultLockTTL     = time.Second
 	defaultLookahead   = 20 * time.Millisecond
 	defaultMaxLateness = 25 * time.Millisecond
+	// minMaxLateness is the least MaxLateness (but negative) a caller can
+	// keep: a timer, the reply's trip and the judge's conservative
+	// reckoning (start.go's sleepLate) make a caller a few hundred µs late
+	// on a quiet host. With 1 µs every caller was retimed again and
+	// again, and an Enter without a deadline never returned.
+	minMaxLateness = time.Millisecond
 	// batchTimeout bounds an arrival call the batcher makes for several
 	// callers (each caller still returns at its own deadline).
 	batchTimeout = 5 * time.Second
@@ -139,7 +145,8 @@ type Config struct {
 	// conservatively, from when the request left less the shortest round
 	// trip seen, so round trips to Redis that vary by more than MaxLateness
 	// make callers late: set it above that spread. 0 means 25 ms; negative
-	// means a caller always starts on its slot, however late.
+	// means a caller always starts on its slot, however late; between 0
+	// and 1 ms is refused (no caller wakes that precisely).
 	MaxLateness time.Duration
 	// ReservationTTL is how long after its grant a Reservation may be
 	// settled or cancelled (Reserve); past it, it counts at its estimate
@@ -224,8 +231,11 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxWait < 0 {
 		return bad("MaxWait %v, want ≥ 0", c.MaxWait)
 	}
-	if c.MaxLateness == 0 {
+	switch {
+	case c.MaxLateness == 0:
 		c.MaxLateness = defaultMaxLateness
+	case c.MaxLateness > 0 && c.MaxLateness < minMaxLateness:
+		return bad("MaxLateness %v, want 0 (default %v), negative (start however late) or ≥ %v: a caller wakes that late after its slot on any host, so every one would miss its slot and keep its place until its ctx ended", c.MaxLateness, defaultMaxLateness, minMaxLateness)
 	}
 	switch {
 	case c.ReservationTTL < 0:

@@ -75,6 +75,8 @@ func FuzzConfig(f *testing.F) {
 			t.Fatalf("accepted LockTTL %v, Lookahead %v", c.LockTTL, c.Lookahead)
 		case c.MaxLateness == 0, c.KeyPrefix == "", c.MaxQueue < 0, c.MaxWait < 0:
 			t.Fatalf("defaults not filled in: %+v", c)
+		case c.MaxLateness > 0 && c.MaxLateness < time.Millisecond:
+			t.Fatalf("accepted MaxLateness %v, under which every caller is late", c.MaxLateness)
 		}
 		// Four callers at once: the first takes a token, the others may
 		// queue behind it, with estimates of up to three refills.
