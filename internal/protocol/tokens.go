@@ -100,8 +100,8 @@ func RefillLag(p Policy) int64 {
 // a TokenBucket policy's grid of refills, before being its level at the
 // slot and at its last refill by then.
 func LagShift(p Policy, before, slot, at int64) int64 {
-	if p.Kind != TokenBucket || at == slot && p.Capacity <= p.RefillAmount {
-		return 0 // a capacity of one refill, filled at the slot: it never sat full
+	if p.Kind != TokenBucket || at == slot {
+		return 0 // the refill that filled it came at the slot: it never sat full
 	}
 	// In float64, as the Lua: the product may pass 2^63.
 	back := math.Floor(float64(p.Capacity-before)/float64(p.RefillAmount)) * float64(p.RefillFrequency.Microseconds())

@@ -254,21 +254,15 @@ end
 -- refills of it. So the grid moves to slot + lag less those periods: a
 -- full bucket's next refill comes at slot + lag + freq, and one a lag of
 -- refills or more below its capacity is not moved. A grant at the very
--- refill that filled it (at = slot, in a saturated bucket whose capacity
--- is one refill, granting each token as it comes) moves nothing: the
--- bucket never sat full, and moving its grid at every grant would cost
--- it up to a third of its rate (a capacity of 1 at 250/s granted 167/s).
--- A bucket of more than one refill found full at a refill's very instant
--- may have sat full before it (idle since), and the books cannot tell:
--- its grid moves, as at any other instant (a grant after idling that
--- came on a refill's microsecond had no lag:
--- bucket/TestRefillLagReserve, 1 run in about 100 at 1 token every
--- 100 µs). An
+-- refill that filled it (at = slot: a saturated bucket whose capacity is
+-- one refill, granting each token as it comes) moves nothing: the bucket
+-- never sat full, and moving its grid at every grant would cost it up to
+-- a third of its rate (a capacity of 1 at 250/s granted 167/s). An
 -- upstream that restarts its refills when a request finds it full then
 -- counts on the requests arriving no later after their slots than the
 -- one before them did.
 local function lag_shift(p, before, slot, at)
-  if p.kind ~= 0 or at == slot and p.cap <= p.amount then return 0 end
+  if p.kind ~= 0 or at == slot then return 0 end
   local back = math.floor((p.cap - before) / p.amount) * p.freq
   return math.max(0, slot + refill_lag(p) - back - at)
 end
