@@ -2,6 +2,7 @@ package bucket_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -45,6 +46,7 @@ func TestRefillLagReserve(t *testing.T) {
 		}
 		return d.Slot
 	}
+	var last time.Time // the last slot: a refill instant, as every later one
 	for _, what := range []string{"a new bucket", "a bucket full again after idling"} {
 		if what != "a new bucket" {
 			time.Sleep(300 * time.Millisecond) // 100 ms refills it
@@ -52,10 +54,19 @@ func TestRefillLagReserve(t *testing.T) {
 		}
 		first := reserve(1000)
 		second := reserve(100)
-		want := refillLag + 100*100*time.Microsecond
-		if d := second.Sub(first); d != want {
-			t.Errorf("%s: the second slot came %v after the first, want the lag %v + 10 ms = %v", what, d, refillLag, want)
+		want, why := refillLag+100*100*time.Microsecond, fmt.Sprintf("the lag %v + 10 ms", refillLag)
+		if !last.IsZero() && first.Sub(last)%(100*time.Microsecond) == 0 {
+			// A grant at a refill's very instant counts as one that
+			// the refill filled the bucket for, and moves nothing
+			// (tokens.lua's lag_shift; design.md, Choices): about 1
+			// in 100 here, where this test failed beside a busy loop
+			// before it allowed for it.
+			want, why = 100*100*time.Microsecond, "10 ms, no lag (the first came at a refill's instant)"
 		}
+		if d := second.Sub(first); d != want {
+			t.Errorf("%s: the second slot came %v after the first, want %s = %v", what, d, why, want)
+		}
+		last = second
 	}
 }
 
