@@ -46,7 +46,7 @@ func TestRefillLagReserve(t *testing.T) {
 		}
 		return d.Slot
 	}
-	var last time.Time // the last slot: a refill instant, as every later one
+	var last time.Time // the last slot, a refill instant: refills come every 100 µs from it
 	for _, what := range []string{"a new bucket", "a bucket full again after idling"} {
 		if what != "a new bucket" {
 			time.Sleep(300 * time.Millisecond) // 100 ms refills it
