@@ -80,7 +80,18 @@ func (s *stops) since() time.Duration {
 func (s *stops) tick(ctx context.Context) {
 	t := time.NewTimer(stopTick)
 	defer t.Stop()
-	due := time.Now().Add(stopTick)
+	// Every instant of the loop lies between two readings of the clock,
+	// each compared with the one before: a stop that begins while a
+	// watcher runs (after the tick's reading, before the timer is set
+	// again) is seen at the reading after the call, not missed.
+	read := time.Now()
+	look := func(allowed time.Duration) {
+		now := time.Now()
+		if now.Sub(read) > allowed {
+			s.last.Store(now.UnixNano())
+		}
+		read = now
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -89,13 +100,11 @@ func (s *stops) tick(ctx context.Context) {
 			s.mu.Unlock()
 			return
 		case <-t.C:
-			if now := time.Now(); now.Sub(due) > stopGap {
-				s.last.Store(now.UnixNano())
-			}
+			look(stopTick + stopGap)
 			if !s.call() {
 				return
 			}
-			due = time.Now().Add(stopTick)
+			look(stopGap)
 			t.Reset(stopTick)
 		}
 	}
