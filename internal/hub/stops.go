@@ -19,14 +19,17 @@ import (
 // goroutine of the Hub ticks every stopTick, and a tick later than
 // stopGap says that the process was stopped in between (the kernel ran
 // none of its threads). Each tick then calls one watcher, in turn, so
-// that a process of thousands of buckets calls one a tick, not all.
+// that a process of thousands of buckets calls one a tick, not all; a
+// call that lasts longer than stopGap says so too (a watcher must not
+// block: it took that long because the process was stopped during it).
 
 const (
 	// stopTick is how often the watch ticks.
 	stopTick = 5 * time.Millisecond
-	// stopGap is how late a tick must come to count as a stop: Go's
-	// timers fire about 1 ms late on a busy machine, a pod at its CPU
-	// limit stops for 75 ms of every 100.
+	// stopGap is how late a tick must come, or how long a watcher's
+	// call must last, to count as a stop: Go's timers fire about 1 ms
+	// late on a busy machine, a pod at its CPU limit stops for 75 ms of
+	// every 100.
 	stopGap = 10 * time.Millisecond
 	// StoppedLately is how long after a stop the process counts as one
 	// that stops (Stopped): a pod stops once a CFS period (100 ms).
