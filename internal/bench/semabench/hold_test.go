@@ -45,9 +45,9 @@ func TestHoldParks(t *testing.T) {
 }
 
 // holdState runs sl.hold(d) in a goroutine and returns that goroutine's
-// state from a dump of all goroutines, taken while it holds: [syscall] for
-// a blocking syscall, [IO wait] for a parked read, [sleep] for
-// time.Sleep. It returns "" if the hold ended before it was seen, and
+// state from a dump of all goroutines, taken while it waits out the hold:
+// [syscall] for a read that blocks its thread, [IO wait] for a parked
+// read, [sleep] for time.Sleep. It returns "" if the hold ended before it was seen, and
 // hold's error after the hold has ended.
 func holdState(sl *sleeper, d time.Duration) (string, error) {
 	done := make(chan error, 1)
@@ -69,7 +69,15 @@ func holdState(sl *sleeper, d time.Duration) (string, error) {
 			head, _, _ := bytes.Cut(g, []byte("\n"))
 			_, rest, _ := bytes.Cut(head, []byte("["))
 			st, _, _ := bytes.Cut(rest, []byte("]"))
-			if s := string(st); s != "" && s != "running" && s != "runnable" {
+			s := string(st)
+			if s == "syscall" && bytes.Contains(g, []byte("syscall.Syscall6(")) {
+				// Arming the timer (timerfd_settime by Syscall6, which
+				// returns at once), not the wait: a thread preempted
+				// in it on a busy host shows it (seen once in
+				// scripts/test beside a busy loop). Look again.
+				s = ""
+			}
+			if s != "" && s != "running" && s != "runnable" {
 				return s, <-done
 			}
 		}
