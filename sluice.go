@@ -23,12 +23,12 @@ var ErrLimited = errors.New("sluice: limited")
 // ErrQueueFull is every limiter's refusal of a caller because its
 // MaxQueue callers already wait (bucket, semaphore, local Rate). It wraps
 // ErrLimited; the error returned names the limiter and how many wait.
-var ErrQueueFull = fmt.Errorf("queue full: %w", ErrLimited)
+var ErrQueueFull error = &sentinel{"sluice: queue full", ErrLimited}
 
 // ErrWaitTooLong is every limiter's refusal of a caller whose estimated
 // wait is longer than its MaxWait (bucket, local Rate). It wraps
 // ErrLimited; the error returned names the estimate.
-var ErrWaitTooLong = fmt.Errorf("wait too long: %w", ErrLimited)
+var ErrWaitTooLong error = &sentinel{"sluice: wait too long", ErrLimited}
 
 // WaitTooLongError is the refusal of a caller that cannot be served in
 // time: the earliest it could start (Wait from the refusal, a lower bound
@@ -70,7 +70,7 @@ func (e *WaitTooLongError) Unwrap() []error {
 
 // ErrClosed is what a bucket's or a semaphore's calls return after its
 // Close, including those that were waiting when Close came.
-var ErrClosed = errors.New("closed")
+var ErrClosed = errors.New("sluice: closed")
 
 // ErrConfig is matched by every error a constructor of bucket, semaphore,
 // local or transport returns when it refuses its configuration or its
@@ -94,14 +94,14 @@ var ErrCostExceedsCapacity = errors.New("sluice: cost exceeds capacity")
 // ErrConfig, not ErrLimited: two processes disagreeing on a limit is a
 // deployment to fix (or a live change to adopt), not a refusal to back off
 // from.
-var ErrConfigMismatch = fmt.Errorf("sluice: config differs from the one in force: %w", ErrConfig)
+var ErrConfigMismatch error = &sentinel{"sluice: config differs from the one in force", ErrConfig}
 
 // ConfigMismatchError is the error a bucket or a semaphore returns when
 // this process's configuration is not the one in force in Redis and it
 // may not follow it (its Config.Adopt is false). Read it with errors.As;
 // it matches ErrConfigMismatch and ErrConfig with errors.Is. The
 // configurations are in the words the message uses; for the values, the
-// caller has its own Config, and Bucket.Limits or Semaphore.Capacity read
+// caller has its own Config, and Bucket.Policies or Semaphore.Capacity read
 // the ones in force.
 type ConfigMismatchError struct {
 	// Limiter is the kind of limiter that refused: "bucket" or "semaphore".
@@ -122,6 +122,17 @@ func (e *ConfigMismatchError) Error() string {
 // Unwrap returns ErrConfigMismatch, so that errors.Is matches it and
 // ErrConfig.
 func (e *ConfigMismatchError) Unwrap() error { return ErrConfigMismatch }
+
+// sentinel is an error with its own message that also matches a parent:
+// "sluice: queue full", not "queue full: sluice: limited". Each limiter's
+// own sentinels follow it (internal/configerr.Kind): "bucket: queue full".
+type sentinel struct {
+	msg    string
+	parent error
+}
+
+func (e *sentinel) Error() string { return e.msg }
+func (e *sentinel) Unwrap() error { return e.parent }
 
 // Limiter runs functions within a limit. Do waits for the caller's turn, runs
 // fn, and for concurrency limiters releases the place after fn returns (even

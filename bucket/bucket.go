@@ -73,9 +73,9 @@ import (
 // Redis returns an error that matches both ctx.Err() (when the caller's ctx
 // ended) and Redis's own error.
 var (
-	errClosed      = fmt.Errorf("bucket: %w", sluice.ErrClosed)
-	errQueueFull   = fmt.Errorf("bucket: %w", sluice.ErrQueueFull)
-	errWaitTooLong = fmt.Errorf("bucket: %w", sluice.ErrWaitTooLong)
+	errClosed      = configerr.Kind("bucket", sluice.ErrClosed)
+	errQueueFull   = configerr.Kind("bucket", sluice.ErrQueueFull)
+	errWaitTooLong = configerr.Kind("bucket", sluice.ErrWaitTooLong)
 	errConfig      = configerr.New("bucket")
 	// ErrNotReplicated: with Config.ReplicaAcks, the writes of the
 	// caller's grant were not acknowledged by that many replicas in time.
@@ -85,7 +85,7 @@ var (
 
 // errCostExceedsCapacity is wrapped by the refusal of a cost above a
 // policy's Capacity.
-var errCostExceedsCapacity = fmt.Errorf("bucket: %w", sluice.ErrCostExceedsCapacity)
+var errCostExceedsCapacity = configerr.Kind("bucket", sluice.ErrCostExceedsCapacity)
 
 // Bucket is a handle on a shared bucket. It is safe for concurrent use by
 // any number of goroutines.

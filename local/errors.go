@@ -12,17 +12,17 @@ import (
 var (
 	// errQueueFull is returned by Rate when MaxQueue callers already
 	// wait: sluice.ErrQueueFull.
-	errQueueFull = fmt.Errorf("local: %w", sluice.ErrQueueFull)
+	errQueueFull = configerr.Kind("local", sluice.ErrQueueFull)
 
 	// errWaitTooLong is returned by Rate when the caller would wait longer
 	// than MaxWait: sluice.ErrWaitTooLong.
-	errWaitTooLong = fmt.Errorf("local: %w", sluice.ErrWaitTooLong)
+	errWaitTooLong = configerr.Kind("local", sluice.ErrWaitTooLong)
 
 	// ErrTimeout is returned by Concurrency when a slot did not free up
 	// within AcquireTimeout, or, in Do, within RunTimeout. Do also sets it as
 	// the cause (see context.Cause) of the context it passes to fn when
 	// RunTimeout ends.
-	ErrTimeout = fmt.Errorf("local: timed out waiting for a slot: %w", sluice.ErrLimited)
+	ErrTimeout = configerr.Sentinel("local: timed out waiting for a slot", sluice.ErrLimited)
 )
 
 // errCostExceedsCapacity is wrapped by the refusal, at once and never
@@ -30,7 +30,7 @@ var (
 // the Concurrency's Limit. The error names the cost and that bound, and
 // matches sluice.ErrCostExceedsCapacity, not sluice.ErrLimited: retrying
 // later cannot succeed.
-var errCostExceedsCapacity = fmt.Errorf("local: %w", sluice.ErrCostExceedsCapacity)
+var errCostExceedsCapacity = configerr.Kind("local", sluice.ErrCostExceedsCapacity)
 
 // checkCost returns an error for a cost n that is negative, or above
 // capacity, the limiter's field called name.

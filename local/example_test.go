@@ -51,7 +51,7 @@ func ExampleRate_burst() {
 	// 0 <nil>
 	// 1 <nil>
 	// 2 <nil>
-	// 3 local: wait too long: sluice: limited
+	// 3 local: wait too long
 }
 
 // EnterN for requests that cost different amounts: an API allows 600 units
@@ -83,8 +83,8 @@ func ExampleRate_EnterN() {
 	// 60 sent
 	// 40 sent
 	// 5 sent
-	// 30 not now: local: wait too long: sluice: limited
-	// 250 never: local: sluice: cost exceeds capacity: cost 250 above the Burst 100, so it could never be granted
+	// 30 not now: local: wait too long
+	// 250 never: local: cost exceeds capacity: cost 250 above the Burst 100, so it could never be granted
 }
 
 // A Concurrency keeping at most two downloads in flight, with each Do bounded

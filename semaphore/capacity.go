@@ -15,7 +15,7 @@ import (
 
 // errCostExceedsCapacity is wrapped by the refusal of a weight above the
 // capacity in force (sluice.ErrCostExceedsCapacity: AcquireN's doc).
-var errCostExceedsCapacity = fmt.Errorf("semaphore: %w", sluice.ErrCostExceedsCapacity)
+var errCostExceedsCapacity = configerr.Kind("semaphore", sluice.ErrCostExceedsCapacity)
 
 // tooHeavy is the refusal of a weight n above the capacity in force.
 func (s *Semaphore) tooHeavy(n, capacity int) error {

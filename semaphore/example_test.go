@@ -118,7 +118,7 @@ func ExampleSemaphore_AcquireN() {
 	// 4 more while 8 are held: context deadline exceeded
 	// holding 8 + 2 of 10
 	// true false
-	// semaphore: sluice: cost exceeds capacity: weight 12 above Capacity 10 of semaphore "render-memory", so it could never be granted
+	// semaphore: cost exceeds capacity: weight 12 above Capacity 10 of semaphore "render-memory", so it could never be granted
 }
 
 // Stats are this process's figures, read without I/O; Inspect reads the

@@ -26,11 +26,11 @@ import (
 var (
 	// errClosed is returned by Acquire and Do after Close, and by an
 	// Acquire that was waiting when Close was called: sluice.ErrClosed.
-	errClosed = fmt.Errorf("semaphore: %w", sluice.ErrClosed)
+	errClosed = configerr.Kind("semaphore", sluice.ErrClosed)
 
 	// errQueueFull is returned by Acquire when Config.MaxQueue callers
 	// already wait: sluice.ErrQueueFull, which wraps sluice.ErrLimited.
-	errQueueFull = fmt.Errorf("semaphore: %w", sluice.ErrQueueFull)
+	errQueueFull = configerr.Kind("semaphore", sluice.ErrQueueFull)
 
 	// errConfig is wrapped by every error New returns; it matches
 	// sluice.ErrConfig.
