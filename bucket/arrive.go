@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -86,6 +87,11 @@ func (b *Bucket) ended(ctx context.Context, start time.Time, rep entered, err er
 // policy in force. stop: the caller returns now with err, as c is
 // invalid, or takes nothing (err is then ctx's).
 func (b *Bucket) costsOf(ctx context.Context, c Cost) (costs []int64, stop bool, err error) {
+	if c == nil {
+		if err := b.countsCalls(); err != nil {
+			return nil, true, err
+		}
+	}
 	if c != nil {
 		var zero bool
 		if costs, zero, err = b.costs(c); err != nil || zero {
@@ -96,6 +102,16 @@ func (b *Bucket) costsOf(ctx context.Context, c Cost) (costs []int64, stop bool,
 		}
 	}
 	return costs, false, nil
+}
+
+// countsCalls refuses Enter's cost (a nil Cost: 1 call) on a bucket none
+// of whose policies in force counts calls: it would take nothing, and
+// every caller would pass at once, unlimited.
+func (b *Bucket) countsCalls() error {
+	if slices.ContainsFunc(b.inForce(), func(p Policy) bool { return p.Unit == "" }) {
+		return nil
+	}
+	return fmt.Errorf("bucket %q: Enter's cost is 1 call, but no policy in force counts calls (Unit \"\"): enter with EnterCost, or Reserve, and a cost in its units (%w)", b.cfg.Name, sluice.ErrConfig)
 }
 
 // enterOnce makes one arrival with a fresh ID. It reports again when the

@@ -400,16 +400,14 @@ type Estimate struct {
 // would wait if it entered now, counting the callers already queued in
 // every process and their costs. The wait is exact unless callers ahead
 // give up (then it is shorter) or the caller would be refused (MaxQueue,
-// MaxWait). A cost is checked as EnterCost checks it; nil is Enter's.
+// MaxWait). A cost is checked as EnterCost checks it; nil is Enter's
+// (1 call; an error on a bucket none of whose policies counts calls).
 // One round trip.
 func (b *Bucket) Estimate(ctx context.Context, c Cost) (Estimate, error) {
 	for settled := 0; ; settled++ {
-		var costs []int64 // nil: Enter's
-		var err error
-		if c != nil {
-			if costs, _, err = b.costs(c); err != nil {
-				return Estimate{}, err
-			}
+		costs, stop, err := b.costsOf(ctx, c) // nil: Enter's
+		if stop { // a bad cost, or one that takes nothing (it would not wait)
+			return Estimate{}, err
 		}
 		wait, ahead, err := b.q.Estimate(ctx, costs)
 		retry, serr := b.followInForce(ctx, err, settled)

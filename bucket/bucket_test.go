@@ -49,6 +49,8 @@ func TestNewRejectsBadInput(t *testing.T) {
 		{"lookahead past TTL/2", rdb, with(func(c *bucket.Config) { c.Lookahead = time.Second }), "Lookahead"},
 		{"negative MaxQueue", rdb, with(func(c *bucket.Config) { c.MaxQueue = -1 }), "MaxQueue"},
 		{"negative MaxWait", rdb, with(func(c *bucket.Config) { c.MaxWait = -1 }), "MaxWait"},
+		{"MaxWait 1ns", rdb, with(func(c *bucket.Config) { c.MaxWait = time.Nanosecond }), "MaxWait 1ns, want 0 (unbounded) or ≥ 1µs"},
+		{"MaxWait 999ns", rdb, with(func(c *bucket.Config) { c.MaxWait = 999 * time.Nanosecond }), "MaxWait 999ns"},
 		{"MaxLateness no caller keeps", rdb, with(func(c *bucket.Config) { c.MaxLateness = time.Microsecond }), "MaxLateness 1µs, want 0 (default 25ms), negative (start however late) or ≥ 1ms"},
 		{"MaxLateness just under 1 ms", rdb, with(func(c *bucket.Config) { c.MaxLateness = 999 * time.Microsecond }), "MaxLateness 999µs"},
 	} {

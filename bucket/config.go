@@ -72,7 +72,7 @@ type Config struct {
 	MaxQueue int
 	// MaxWait refuses Enter with sluice.ErrWaitTooLong when the estimated wait is
 	// longer; the estimate counts the costs of the callers ahead and the
-	// caller's own. 0 means unbounded. Whatever MaxWait, a caller whose ctx
+	// caller's own. 0 means unbounded; otherwise at least 1 µs. Whatever MaxWait, a caller whose ctx
 	// has a deadline is refused the same way when its estimated wait
 	// passes that deadline (see Enter).
 	MaxWait time.Duration
@@ -228,8 +228,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxQueue < 0 {
 		return bad("MaxQueue %d, want ≥ 0", c.MaxQueue)
 	}
-	if c.MaxWait < 0 {
-		return bad("MaxWait %v, want ≥ 0", c.MaxWait)
+	if c.MaxWait < 0 || c.MaxWait > 0 && c.MaxWait < time.Microsecond {
+		return bad("MaxWait %v, want 0 (unbounded) or ≥ 1µs (waits count whole microseconds)", c.MaxWait)
 	}
 	switch {
 	case c.MaxLateness == 0:

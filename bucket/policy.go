@@ -86,8 +86,9 @@ func Rolling(n int, window time.Duration) Policy {
 // picks the smallest amount that keeps the rate exact in whole
 // microseconds (1000 a minute: 1 every 60 ms). When that amount would
 // exceed burst, it adds 1 token every ⌈period / n⌉ instead, a rate never
-// above n per period. Set Unit on the result for another unit. Invalid
-// arguments give a policy New refuses with a message naming them.
+// above n per period. For another unit, say it with In:
+// Rate(90_000, time.Minute, 15_000).In("tokens"). Invalid arguments give
+// a policy New refuses with a message naming them.
 func Rate(n int, period time.Duration, burst int) Policy {
 	us := period.Microseconds()
 	if n < 1 || burst < 1 || us < 1 || period%time.Microsecond != 0 {
@@ -99,6 +100,13 @@ func Rate(n int, period time.Duration, burst int) Policy {
 		amount, every = 1, (us+int64(n)-1)/int64(n)
 	}
 	return Policy{Capacity: burst, RefillAmount: int(amount), RefillFrequency: time.Duration(every) * time.Microsecond}
+}
+
+// In returns p counting unit instead: Rate(…).In("tokens"),
+// Fixed(…).In("pu"). "" counts calls.
+func (p Policy) In(unit string) Policy {
+	p.Unit = unit
+	return p
 }
 
 func gcd(a, b int64) int64 {

@@ -41,7 +41,10 @@ type Reservation struct {
 // Unlike x/time/rate's Reserve, it waits: a Reservation is a grant, and
 // the work may start at once. Settle it with the true cost when the work
 // is done, or Cancel it if the work never reached the upstream. Errors
-// are EnterCost's.
+// are EnterCost's, and so is its bound: a ctx deadline shorter than the
+// estimated wait refuses it at once with a *sluice.WaitTooLongError that
+// carries the estimate, taking nothing (see Enter), so each call bounds
+// its own wait.
 //
 // Estimate high: a settle below the estimate gives the rest back to the
 // callers queued, while one above it is a debt the callers after it wait
