@@ -406,7 +406,8 @@ type Estimate struct {
 func (b *Bucket) Estimate(ctx context.Context, c Cost) (Estimate, error) {
 	for settled := 0; ; settled++ {
 		costs, stop, err := b.costsOf(ctx, c) // nil: Enter's
-		if stop {                             // a bad cost, or one that takes nothing (it would not wait)
+		// stop: a bad cost, or one that takes nothing (it would not wait).
+		if stop {
 			return Estimate{}, err
 		}
 		wait, ahead, err := b.q.Estimate(ctx, costs)
