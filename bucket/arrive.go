@@ -101,6 +101,9 @@ func (b *Bucket) costsOf(ctx context.Context, c Cost) (costs []int64, stop bool,
 			return nil, true, err
 		}
 	}
+	if costs == nil && trying(ctx) {
+		costs = b.tryCosts()
+	}
 	return costs, false, nil
 }
 
@@ -208,6 +211,9 @@ func (b *Bucket) written(ctx context.Context, rep *entered, costs []int64, limit
 // find the caller gone), and at least 1 µs (with nothing left, only a
 // token free at once serves it). 0: no deadline.
 func (b *Bucket) ownWait(ctx context.Context) time.Duration {
+	if trying(ctx) {
+		return tryWait
+	}
 	dl, ok := ctx.Deadline()
 	if !ok {
 		return 0

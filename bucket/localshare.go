@@ -231,6 +231,14 @@ func (f *localShare) goLocal() bool {
 // the earliest instant they are there, not before the previous booking,
 // and returns it. f.mu is held.
 func (f *localShare) bookLocked(costs []int64, now time.Time) time.Time {
+	t, _ := f.bookWithinLocked(costs, now, 0)
+	return t
+}
+
+// bookWithinLocked is bookLocked for a caller that may wait at most
+// within (0: no bound): when the instant is later than that, it books
+// nothing and returns it with false. f.mu is held.
+func (f *localShare) bookWithinLocked(costs []int64, now time.Time, within time.Duration) (time.Time, bool) {
 	cost := func(i int) float64 {
 		if costs == nil {
 			if f.units[i] == "" {
@@ -257,12 +265,15 @@ func (f *localShare) bookLocked(costs []int64, now time.Time) time.Time {
 			}
 		}
 	}
+	if within > 0 && t.Sub(now) > within {
+		return t, false
+	}
 	for i := range f.levels {
 		f.levels[i] = f.levelAt(i, t) - cost(i)
 	}
 	f.at = t
 	f.granted++
-	return t
+	return t, true
 }
 
 // levelAt is policy i's level at t ≥ f.at, refilled and capped; before
@@ -330,7 +341,16 @@ func (f *localShare) admit(ctx context.Context, entry string, costs []int64, rep
 		}
 		slot := booked
 		if slot.IsZero() {
-			slot = f.bookLocked(costs, f.b.now())
+			// As on Redis, a caller whose turn comes after its deadline
+			// (or, for TryEnter, later than at once) is refused at
+			// once and takes nothing.
+			now, own := f.b.now(), f.b.ownWait(ctx)
+			var ok bool
+			if slot, ok = f.bookWithinLocked(costs, now, f.b.mayWait(own)); !ok {
+				f.mu.Unlock()
+				rep.Local = true
+				return f.b.tooLong(slot.Sub(now), own)
+			}
 		}
 		f.mu.Unlock()
 		rep.Local = true
