@@ -10,7 +10,8 @@ import "time"
 // neither pays for neither. See docs/observability.md.
 
 // Observer receives every call to enter a limiter once it returns. Observe
-// runs on the caller's goroutine before the call returns: it must be
+// runs on the caller's goroutine before the call returns (a bucket in
+// shadow mode's events excepted: Event.Shadow): it must be
 // fast, must not block, and must be safe for concurrent use.
 type Observer interface {
 	Observe(e Event)
@@ -47,6 +48,15 @@ type Event struct {
 	// share while Redis could not be reached (Config.Fallback of a bucket
 	// or a semaphore), or failed while waiting there.
 	Local bool
+	// Shadow reports a call of a bucket in shadow mode
+	// (bucket.Config.Shadow): the call was let through at once, and
+	// Result, Reason and Wait are what the limiter would have done:
+	// Granted after Wait, Refused (its deadline or MaxWait shorter than
+	// that wait), or Failed (Redis did not answer). Such an event is
+	// observed when Redis answered, on the bucket's goroutine, not the
+	// caller's. The metrics packages record it as sluice.shadow_wait
+	// only.
+	Shadow bool
 }
 
 // Result is how a call to enter a limiter ended.
@@ -107,6 +117,15 @@ type Stats struct {
 	// (included in Granted).
 	Local        bool
 	LocalGranted int64
+	// Shadow counts the calls a bucket in shadow mode
+	// (bucket.Config.Shadow) let through, as they are heard back from
+	// Redis; of them, ShadowRefused the ones the limiter would have
+	// refused and ShadowFailed the ones Redis did not answer for.
+	// ShadowWait is the sum of the waits the others would have had: its
+	// mean is ShadowWait / (Shadow − ShadowRefused − ShadowFailed).
+	// The calls themselves count in no other field.
+	Shadow, ShadowRefused, ShadowFailed int64
+	ShadowWait                          time.Duration
 }
 
 // StatsReader is a limiter whose Stats can be read.

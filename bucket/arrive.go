@@ -22,6 +22,9 @@ import (
 // taken anew for each arrival: a live change may have changed the
 // policies in force meanwhile.
 func (b *Bucket) enter(ctx context.Context, c Cost) (rep entered, err error) {
+	if b.shadow != nil {
+		return b.shadow.enter(ctx, c, false)
+	}
 	start := b.now()
 	b.tally.Begin()
 	defer func() { b.ended(ctx, start, rep, err) }()

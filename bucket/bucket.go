@@ -144,6 +144,9 @@ type Bucket struct {
 	idSeq    atomic.Uint64
 	// fb is the fallback while Redis is away (fallback.go).
 	fb fallback
+	// shadow runs the calls of a bucket in shadow mode (Config.Shadow;
+	// nil: not).
+	shadow *shadow
 
 	closeOnce sync.Once
 }
@@ -186,7 +189,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 	if cfg.ReplicaAcks > 0 {
 		qc = rdb
 	}
-	keys := queueio.NewKeys(cfg.KeyPrefix, cfg.Name)
+	keys := queueio.NewKeys(shadowPrefix(cfg), cfg.Name)
 	q := queue.New(qc, queueOptions(cfg, keys, qps))
 	bg := background.NewGroup()
 	b := &Bucket{
@@ -219,6 +222,9 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 	if cfg.Fallback == LocalShare {
 		b.fb = newLocalShare(b)
 	}
+	if cfg.Shadow {
+		b.shadow = newShadow(b)
+	}
 	return b, nil
 }
 
@@ -228,7 +234,7 @@ func queueOptions(cfg Config, keys queueio.Keys, qps []protocol.Policy) queueio.
 	return queueio.Options{
 		Keys:           keys,
 		Policies:       qps,
-		Lookahead:      cfg.Lookahead,
+		Lookahead:      shadowLookahead(cfg),
 		LockTTL:        cfg.LockTTL,
 		Grace:          grace(cfg),
 		MaxLateness:    cfg.MaxLateness,
@@ -380,6 +386,9 @@ type Report struct {
 	// could not be reached (Config.Fallback); Ticket and Position are
 	// then those it had before, if any.
 	Local bool
+	// Shadow is, with Config.Shadow, what the limiter would have done
+	// (the call itself returned at once).
+	Shadow ShadowReport
 }
 
 // entered is what enter keeps of one caller: the Report it returns, and
@@ -427,6 +436,10 @@ func (b *Bucket) Estimate(ctx context.Context, c Cost) (Estimate, error) {
 // EnterReport is Enter that also reports what happened; with a cost, it
 // is EnterCost (at most one cost).
 func (b *Bucket) EnterReport(ctx context.Context, cost ...Cost) (Report, error) {
+	if b.shadow != nil && len(cost) <= 1 {
+		e, err := b.shadow.enter(ctx, append(cost, nil)[0], true)
+		return e.Report, err
+	}
 	switch len(cost) {
 	case 0:
 		e, err := b.enter(ctx, nil)

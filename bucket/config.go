@@ -159,6 +159,24 @@ type Config struct {
 	// until Redis answers again. See docs/guarantees.md, "When Redis is
 	// unreachable", for when to choose which.
 	Fallback Fallback
+	// Shadow runs the bucket in shadow mode, to see what it would do to
+	// live traffic before it does it: every call (Enter, EnterN,
+	// EnterCost, Do, Reserve, TryEnter) returns at once as if granted,
+	// whatever the limit and whether Redis answers, and what the limiter
+	// would have done is recorded when Redis answers: the wait each call
+	// would have had, or that it would have been refused (its ctx's
+	// deadline or MaxWait shorter than that wait), in Stats (Shadow,
+	// ShadowWait, ...), the Observer (Event.Shadow; the metrics packages'
+	// sluice.shadow_wait) and EnterReport's Report.Shadow (EnterReport
+	// alone waits the round trip to report it). A cost no policy counts
+	// or above a Capacity is still an error. The shadow's state lives
+	// apart from the bucket's ("<KeyPrefix>:shadow:{<Name>}:..."), so
+	// shadow callers never slow the real callers of the same bucket; it
+	// counts the shadow callers of every process, each given its turn at
+	// once in arrival order as if none ever gave up: the wait recorded is
+	// Enter's had every shadow call waited. MaxQueue and Fallback do not
+	// apply. See docs/shadow.md.
+	Shadow bool
 }
 
 // Fallback is what a Bucket does while Redis cannot be reached
@@ -270,6 +288,11 @@ func (c Config) withReplicasAndFallback() (Config, error) {
 			if p.Kind != TokenBucket {
 				return bad("Fallback LocalShare with Policies[%d] a %v: the local share serves token buckets only (a window's grants cannot be divided between processes and charged back)", i, p.Kind)
 			}
+		}
+	}
+	for i, p := range c.Policies {
+		if c.Shadow && p.Kind != TokenBucket {
+			return bad("Shadow with Policies[%d] a %v: a shadow gives each caller its slot on arrival however far ahead, which only a token bucket tells exactly", i, p.Kind)
 		}
 	}
 	return c, nil

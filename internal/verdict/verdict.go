@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"sync/atomic"
+	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/rediscall"
@@ -60,10 +61,12 @@ type Tally struct {
 	Limiter, Name string
 	Observer      sluice.Observer // nil: none
 
-	waiting                            atomic.Int64
-	granted, refused, canceled, failed atomic.Int64
-	reentries                          atomic.Int64
-	local                              atomic.Int64
+	waiting                             atomic.Int64
+	granted, refused, canceled, failed  atomic.Int64
+	reentries                           atomic.Int64
+	local                               atomic.Int64
+	shadow, shadowRefused, shadowFailed atomic.Int64
+	shadowWait                          atomic.Int64 // ns
 }
 
 // Begin counts a call that starts.
@@ -97,6 +100,24 @@ func (t *Tally) End(e sluice.Event) {
 	}
 }
 
+// Shadow counts a call a limiter in shadow mode let through, e being
+// what it would have done (e.Shadow set), and reports it to the Observer.
+func (t *Tally) Shadow(e sluice.Event) {
+	t.shadow.Add(1)
+	switch e.Result {
+	case sluice.Granted:
+		t.shadowWait.Add(int64(e.Wait))
+	case sluice.Refused:
+		t.shadowRefused.Add(1)
+	default:
+		t.shadowFailed.Add(1)
+	}
+	if t.Observer != nil {
+		e.Limiter, e.Name, e.Shadow = t.Limiter, t.Name, true
+		t.Observer.Observe(e)
+	}
+}
+
 // Stats returns the counts (the fields of sluice.Stats a Tally keeps).
 func (t *Tally) Stats() sluice.Stats {
 	return sluice.Stats{
@@ -107,5 +128,10 @@ func (t *Tally) Stats() sluice.Stats {
 		Canceled:     t.canceled.Load(),
 		Failed:       t.failed.Load(),
 		Reentries:    t.reentries.Load(),
+
+		Shadow:        t.shadow.Load(),
+		ShadowRefused: t.shadowRefused.Load(),
+		ShadowFailed:  t.shadowFailed.Load(),
+		ShadowWait:    time.Duration(t.shadowWait.Load()),
 	}
 }

@@ -66,6 +66,7 @@ type Observer struct {
 	requests  metric.Int64ObservableCounter
 	inQueue   metric.Float64Histogram
 	lateness  metric.Float64Histogram
+	shadow    metric.Float64Histogram
 	meter     metric.Meter
 	observed  []metric.Observable // the instruments Track reports
 	queued    metric.Int64ObservableUpDownCounter
@@ -83,7 +84,8 @@ type Observer struct {
 	// sets holds each kind of event's count and attribute options, so that
 	// recording one builds no attribute set: an eventKey holds
 	// *eventAttrs.
-	sets sync.Map
+	sets       sync.Map
+	shadowSets sync.Map // eventKey → sluice.shadow_wait's options
 }
 
 // eventKey is what an event's attributes depend on.
@@ -115,7 +117,7 @@ func New(mp metric.MeterProvider) (*Observer, error) {
 	}
 	m := mp.Meter(ScopeName)
 	o := &Observer{meter: m}
-	var errs [14]error
+	var errs [15]error
 	o.requests, errs[0] = m.Int64ObservableCounter("sluice.requests",
 		metric.WithUnit("{request}"),
 		metric.WithDescription("Calls that tried to enter a limiter, by result (and reason, when refused or failed)."))
@@ -127,6 +129,10 @@ func New(mp metric.MeterProvider) (*Observer, error) {
 		metric.WithUnit("s"),
 		metric.WithDescription("How late after its slot a rate-limited call that was granted returned; only calls that were late."),
 		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1))
+	o.shadow, errs[14] = m.Float64Histogram("sluice.shadow_wait",
+		metric.WithUnit("s"),
+		metric.WithDescription("A bucket in shadow mode (Config.Shadow): the wait each call would have had, by the result the limiter would have given (granted; refused, with its reason; failed: Redis did not answer, recorded as 0)."),
+		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 30, 60))
 	o.queued, errs[3] = m.Int64ObservableUpDownCounter("sluice.queued_requests",
 		metric.WithUnit("{request}"),
 		metric.WithDescription("Calls waiting to enter the limiter in this process now."))
@@ -184,8 +190,13 @@ var _ sluice.Observer = (*Observer)(nil)
 
 // Observe records one call to enter: one request under its result, its
 // time in the queue if it waited there (not a refusal), and its lateness
-// if it was granted late. The limiter calls it; it does not block.
+// if it was granted late; a shadow call (Event.Shadow) only as
+// sluice.shadow_wait. The limiter calls it; it does not block.
 func (o *Observer) Observe(e sluice.Event) {
+	if e.Shadow { // let through: only what the limiter would have done
+		o.shadow.Record(context.Background(), e.Wait.Seconds(), o.shadowAttrs(e)...)
+		return
+	}
 	a := o.attrs(e)
 	a.count.Add(1)
 	ctx := context.Background()
@@ -197,6 +208,22 @@ func (o *Observer) Observe(e sluice.Event) {
 	if e.Result == sluice.Granted && e.Late > 0 {
 		o.lateness.Record(ctx, e.Late.Seconds(), a.lateness...)
 	}
+}
+
+// shadowAttrs are a shadow event's options for sluice.shadow_wait (kind,
+// name, result, reason), made once; kept apart from attrs, whose every
+// entry sluice.requests reports.
+func (o *Observer) shadowAttrs(e sluice.Event) []metric.RecordOption {
+	k := eventKey{kind: e.Limiter, name: e.Name, reason: e.Reason, result: e.Result}
+	if a, ok := o.shadowSets.Load(k); ok {
+		return a.([]metric.RecordOption)
+	}
+	kv := []attribute.KeyValue{KindKey.String(k.kind), NameKey.String(k.name), ResultKey.String(k.result.String())}
+	if k.reason != "" {
+		kv = append(kv, ReasonKey.String(k.reason))
+	}
+	got, _ := o.shadowSets.LoadOrStore(k, []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(kv...))})
+	return got.([]metric.RecordOption)
 }
 
 func (o *Observer) attrs(e sluice.Event) *eventAttrs {

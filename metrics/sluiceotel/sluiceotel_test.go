@@ -362,3 +362,35 @@ func TestObserveAttributes(t *testing.T) {
 		t.Errorf("time in queue sum %v s, want 0.03", h.DataPoints[0].Sum)
 	}
 }
+
+// TestShadowMetrics: a bucket in shadow mode's calls show only as
+// sluice.shadow_wait, one point a call, with the wait it would have had.
+func TestShadowMetrics(t *testing.T) {
+	srv := redistest.New(t)
+	o, reader := newReader(t)
+	name := t.Name()
+	b := newBucket(t, srv, bucket.Config{Name: name, Capacity: 2, RefillAmount: 1, RefillFrequency: time.Hour, Shadow: true, Observer: o})
+	ctx := context.Background()
+	for range 5 {
+		if err := b.Enter(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "the 5 shadow calls heard back", func() bool { return b.Stats().Shadow == 5 })
+	rm := collect(t, reader)
+	m, ok := find(rm, "sluice.shadow_wait")
+	if !ok {
+		t.Fatal("no sluice.shadow_wait")
+	}
+	h := m.Data.(metricdata.Histogram[float64])
+	if len(h.DataPoints) != 1 {
+		t.Fatalf("%d series, want 1", len(h.DataPoints))
+	}
+	// 0, 0, then 1, 2 and 3 refills of an hour: 6 hours, within a minute.
+	if p := h.DataPoints[0]; p.Count != 5 || p.Sum < 6*3600-60 || p.Sum > 6*3600+1 {
+		t.Fatalf("sluice.shadow_wait: %d points summing %.0fs, want 5 summing about 6 hours", p.Count, p.Sum)
+	}
+	if _, ok := value(rm, "sluice.requests", sluiceotel.KindKey.String("bucket"), sluiceotel.NameKey.String(name), sluiceotel.ResultKey.String("granted")); ok {
+		t.Fatal("a shadow call counted in sluice.requests")
+	}
+}

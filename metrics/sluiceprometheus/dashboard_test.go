@@ -87,6 +87,7 @@ func exportedFamilies(t *testing.T) map[string]*dto.MetricFamily {
 		{Limiter: "local.rate", Result: sluice.Refused, Reason: "wait_too_long"},
 		{Limiter: "local.rate", Result: sluice.Canceled, Queued: true, Wait: time.Second},
 		{Limiter: "local.rate", Result: sluice.Failed, Reason: "closed"},
+		{Limiter: "bucket", Result: sluice.Granted, Wait: time.Second, Shadow: true},
 	} {
 		o.Observe(e)
 	}

@@ -48,6 +48,7 @@ type Collector struct {
 	requests *prometheus.CounterVec
 	inQueue  *prometheus.HistogramVec
 	lateness *prometheus.HistogramVec
+	shadow   *prometheus.HistogramVec
 	// children caches each kind of event's metrics, so that recording one
 	// looks no labels up: an eventKey holds *children.
 	children sync.Map
@@ -108,6 +109,11 @@ func New() *Collector {
 			Help:    "How late after its slot a rate-limited call that was granted returned; only calls that were late.",
 			Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1},
 		}, labels),
+		shadow: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_shadow_wait_seconds",
+			Help:    "A bucket in shadow mode (Config.Shadow): the wait each call would have had, by the result the limiter would have given (granted; refused, with its reason; failed: Redis did not answer, observed as 0).",
+			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 30, 60},
+		}, []string{"sluice_limiter_kind", "sluice_limiter_name", "sluice_result", "sluice_reason"}),
 		queued:    desc("sluice_queued_requests", "Calls waiting to enter the limiter in this process now."),
 		held:      desc("sluice_held_permits", "Weight this process holds now (semaphore, concurrency limiter)."),
 		steps:     desc("sluice_scheduler_steps_total", "Steps the bucket's scheduler ran in this process."),
@@ -132,8 +138,13 @@ var (
 
 // Observe records one call to enter: one request under its result, its
 // time in the queue if it waited there (not a refusal), and its lateness
-// if it was granted late. The limiter calls it; it does not block.
+// if it was granted late; a shadow call (Event.Shadow) only as
+// sluice_shadow_wait_seconds. The limiter calls it; it does not block.
 func (c *Collector) Observe(e sluice.Event) {
+	if e.Shadow { // let through: only what the limiter would have done
+		c.shadow.WithLabelValues(e.Limiter, e.Name, e.Result.String(), e.Reason).Observe(e.Wait.Seconds())
+		return
+	}
 	ch := c.child(e)
 	ch.requests.Inc()
 	// A refusal took nothing and waited for nothing, whatever Queued says
@@ -208,6 +219,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.requests.Describe(ch)
 	c.inQueue.Describe(ch)
 	c.lateness.Describe(ch)
+	c.shadow.Describe(ch)
 	for _, d := range []*prometheus.Desc{c.queued, c.held, c.steps, c.fenced, c.errs, c.reentries, c.leases, c.local, c.localReqs, c.bQueued, c.bWait, c.bErrs} {
 		ch <- d
 	}
@@ -220,6 +232,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.requests.Collect(ch)
 	c.inQueue.Collect(ch)
 	c.lateness.Collect(ch)
+	c.shadow.Collect(ch)
 	c.mu.Lock()
 	stats := make([]*tracked, 0, len(c.stats))
 	for t := range c.stats {

@@ -343,3 +343,32 @@ sluice_requests_total{sluice_limiter_kind="local.rate",sluice_limiter_name="",sl
 		}
 	}
 }
+
+// TestShadowMetrics: a bucket in shadow mode's calls show only as
+// sluice_shadow_wait_seconds, each with the wait it would have had.
+func TestShadowMetrics(t *testing.T) {
+	srv := redistest.New(t)
+	c, reg := newRegistry(t)
+	name := t.Name()
+	b := newBucket(t, srv, bucket.Config{Name: name, Capacity: 2, RefillAmount: 1, RefillFrequency: time.Hour, Shadow: true, Observer: c})
+	ctx := context.Background()
+	for range 5 {
+		if err := b.Enter(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "the 5 shadow calls heard back", func() bool { return b.Stats().Shadow == 5 })
+	labels := map[string]string{"sluice_limiter_kind": "bucket", "sluice_limiter_name": name, "sluice_result": "granted", "sluice_reason": ""}
+	m := point(t, reg, "sluice_shadow_wait_seconds", labels)
+	if m == nil {
+		t.Fatal("no sluice_shadow_wait_seconds series")
+	}
+	// 0, 0, then 1, 2 and 3 refills of an hour (a new bucket's refills
+	// start 5 ms late): 6 hours, within a minute.
+	if h := m.GetHistogram(); h.GetSampleCount() != 5 || h.GetSampleSum() < 6*3600-60 || h.GetSampleSum() > 6*3600+1 {
+		t.Fatalf("sluice_shadow_wait_seconds: %d samples summing %.0fs, want 5 summing about 6 hours", h.GetSampleCount(), h.GetSampleSum())
+	}
+	if m := point(t, reg, "sluice_requests_total", map[string]string{"sluice_limiter_name": name}); m != nil {
+		t.Fatalf("a shadow call counted in sluice_requests_total: %v", m)
+	}
+}
