@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/bench/loadgen"
+	"github.com/sluicehq/sluice/internal/enterdetail"
 	"github.com/sluicehq/sluice/internal/testing/guarantee"
 	"github.com/sluicehq/sluice/internal/testing/redistest"
 )
@@ -393,11 +394,18 @@ func TestEstimateSeesTheQueue(t *testing.T) {
 		l, _ := rdb.LLen(ctx, bucket.Keys(b).Queue).Result()
 		return l == 2
 	})
+	before, err := rdb.Time(ctx).Result() // the Redis clock, around the estimate's
+	if err != nil {
+		t.Fatal(err)
+	}
 	est, err := b.Estimate(ctx, bucket.Cost{"": 5})
 	if err != nil {
 		t.Fatal(err)
 	}
-	asked := time.Now()
+	after, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
 	// A new bucket's refills start up to 5 ms late (state.lua's load).
 	if est.Ahead != 2 || est.Wait < 2*every || est.Wait > 3*every+5*time.Millisecond {
 		t.Fatalf("estimate behind two cost-5 callers = %+v, want 2 ahead and a wait of about 3 refills less the time since the drain", est)
@@ -405,13 +413,20 @@ func TestEstimateSeesTheQueue(t *testing.T) {
 	if l, _ := rdb.LLen(ctx, bucket.Keys(b).Queue).Result(); l != 2 {
 		t.Fatalf("the estimate changed the queue: %d queued", l)
 	}
-	if err := b.EnterN(ctx, 5); err != nil {
+	// The slot it then gets, on the Redis clock, is the one estimated
+	// (nobody ahead left): the estimate's now plus its wait.
+	// A caller that came later than MaxLateness for it (a starved
+	// test process) is retimed: its grant moves to when it came.
+	var d enterdetail.Detail
+	rep, err := b.EnterReport(enterdetail.With(ctx, &d), bucket.Cost{"": 5})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got := time.Since(asked); got < est.Wait-10*time.Millisecond || got > est.Wait+50*time.Millisecond {
-		t.Errorf("estimated %v, waited %v", est.Wait, got)
-	} else {
-		t.Logf("estimated %v, waited %v", est.Wait, got)
+	lo, hi := before.Add(est.Wait-time.Microsecond), after.Add(est.Wait+time.Microsecond)
+	if rep.Retimes > 0 {
+		t.Logf("the caller came late for its slot and was retimed (%+v): its slot is not the estimate's", rep)
+	} else if d.Slot.Before(lo) || d.Slot.After(hi) {
+		t.Errorf("estimated a wait of %v between %v and %v (Redis clock), so a slot in [%v, %v]; got %v", est.Wait, before, after, lo, hi, d.Slot)
 	}
 	for range 2 {
 		if err := <-errc; err != nil {
