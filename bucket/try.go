@@ -23,6 +23,12 @@ func trying(ctx context.Context) bool { return ctx.Value(tryKey{}) != nil }
 // Estimate's). It is x/time/rate's Allow, and Reserve().Delay() when
 // refused, in one round trip.
 //
+// Tries are not fair: a token goes to whoever asks first once it is
+// there, not to who asked longest. In a trial of 12 processes trying 20
+// times a second each on a quota of 100 a second, processes whose ticks
+// fell just after the refills took 60 of their 60 tries, others 1 of 60.
+// Callers that must share fairly wait their turn in Enter.
+//
 // ctx bounds the round trip only. Errors are Enter's, except that a wait
 // is never one: a cost no policy can ever grant is
 // sluice.ErrCostExceedsCapacity, a queue at MaxQueue sluice.ErrQueueFull
