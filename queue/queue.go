@@ -120,24 +120,30 @@ func (q *Queue) enqueueScript(ctx context.Context, ids []string, costs [][]int64
 		}
 	}
 	reply, err := q.runFor(ctx, enqueueScript, enqueueKeys(q.keys), true, func(c *conf) ([]any, error) {
-		if costs != nil && len(costs[0]) != len(c.policies) {
-			return nil, &queueio.ConfigError{Mine: c.id} // costs of a configuration Follow replaced
-		}
-		o := q.opt
-		args := make([]any, 0, 7+len(c.args)+1+3*len(ids))
-		args = append(args, us(o.Lookahead), o.MaxQueue, us(o.MaxWait), us(o.Grace), o.MaxBatch, us(o.Lead), q.keys.Wake)
-		args = append(args, c.args...)
-		args = append(args, len(ids))
-		for i, id := range ids {
-			var w int64
-			if waits != nil && waits[i] > 0 {
-				w = max(us(waits[i]), 1) // under a µs is still a bound
-			}
-			args = append(args, id, cs[i], w)
-		}
-		return args, nil
+		return q.enqueueArgs(c, ids, costs, cs, waits)
 	})
 	return parseEnqueue(ids, cs, reply, err)
+}
+
+// enqueueArgs is enqueue.lua's ARGV for callers ids of costs (cs: as
+// strings) and waits under configuration c.
+func (q *Queue) enqueueArgs(c *conf, ids []string, costs [][]int64, cs []string, waits []time.Duration) ([]any, error) {
+	if costs != nil && len(costs[0]) != len(c.policies) {
+		return nil, &queueio.ConfigError{Mine: c.id} // costs of a configuration Follow replaced
+	}
+	o := q.opt
+	args := make([]any, 0, 7+len(c.args)+1+3*len(ids))
+	args = append(args, us(o.Lookahead), o.MaxQueue, us(o.MaxWait), us(o.Grace), o.MaxBatch, us(o.Lead), q.keys.Wake)
+	args = append(args, c.args...)
+	args = append(args, len(ids))
+	for i, id := range ids {
+		var w int64
+		if waits != nil && waits[i] > 0 {
+			w = max(us(waits[i]), 1) // under a µs is still a bound
+		}
+		args = append(args, id, cs[i], w)
+	}
+	return args, nil
 }
 
 const (

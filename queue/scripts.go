@@ -9,6 +9,8 @@ import (
 var (
 	//go:embed lua/enqueue.lua
 	enqueueLua string
+	//go:embed lua/fast.lua
+	fastLua string
 	//go:embed lua/poll.lua
 	pollLua string
 	//go:embed lua/cancel.lua
@@ -22,7 +24,8 @@ var (
 )
 
 var (
-	enqueueScript  = protocol.Script(enqueueLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua, protocol.ScheduleLua)
+	// fast.lua goes first: its case returns before the parts are defined.
+	enqueueScript  = protocol.Script(enqueueLua, fastLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua, protocol.ScheduleLua)
 	pollScript     = protocol.Script(pollLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua, refundLua, protocol.ClaimLua, protocol.ScheduleLua)
 	cancelScript   = protocol.Script(cancelLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua, refundLua)
 	estimateScript = protocol.Script(estimateLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
