@@ -218,8 +218,8 @@ func TestAll(t *testing.T) {
 		return // miniredis's figures say nothing of Redis's costs
 	}
 	sc := rep.Scenarios[slices.Index(got, "scripts")].(*Scripts)
-	if len(sc.Rows) != 7 {
-		t.Fatalf("want 7 rows of scripts: %+v", sc.Rows)
+	if len(sc.Rows) != 8 {
+		t.Fatalf("want 8 rows of scripts: %+v", sc.Rows)
 	}
 	byName := map[string]ScriptCost{}
 	for _, r := range sc.Rows {

@@ -134,6 +134,11 @@ func (out *Scripts) run(ctx context.Context, e *env) error {
 	cases := []costCase{
 		{name: "one-line script", runs: `EVAL "return 1"`, rows: []string{"eval"},
 			call: func(ctx context.Context, i int) error { return rdb.Eval(ctx, floorScript, nil).Err() }},
+		{name: "gcra script, one grant", runs: "TIME GET SET: the compare scenario's one-script limiter, the least a grant costs", rows: []string{"evalsha"},
+			setup: func(ctx context.Context) error { return gcraScript.Load(ctx, rdb).Err() },
+			call: func(ctx context.Context, i int) error {
+				return gcraScript.Run(ctx, rdb, []string{"bench-gcra:{" + name + "-scripts}"}, 1, 1<<30).Err()
+			}},
 		{name: "enqueue, granted at once", runs: "TIME GET LLEN SET", rows: []string{"evalsha"},
 			setup: func(ctx context.Context) error { _, err := enqueue(ctx, free, "warm"); return err },
 			call: func(ctx context.Context, i int) error {
@@ -331,12 +336,26 @@ func (sc *Scripts) table(t *table, _ Limit) {
 		}
 		t.row(c.Name, usec(c.Tight), usec(c.Paced), note)
 	}
+	if g, e := sc.row("gcra script, one grant"), sc.row("enqueue, granted at once"); g.Tight > 0 && e.Tight > 0 {
+		t.row("a grant at once against the gcra script's", fmt.Sprintf("%.2f×", e.Tight/g.Tight), fmt.Sprintf("%.2f×", e.Paced/g.Paced),
+			t.goal(e.Tight <= g.Tight, "≤ 1×, tight"))
+	}
 	for _, c := range sc.Enters {
 		t.row(c.Name, usec(c.PerGrantUsec), "", fmt.Sprintf("per grant, every command included: median of %d rounds (%s grants)", enterRounds, commas(c.Grants)))
 	}
 	if r := sc.EnterRatio; r > 0 {
 		t.row("3 policies with a cost against 1", fmt.Sprintf("%.2f×", r), "", t.goal(r <= enterCostGoal, fmt.Sprintf("≤ %.1f×", enterCostGoal)))
 	}
+}
+
+// row is the row named name (zero when there is none).
+func (sc *Scripts) row(name string) ScriptCost {
+	for _, c := range sc.Rows {
+		if c.Name == name {
+			return c
+		}
+	}
+	return ScriptCost{}
 }
 
 func (sc *Scripts) gobench(g *gobench) {
