@@ -7,7 +7,7 @@
 # INFO). BATCH=m sends m callers per call of the batch case. Instruction
 # counts, unlike timings, do not depend on what else the machine is doing.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 N=${N:-1000}
 go build -o /tmp/scriptcost.$$ ./internal/bench/scriptcost
 trap 'rm -f /tmp/scriptcost.$$ /tmp/scriptcost.$$.cg.*' EXIT
