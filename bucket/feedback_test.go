@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net/http"
 	"testing"
 	"time"
 
@@ -257,5 +258,38 @@ func TestSyncRemainingZero(t *testing.T) {
 	}
 	if d := time.Since(start); d < 250*time.Millisecond {
 		t.Errorf("the next grant came %v after a sync to 0 remaining with a 300ms reset", d)
+	}
+}
+
+// TestSyncSteeredByWindow: Sentinel Hub's X-ProcessingUnits-Remaining
+// says no limit or window; a Counter's Window steers it to the bucket's
+// monthly policy of processing units, not to the per-minute one that
+// fills fastest, through the transport's path (Parse, then Feedback).
+func TestSyncSteeredByWindow(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	const month = 30 * 24 * time.Hour
+	cfg := bucket.Config{Name: t.Name(), Policies: []bucket.Policy{
+		bucket.Rate(1000, time.Minute, 1000).In("pu"),
+		bucket.Rate(400_000, month, 400_000).In("pu"),
+	}}
+	b := newBucket(t, rdb, cfg)
+	ctx := withTimeout(t, 10*time.Second)
+	headers := upstream.SentinelHub
+	headers.Counters = []upstream.Counter{{Unit: "pu", Remaining: "X-ProcessingUnits-Remaining", Window: month}}
+	resp := &http.Response{StatusCode: http.StatusOK, Header: http.Header{"X-Processingunits-Remaining": {"1234.5"}}}
+	s := headers.Parse(resp)
+	if len(s.Quotas) != 1 || s.Quotas[0].Window != month || s.Quotas[0].Remaining != 1234 {
+		t.Fatalf("parsed %+v, want one quota of 1234 pu over a month", s.Quotas)
+	}
+	if err := b.Feedback(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	in, err := b.Inspect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if perMinute, monthly := in.Levels[0].Tokens, in.Levels[1].Tokens; perMinute < 999 || monthly > 1235 {
+		t.Fatalf("levels after the sync: per minute %v, monthly %v; want the monthly one lowered to 1234, the other full", perMinute, monthly)
 	}
 }

@@ -68,6 +68,14 @@ type Delay struct {
 // (Quota.Policy), such as GitHub's X-RateLimit-Resource. UntilFull says
 // that the upstream's reset is the time until the quota is full again at
 // its steady rate, not a window's end (Quota.UntilFull).
+//
+// Window, when set, is the quota's window where the headers do not say
+// it (Quota.Window): a bucket that receives the quota (bucket.Sync,
+// Feedback) lowers the level of its policy of that unit whose time to fill
+// is nearest to it, not of the one that fills fastest. Sentinel Hub's
+// X-ProcessingUnits-Remaining says what is left of the account's processing
+// units, with no limit or window: a Counter with Window 30 days steers it
+// to a bucket's monthly policy.
 type Counter struct {
 	Unit      string
 	Limit     string
@@ -76,6 +84,7 @@ type Counter struct {
 	Policy    string
 	Millis    bool
 	UntilFull bool
+	Window    time.Duration
 }
 
 // Parse reads resp's status and headers with the Default set. It never
@@ -184,7 +193,7 @@ func (r *reading) unreadable(name, v string) {
 }
 
 func (c Counter) read(r *reading) (Quota, bool) {
-	q := Quota{Unit: c.Unit, Limit: -1, UntilFull: c.UntilFull}
+	q := Quota{Unit: c.Unit, Limit: -1, UntilFull: c.UntilFull, Window: c.Window}
 	if v, ok := r.get(c.Limit); ok {
 		if n, ok := limit(v); ok {
 			q.Limit = n
