@@ -29,6 +29,12 @@ func (r *recorder) Observe(e sluice.Event) {
 	r.mu.Unlock()
 }
 
+func (r *recorder) all() []sluice.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]sluice.Event(nil), r.events...)
+}
+
 func (r *recorder) count(res sluice.Result, reason string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -2,7 +2,6 @@ package bucket_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -10,24 +9,6 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/testing/redistest"
 )
-
-// shadowEvents keeps the Observer's shadow events.
-type shadowEvents struct {
-	mu sync.Mutex
-	ev []sluice.Event
-}
-
-func (o *shadowEvents) Observe(e sluice.Event) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.ev = append(o.ev, e)
-}
-
-func (o *shadowEvents) all() []sluice.Event {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return append([]sluice.Event(nil), o.ev...)
-}
 
 // waitShadow waits until b's Stats count n shadow calls.
 func waitShadow(t *testing.T, b *bucket.Bucket, n int64) sluice.Stats {
@@ -53,7 +34,7 @@ func TestShadowNeverBlocksAndRecordsTheWait(t *testing.T) {
 	srv.RequireReal(t)
 	rdb := srv.Client()
 	defer rdb.Close()
-	obs := &shadowEvents{}
+	obs := &recorder{}
 	b := newBucket(t, rdb, bucket.Config{Capacity: 2, RefillAmount: 1, RefillFrequency: 100 * time.Millisecond, Shadow: true, Observer: obs})
 	ctx := context.Background()
 
