@@ -31,6 +31,9 @@ type Queue struct {
 
 	conf atomic.Pointer[conf] // the configuration this Queue runs under (config.go)
 	lane lane                 // the push lane (push.go)
+	// granting: the last caller this Queue enqueued alone was granted at
+	// once, so the next tries the fast lane (fast.go).
+	granting atomic.Bool
 }
 
 // New returns the Queue of the bucket whose keys are opt.Keys
@@ -95,19 +98,25 @@ func dur(n int64, unit time.Duration) time.Duration { return scriptreply.Dur(n, 
 // queued all the same, and its caller must Cancel it.
 func (q *Queue) Enqueue(ctx context.Context, ids []string, costs [][]int64, waits []time.Duration) ([]queueio.Arrival, error) {
 	var (
-		rs  []queueio.Arrival
-		err error
+		rs   []queueio.Arrival
+		err  error
+		done bool
 	)
 	if costs == nil && q.lane.open(q) {
 		rs, err = q.push(ctx, ids)
-		if errors.Is(err, errNoPush) {
-			rs, err = q.enqueueScript(ctx, ids, costs, waits)
-		}
+		done = !errors.Is(err, errNoPush)
 	} else {
+		rs, done, err = q.tryFast(ctx, ids, costs, waits)
+	}
+	if !done {
 		rs, err = q.enqueueScript(ctx, ids, costs, waits)
 	}
 	if err == nil {
-		q.lane.note(q, rs[len(rs)-1])
+		last := rs[len(rs)-1]
+		q.lane.note(q, last)
+		if len(ids) == 1 {
+			q.granting.Store(last.Err == nil && !last.Queued())
+		}
 	}
 	return rs, err
 }

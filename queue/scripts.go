@@ -3,6 +3,8 @@ package queue
 import (
 	_ "embed"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/internal/protocol"
 )
 
@@ -24,8 +26,8 @@ var (
 )
 
 var (
-	// fast.lua goes first: its case returns before the parts are defined.
-	enqueueScript  = protocol.Script(enqueueLua, fastLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua, protocol.ScheduleLua)
+	enqueueScript  = protocol.Script(enqueueLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua, protocol.ScheduleLua)
+	fastScript     = redis.NewScript(fastLua)
 	pollScript     = protocol.Script(pollLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua, refundLua, protocol.ClaimLua, protocol.ScheduleLua)
 	cancelScript   = protocol.Script(cancelLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua, refundLua)
 	estimateScript = protocol.Script(estimateLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
