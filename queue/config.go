@@ -49,13 +49,13 @@ func newConf(ps []protocol.Policy) *conf {
 
 // configReply reads a script's refusal for its configuration (state.lua's
 // config_check): "SLUICE_CONFIG unset" (stored is "") or "SLUICE_CONFIG
-// <id>".
+// <id>", raised as scriptreply.Raised reads it on either server.
 func configReply(err error) (stored string, ok bool) {
-	var rerr redis.Error
-	if !errors.As(err, &rerr) {
+	msg, ok := scriptreply.Raised(err)
+	if !ok {
 		return "", false
 	}
-	rest, ok := strings.CutPrefix(rerr.Error(), "SLUICE_CONFIG ")
+	rest, ok := strings.CutPrefix(msg, "SLUICE_CONFIG ")
 	if !ok {
 		return "", false
 	}

@@ -56,11 +56,14 @@ end
 -- process stores its configuration there, if still missing, and runs the
 -- script again); naming another configuration, with "SLUICE_CONFIG
 -- <its id>" (the process adopts it, or fails with ErrConfigMismatch).
--- Nothing was written before either error.
+-- Nothing was written before either error. Both are raised as strings
+-- (level 0: no position), which real Redis and miniredis both pass on
+-- (scriptreply.Raised reads either); miniredis turns a raised table into
+-- "table: 0x...".
 local function config_check(config_key, id)
   local raw = redis.call('GET', config_key)
   if not raw then
-    error({err = 'SLUICE_CONFIG unset'})
+    error('SLUICE_CONFIG unset', 0)
   end
   local f, cid = string.match(raw, '^(%d+) (%S+)')
   f = tonumber(f)
@@ -68,7 +71,7 @@ local function config_check(config_key, id)
     error('sluice: the bucket config has format ' .. tostring(f) .. ', this process knows up to ' .. FORMAT .. ': upgrade it', 0)
   end
   if cid ~= id then
-    error({err = 'SLUICE_CONFIG ' .. cid})
+    error('SLUICE_CONFIG ' .. cid, 0)
   end
   redis.call('PEXPIRE', config_key, CONFIG_TTL_MS)
 end

@@ -304,13 +304,19 @@ end
 -- and keeps the tokens it had, so holding a slot back to the hold's end is
 -- all there is to it, and the slots after it come at the policy's pace.
 
+-- has_bit says whether bit i (1: the lowest) of mask is set. Arithmetic,
+-- not bit.band: miniredis's Lua has no bit library.
+local function has_bit(mask, i)
+  return math.floor(mask / 2 ^ (i - 1)) % 2 == 1
+end
+
 -- held says whether the hold keeps a slot that takes ks (nil: one of
 -- every policy) at or after st.hold.
 local function held(st, ks)
   if (st.hold or 0) == 0 then return false end
   if st.held == 0 or not ks then return true end
   for i = 1, #ks do
-    if ks[i] > 0 and bit.band(st.held, 2 ^ (i - 1)) ~= 0 then return true end
+    if ks[i] > 0 and has_bit(st.held, i) then return true end
   end
   return false
 end

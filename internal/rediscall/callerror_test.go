@@ -48,6 +48,11 @@ func TestCallErrorWords(t *testing.T) {
 			`bucket "api": context deadline exceeded; Redis at h:1: no answer before it`},
 		{&CallError{Prefix: "bucket", Addr: "h:1", Err: errors.New("OOM command not allowed")},
 			`bucket: Redis at h:1: OOM command not allowed`},
+		// A script's refusal, as Redis 7 and miniredis wrap it.
+		{&CallError{Prefix: "bucket", Addr: "h:1", Err: redisError("ERR sluice: upgrade it script: 0123456789abcdef0123456789abcdef01234567, on @user_script:48.")},
+			`bucket: Redis at h:1: sluice: upgrade it`},
+		{&CallError{Prefix: "bucket", Addr: "h:1", Err: redisError("ERR Error compiling script (new function): sluice: upgrade it stack traceback:  [G]: in function 'error'")},
+			`bucket: Redis at h:1: sluice: upgrade it`},
 	} {
 		if got := c.err.Error(); got != c.want {
 			t.Errorf("got  %s\nwant %s", got, c.want)
@@ -58,3 +63,9 @@ func TestCallErrorWords(t *testing.T) {
 		t.Errorf("%v does not match both its causes", e)
 	}
 }
+
+// redisError is an error reply, as go-redis returns one.
+type redisError string
+
+func (e redisError) Error() string { return string(e) }
+func (redisError) RedisError()     {}

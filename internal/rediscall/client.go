@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/configerr"
+	"github.com/sluicehq/sluice/internal/scriptreply"
 )
 
 // CheckClient refuses, wrapping errConfig, a nil client and a client that
@@ -163,7 +164,8 @@ func (e *CallError) WithCtx(ctxErr error) *CallError {
 // Words says err, a failed call's cause, as a person reads it, and whether
 // it means Redis cannot be reached (the network's, not Redis's, error):
 // "connection refused" rather than "dial tcp 127.0.0.1:6379: connect:
-// connection refused", whose address the CallError already names.
+// connection refused", whose address the CallError already names; a
+// script's refusal as the script raised it (scriptreply.Raised).
 func Words(err error) (why string, away bool) {
 	var errno syscall.Errno
 	var dns *net.DNSError
@@ -192,6 +194,11 @@ func Words(err error) (why string, away bool) {
 		return "connection closed", true
 	case errors.As(err, &ne) && ne.Timeout():
 		return "no answer (network timeout)", true
+	}
+	if msg, ok := scriptreply.Raised(err); ok {
+		// A script's refusal, without the wrapping that differs between
+		// Redis and miniredis (the script's hash, a Lua stack trace).
+		return msg, false
 	}
 	var op *net.OpError
 	if errors.As(err, &op) {

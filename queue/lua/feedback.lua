@@ -40,7 +40,7 @@ if hold > 0 then
     mask = mask + 2 ^ (h - 1)
   end
   for k = 1, #ps do
-    if st[k].level < 0 and (mask == 0 or bit.band(mask, 2 ^ (k - 1)) ~= 0) then
+    if st[k].level < 0 and (mask == 0 or has_bit(mask, k)) then
       owed = math.max(owed, -st[k].level)
     end
   end
@@ -48,7 +48,9 @@ if hold > 0 then
   if st.hold > 0 and (st.held == 0 or mask == 0) then
     mask = 0
   elseif st.hold > 0 then
-    mask = bit.bor(mask, st.held)
+    for k = 1, #ps do
+      if has_bit(st.held, k) and not has_bit(mask, k) then mask = mask + 2 ^ (k - 1) end
+    end
   end
   st.hold, st.held = math.max(st.hold, now + hold), mask
   -- A held policy gains nothing during the hold: its refills resume at
@@ -57,7 +59,7 @@ if hold > 0 then
     -- (A rolling window's anchor is its log's last slot: its grants
     -- still leave the window during the hold, and the hold keeps its
     -- slots back.)
-    if (mask == 0 or bit.band(mask, 2 ^ (k - 1)) ~= 0) and ps[k].kind ~= ROLLING then
+    if (mask == 0 or has_bit(mask, k)) and ps[k].kind ~= ROLLING then
       st[k].anchor = math.max(st[k].anchor, st.hold)
     end
   end
