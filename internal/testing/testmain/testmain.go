@@ -4,10 +4,12 @@
 package testmain
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"testing"
 
+	"github.com/alicebob/miniredis/v2"
 	"go.uber.org/goleak"
 
 	"github.com/sluicehq/sluice/internal/testing/redistest"
@@ -16,16 +18,17 @@ import (
 // Run starts a redis-server for the examples and stores its address in
 // *examples, runs m, stops the server, and fails the run if a goroutine
 // outlived the tests (goleak). It returns the code for os.Exit. Without a
-// redis-server it returns 1 at once, saying so.
+// redis-server on PATH the examples get an in-process miniredis, said
+// loudly, as redistest.New's tests do, so that the tests written for
+// miniredis run everywhere; with CI=true it returns 1 at once instead.
 func Run(m *testing.M, examples *string) int {
-	srv, err := redistest.Start()
+	stop, err := serve(examples)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "a redis-server for the examples:", err)
 		return 1
 	}
-	*examples = srv.Addr()
 	code := m.Run()
-	srv.Close()
+	stop()
 	if code == 0 {
 		// go-redis's pool re-dials a server that refused it once a second
 		// on a goroutine of its own, which ends at its next wake-up once
@@ -37,4 +40,23 @@ func Run(m *testing.M, examples *string) int {
 		}
 	}
 	return code
+}
+
+// serve starts the examples' server and returns its stop.
+func serve(examples *string) (stop func(), err error) {
+	srv, err := redistest.Start()
+	if err == nil {
+		*examples = srv.Addr()
+		return srv.Close, nil
+	}
+	if !errors.Is(err, redistest.ErrNoRedisServer) || os.Getenv("CI") == "true" {
+		return nil, err
+	}
+	mr, err := miniredis.Run()
+	if err != nil {
+		return nil, fmt.Errorf("miniredis: %w", err)
+	}
+	fmt.Fprintln(os.Stderr, "!!! testmain: redis-server not on PATH: the examples use an in-process miniredis. Install redis-server for real results.")
+	*examples = mr.Addr()
+	return mr.Close, nil
 }
