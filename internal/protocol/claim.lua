@@ -34,7 +34,7 @@ local CLAIM_REACH = 1000000
 -- own_prefix is the prefix the IDs of a handle's callers share, up to
 -- the first '.', of the entry or ID e (nil when it has none).
 local function own_prefix(e)
-  return string.match(e, '^[^.|]*%.')
+  return (string.match(e, '^[^.|]*%.')) -- one value: entry.lua's slot_of
 end
 
 -- others_due says whether the due set due holds, among its first slots

@@ -81,9 +81,11 @@ local function slot_value(slot, now, id, st, refunds, anchors)
   return string.format('%d %d ', slot, now) .. id .. ' ' .. refunds .. ' ' .. table.concat(ls, ',') .. ' ' .. anchored
 end
 
--- slot_of is the slot a slot key's value holds.
+-- slot_of is the slot a slot key's value holds (nil: none). The
+-- parentheses make string.match's nothing-found one nil: miniredis's
+-- string.match returns no value at all then, which its tonumber refuses.
 local function slot_of(v)
-  return tonumber(string.match(v, '^(%-?%d+)'))
+  return tonumber((string.match(v, '^(%-?%d+)')))
 end
 
 -- room_of is the room a slot key's value holds ('' for none).

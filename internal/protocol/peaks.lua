@@ -31,7 +31,7 @@ local PEAK_ENTRIES = 8
 
 -- peaks_parse reads a peaks token for n policies (nil: none, or not one).
 local function peaks_parse(tok, n)
-  local f = tok and tonumber(string.match(tok, '^p(%-?%d+)'))
+  local f = tok and tonumber((string.match(tok, '^p(%-?%d+)'))) -- one value: entry.lua's slot_of
   if not f then return nil end
   local pk = {floor = f}
   for t, vs in string.gmatch(tok, '/(%-?%d+):([%-%d,]+)') do
