@@ -311,6 +311,7 @@ func TestCancellationStorm(t *testing.T) {
 // strand a waiter; the poll finds its grant.
 func TestLostWakeup(t *testing.T) {
 	e := newEnv(t)
+	e.srv.RequireReal(t) // CLIENT KILL
 	ctx := context.Background()
 	cfg := Config{Name: t.Name(), Capacity: 1, QueueTTL: 600 * time.Millisecond}
 	holder, waiter := e.sem(t, cfg), e.sem(t, cfg)
