@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
@@ -85,13 +86,18 @@ func measure(ctx context.Context, args []string, stdout, stderr io.Writer) (*Rep
 	probe := client(tg.opt, 1)
 	rep.Redis.Version = redisVersion(ctx, probe)
 	if rep.Redis.Fake {
-		rep.Redis.Version = "miniredis " + rep.Redis.Version
+		rep.Redis.Version = "miniredis " + miniredisVersion() // its INFO has no redis_version
 	}
 	probe.Close()
 
 	name := fmt.Sprintf("bench-%d-%d", os.Getpid(), time.Now().UnixNano())
 	for _, s := range picked {
 		a := s.about()
+		if rep.Redis.Fake && a.needs != "" {
+			fmt.Fprintf(stderr, "%s: skipped on miniredis: %s\n", a.name, a.needs)
+			rep.Skipped = append(rep.Skipped, Skipped{Scenario: a.name, Why: a.needs})
+			continue
+		}
 		e := &env{target: tg, limit: com.limit, name: name + "-" + a.name, log: stderr}
 		if err := s.run(ctx, e); err != nil {
 			return nil, com, fmt.Errorf("%s: %w", a.name, err)
@@ -235,8 +241,10 @@ func usage(w io.Writer, list []scenario, chaos bool, sets []*flag.FlagSet) error
 			"Measures Sluice's distributed token bucket and semaphore on Redis, compares the\n"+
 			"bucket with other limiters, and prints a report; docs/benchmarks.md defines\n"+
 			"every figure. Unless --redis names a server, it starts a throwaway redis-server\n"+
-			"on a free loopback port; most scenarios also start worker processes of this\n"+
-			"same program. Everything it starts stops before it exits.\n\nScenarios (--scenario NAME,NAME or all):\n")
+			"on a free loopback port; without redis-server on PATH it runs on an in-process\n"+
+			"miniredis (its figures are not representative) and skips the scenarios marked\n"+
+			"\"needs redis-server\", saying why. Most scenarios also start worker processes of\n"+
+			"this same program. Everything it starts stops before it exits.\n\nScenarios (--scenario NAME,NAME or all):\n")
 		var all []string
 		for _, s := range list {
 			a := s.about()
@@ -244,7 +252,11 @@ func usage(w io.Writer, list []scenario, chaos bool, sets []*flag.FlagSet) error
 			if a.all {
 				in, all = "in all", append(all, a.name)
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", a.name, a.takes, in, a.what)
+			what := a.what
+			if a.needs != "" {
+				what += " (needs redis-server)"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", a.name, a.takes, in, what)
 		}
 		fmt.Fprintf(tw, "  all = %s: about %s\n", strings.Join(all, ","), allTakes)
 	}
@@ -328,6 +340,10 @@ func client(opt *redis.Options, callers int) *redis.Client {
 	return redis.NewClient(&o)
 }
 
+// startServer starts the throwaway redis-server; the tests of the
+// miniredis fallback make it fail as without redis-server on PATH.
+var startServer = func() (*redistest.Server, error) { return redistest.StartService() }
+
 // connect returns where to connect: the server at url, or a throwaway
 // redis-server, or as a last resort an in-process miniredis.
 func connect(url string, stderr io.Writer, info *RedisInfo) (target, func(), error) {
@@ -340,7 +356,7 @@ func connect(url string, stderr io.Writer, info *RedisInfo) (target, func(), err
 		info.Server = "existing server " + opt.Addr
 		return target{opt: opt, url: url}, func() {}, nil
 	}
-	srv, err := redistest.StartService()
+	srv, err := startServer()
 	if err == nil {
 		info.Server = "throwaway redis-server at " + srv.Addr()
 		return target{opt: &redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true}, srv: srv}, srv.Close, nil
@@ -348,8 +364,9 @@ func connect(url string, stderr io.Writer, info *RedisInfo) (target, func(), err
 	if !errors.Is(err, redistest.ErrNoRedisServer) {
 		return target{}, nil, err
 	}
-	mr, err := miniredis.Run()
-	if err != nil {
+	mr := miniredis.NewMiniRedis()
+	mr.ClockTTL(true) // keys expire on the machine's clock, as its TIME's and a real server's do
+	if err := mr.Start(); err != nil {
 		return target{}, nil, fmt.Errorf("miniredis: %w", err)
 	}
 	fmt.Fprintln(stderr, strings.Repeat("!", 78))
@@ -360,6 +377,19 @@ func connect(url string, stderr io.Writer, info *RedisInfo) (target, func(), err
 	info.Server = "in-process miniredis at " + mr.Addr()
 	info.Fake = true
 	return target{opt: &redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true}}, mr.Close, nil
+}
+
+// miniredisVersion is the version of the miniredis module built in, or
+// "unknown".
+func miniredisVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, m := range bi.Deps {
+			if m.Path == "github.com/alicebob/miniredis/v2" {
+				return m.Version
+			}
+		}
+	}
+	return "unknown"
 }
 
 // redisVersion reads redis_version from INFO server, or "unknown".

@@ -145,7 +145,8 @@ func init() { workers.Serve(outageEnv, "outage worker", outageWorker) }
 
 func (*Outage) about() about {
 	return about{name: "outage", takes: "~30 s",
-		what: "Redis killed under load and restarted empty, with the local share (Fallback: LocalShare) and without a fallback: grants while away, busiest windows, longest call, rate after; kills only a redis-server of its own"}
+		what:  "Redis killed under load and restarted empty, with the local share (Fallback: LocalShare) and without a fallback: grants while away, busiest windows, longest call, rate after; kills only a redis-server of its own",
+		needs: "it kills and restarts a redis-server of its own"}
 }
 
 func (o *Outage) flags(fs *flag.FlagSet) {

@@ -19,14 +19,27 @@ type Report struct {
 	Redis     RedisInfo
 	Limit     Limit
 	Scenarios []scenario // in the order they ran
+	// Skipped are the scenarios picked that did not run on miniredis
+	// (about.needs), in the order they would have run.
+	Skipped []Skipped
+}
+
+// Skipped is a scenario that did not run, and why.
+type Skipped struct {
+	Scenario string `json:"scenario"`
+	Why      string `json:"why"`
 }
 
 // MarshalJSON writes the report as one object: "machine", "redis",
-// "limit", then each scenario under its key.
+// "limit", then each scenario under its key, and "skipped" when some
+// were.
 func (r Report) MarshalJSON() ([]byte, error) {
 	m := map[string]any{"machine": r.Machine, "redis": r.Redis, "limit": r.Limit}
 	for _, s := range r.Scenarios {
 		m[s.about().key()] = s
+	}
+	if len(r.Skipped) > 0 {
+		m["skipped"] = r.Skipped
 	}
 	return json.Marshal(m)
 }
@@ -80,6 +93,9 @@ func writeTable(w io.Writer, r Report) error {
 	}
 	fmt.Fprintf(w, "machine: %s/%s, %d CPUs (GOMAXPROCS %d), %s, %s\n", m.OS, m.Arch, m.CPUs, m.GOMAXPROCS, m.Go, m.Time.Format(time.RFC3339))
 	fmt.Fprintf(w, "redis:   %s, %s\n", r.Redis.Version, r.Redis.Server)
+	for _, s := range r.Skipped {
+		fmt.Fprintf(w, "\n%s: skipped on miniredis: %s\n", strings.ToUpper(strings.ReplaceAll(s.Scenario, "-", " ")), s.Why)
+	}
 	for _, s := range r.Scenarios {
 		t := newTable(w, s.about().name)
 		s.table(t, r.Limit)

@@ -53,7 +53,8 @@ const scaleSample = 50 * time.Millisecond
 
 func (*Scale) about() about {
 	return about{name: "scale", takes: "~7 s",
-		what: "10,000 callers in 8 processes queue once on one bucket: Redis memory per waiting caller, polls, the guarantee"}
+		what:  "10,000 callers in 8 processes queue once on one bucket: Redis memory per waiting caller, polls, the guarantee",
+		needs: "it measures Redis's memory per waiting caller (INFO memory), which miniredis does not report"}
 }
 
 func (s *Scale) flags(fs *flag.FlagSet) {

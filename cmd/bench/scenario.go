@@ -34,6 +34,11 @@ type about struct {
 	what  string // what it measures, in a line
 	takes string // roughly how long it runs with the default flags
 	all   bool   // part of --scenario all
+	// needs says why the scenario cannot run on the in-process miniredis
+	// (the fallback without redis-server), which it then skips, saying
+	// so: a server it must kill or read the costs of, or figures that
+	// would mean nothing there. "" means it runs on miniredis too.
+	needs string
 }
 
 // key is the scenario's key in the JSON report: its name, with _ for -

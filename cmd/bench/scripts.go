@@ -85,7 +85,8 @@ type costCase struct {
 
 func (*Scripts) about() about {
 	return about{name: "scripts", takes: "~20 s", all: true,
-		what: "what each of the bucket's calls costs Redis (INFO commandstats), next to the least a script costs"}
+		what:  "what each of the bucket's calls costs Redis (INFO commandstats), next to the least a script costs",
+		needs: "it reads what each call costs Redis from the server's own accounting (INFO commandstats), which miniredis does not keep"}
 }
 
 func (*Scripts) flags(*flag.FlagSet) {}
