@@ -19,7 +19,9 @@ import (
 // user who copies it would, in a scratch module outside this one that
 // requires it (a replace directive). A snippet is a function body: its
 // "..." error handling becomes a panic, and the names it leaves to the
-// reader (rdb, ctx, jobs, call, do, work) are declared around it.
+// reader (rdb, ctx, jobs, call, do, work) are declared around it. A
+// snippet that starts with "func " is a declaration of its own (a test
+// function), beside the body.
 func TestReadmeSnippetsCompile(t *testing.T) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
@@ -76,14 +78,20 @@ func promptOf(*http.Request) int { return 0 } // the prompt's tokens, counted hi
 `)
 	for i, b := range blocks {
 		body := strings.ReplaceAll(string(b[1]), "{ ... }", "{ panic(err) }")
+		decl := ""
+		if strings.HasPrefix(body, "func ") {
+			decl, body = body, ""
+		}
 		src := fmt.Sprintf(`package readme
 
 import (
 	"context"
 	"errors"
 	"net/http"
+	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
@@ -106,12 +114,16 @@ var (
 	_ = bucket.New
 	_ = local.NewRate
 	_ = semaphore.New
+	_ = miniredis.RunT
+	_ testing.TB
 )
 
 func snippet%d() {
 %s
 }
-`, i, body)
+
+%s
+`, i, body, decl)
 		src, err := useDeclared(src)
 		if err != nil {
 			t.Fatalf("README's go block %d does not parse: %v\n%s", i+1, err, b[1])
