@@ -696,7 +696,7 @@ func (c *Chaos) table(t *table, l Limit) {
 	t.title("CHAOS: seed %d, %v, %d callers in %d worker processes (each replaced when killed; %d behind a fault proxy), capacity %d, %d every %v = %s/s, deadline %v, LockTTL %v",
 		c.Seed, c.Duration, c.Callers, c.Procs, c.Proxied, l.Capacity, l.RefillAmount, l.RefillFrequency, num(l.PerSecond), c.Deadline, c.LockTTL)
 	if !c.OwnServer {
-		fmt.Fprintln(t, "  (--redis: not our server, so no Redis kill, restart or pause)")
+		fmt.Fprintln(t, "  (not a redis-server of its own: --redis, or the miniredis fallback; so no Redis kill, restart or pause)")
 	}
 	fmt.Fprintf(t, "  verdict: %s\n", t.goal(c.OK(), "never over the limit, no start before its grant time, no hang, no lost caller"))
 	t.miss("verdict")
