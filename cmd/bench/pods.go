@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -42,7 +43,7 @@ type Pods struct {
 	Hog  int           `json:"hog_per_pod"`
 
 	// Skipped says why the scenario did not run (no cgroup could be
-	// made); "" when it ran.
+	// made, or no sh to start a worker in one); "" when it ran.
 	Skipped string `json:"skipped,omitempty"`
 	// Cgroup says which cgroup version and where; Cgroups are the pods'
 	// directories, removed after the run.
@@ -111,18 +112,22 @@ func (p *Pods) check() error {
 
 func (p *Pods) run(ctx context.Context, e *env) error {
 	p.Results, p.Skipped, p.Cgroups, p.ReadyLate = nil, "", nil, 0
-	parent, v2, err := cpuHierarchy()
-	if err != nil {
-		p.Skipped = err.Error()
+	skip := func(why string) error {
+		p.Skipped = why
 		e.logf("pods: skipped: %s", p.Skipped)
 		return nil
+	}
+	if _, err := exec.LookPath("sh"); err != nil {
+		return skip("no sh on PATH, which starts each worker inside its pod")
+	}
+	parent, v2, err := cpuHierarchy()
+	if err != nil {
+		return skip("no cgroup could be made: " + err.Error())
 	}
 	quota := time.Duration(p.MilliCPU) * podsPeriod / 1000
 	pods, err := makePods(parent, v2, e.name, p.Pods, quota)
 	if err != nil {
-		p.Skipped = err.Error()
-		e.logf("pods: skipped: %s", p.Skipped)
-		return nil
+		return skip("no cgroup could be made: " + err.Error())
 	}
 	defer removePods(pods)
 	version := "v1"
@@ -211,7 +216,7 @@ func (p *Pods) table(t *table, _ Limit) {
 	t.title("PODS: %d worker processes, each in a cgroup with a CPU quota of %v every %v (a pod with limits.cpu %dm); %d callers in all spend %v of CPU on each grant, beside %d busy goroutine(s) a pod; sluice for %v, then redis_rate for %v, in the same pods, at %d/s, burst %d",
 		p.Pods, time.Duration(p.MilliCPU)*podsPeriod/1000, podsPeriod, p.MilliCPU, p.Callers, p.Work, p.Hog, p.Duration, p.Duration, p.Rate, p.Burst)
 	if p.Skipped != "" {
-		t.row("skipped", "", "no cgroup could be made: "+p.Skipped)
+		t.row("skipped", "", p.Skipped)
 		return
 	}
 	res := p.Results
