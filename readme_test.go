@@ -87,6 +87,7 @@ func promptOf(*http.Request) int { return 0 } // the prompt's tokens, counted hi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -104,6 +105,7 @@ import (
 
 var (
 	_ = errors.As
+	_ = fmt.Sprint
 	_ = http.NewRequest
 	_ = upstream.Parse
 	_ = transport.New
