@@ -222,9 +222,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Bucket, error) {
 	if cfg.Fallback == LocalShare {
 		b.fb = newLocalShare(b)
 	}
-	if cfg.Shadow {
-		b.shadow = newShadow(b)
-	}
+	b.shadow = newShadow(b) // nil unless cfg.Shadow
 	return b, nil
 }
 

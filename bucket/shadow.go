@@ -68,7 +68,11 @@ type shadow struct {
 	pending atomic.Int64
 }
 
+// newShadow returns b's shadow, or nil unless b is in shadow mode.
 func newShadow(b *Bucket) *shadow {
+	if !b.cfg.Shadow {
+		return nil
+	}
 	s := &shadow{b: b}
 	s.calls = background.NewBatcher(b.bg, background.BatcherConfig[*shadowCall]{Send: s.send, Max: maxBatch, Timeout: b.answerWithin()})
 	return s
