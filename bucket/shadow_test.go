@@ -2,6 +2,7 @@ package bucket_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -13,17 +14,8 @@ import (
 // waitShadow waits until b's Stats count n shadow calls.
 func waitShadow(t *testing.T, b *bucket.Bucket, n int64) sluice.Stats {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		s := b.Stats()
-		if s.Shadow >= n {
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Stats count %d shadow calls, want %d: %+v", s.Shadow, n, s)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	waitFor(t, 20*time.Second, fmt.Sprintf("%d shadow calls heard back", n), func() bool { return b.Stats().Shadow >= n })
+	return b.Stats()
 }
 
 // A bucket in shadow mode lets every call through, even while Redis is

@@ -126,20 +126,10 @@ func TestTryEnterNeverQueues(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- bs[1].Enter(wctx) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitFor(t, 10*time.Second, "the Enter to queue", func() bool {
 		in, err := bs[0].Inspect(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if in.Queued == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the Enter never queued: %+v", in)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return err == nil && in.Queued == 1
+	})
 	ok, est, err := bs[0].TryEnter(ctx, nil)
 	if ok || err != nil || est.Ahead != 1 || est.Wait < 119*time.Minute {
 		t.Fatalf("try behind a queued caller = %v, %+v, %v; want refused, 1 ahead, about two refills away", ok, est, err)
