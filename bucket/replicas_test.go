@@ -18,17 +18,7 @@ import (
 // waits is how many WAIT commands srv has run (INFO commandstats).
 func waits(t *testing.T, rdb *redis.Client) int {
 	t.Helper()
-	info, err := rdb.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_wait:calls="); ok {
-			n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-			return n
-		}
-	}
-	return 0
+	return int(calls(t, rdb, "wait"))
 }
 
 // TestReplicaAcks: with ReplicaAcks, a saturated bucket's callers are

@@ -2,8 +2,6 @@ package bucket_test
 
 import (
 	"context"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,24 +16,7 @@ import (
 // evalCalls is how many scripts the server ran (EVALSHA and EVAL).
 func evalCalls(t *testing.T, rdb *redis.Client) int {
 	t.Helper()
-	info, err := rdb.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, line := range strings.Split(info, "\n") {
-		if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
-			continue
-		}
-		_, rest, _ := strings.Cut(line, "calls=")
-		v, _, _ := strings.Cut(rest, ",")
-		c, err := strconv.Atoi(v)
-		if err != nil {
-			t.Fatalf("commandstats line %q: %v", line, err)
-		}
-		n += c
-	}
-	return n
+	return int(calls(t, rdb, "evalsha") + calls(t, rdb, "eval"))
 }
 
 // TryEnter grants while tokens are there, then refuses with the
