@@ -144,3 +144,31 @@ func TestShadowBesideRealCallers(t *testing.T) {
 		t.Fatal("New accepted Shadow with a window policy")
 	}
 }
+
+// A reservation in shadow mode is granted at once and settles (or
+// cancels) without an error: its settle goes to the shadow's state.
+func TestShadowReserveSettles(t *testing.T) {
+	srv := redistest.New(t)
+	rdb := srv.Client()
+	defer rdb.Close()
+	b := newBucket(t, rdb, bucket.Config{Policies: []bucket.Policy{bucket.Rate(100, time.Second, 100), bucket.Rate(1000, time.Second, 1000).In("tokens")}, Shadow: true})
+	ctx := context.Background()
+	for i := range 3 {
+		r, err := b.Reserve(ctx, bucket.Cost{"": 1, "tokens": 500})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 2 {
+			err = r.Cancel(ctx)
+		} else {
+			err = r.Settle(ctx, bucket.Cost{"": 1, "tokens": 100})
+		}
+		if err != nil {
+			t.Fatalf("reservation %d: %v", i, err)
+		}
+	}
+	s := waitShadow(t, b, 3)
+	if s.ShadowFailed != 0 || s.ShadowRefused != 0 {
+		t.Fatalf("Stats %+v, want 3 shadow calls heard back, none failed", s)
+	}
+}
