@@ -75,13 +75,16 @@ func Raised(err error) (msg string, ok bool) {
 	if !ok {
 		return "", false
 	}
-	switch m := redis7Raise.FindStringSubmatch(msg); {
+	m := redis7Raise.FindStringSubmatch(msg)
+	if m == nil {
+		m = redis6Raise.FindStringSubmatch(msg)
+	}
+	mini, isMini := strings.CutPrefix(msg, miniRaise)
+	switch {
 	case m != nil:
 		msg = m[1]
-	case redis6Raise.MatchString(msg):
-		msg = redis6Raise.FindStringSubmatch(msg)[1]
-	case strings.HasPrefix(msg, miniRaise):
-		msg = strings.TrimPrefix(msg, miniRaise)
+	case isMini:
+		msg = mini
 		for _, sep := range []string{"\nstack traceback:", " stack traceback:"} {
 			if i := strings.Index(msg, sep); i >= 0 {
 				msg = msg[:i]
