@@ -40,6 +40,9 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep entered, err error) {
 		if stop {
 			return rep, err
 		}
+		if _, err := b.laneOf(ctx); err != nil {
+			return rep, err // nothing queued
+		}
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
@@ -127,7 +130,11 @@ func (b *Bucket) countsCalls() error {
 // each time a call runs out of it while Redis answers a PING (busy), so
 // that a slow Redis is waited for and a frozen one is not.
 func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, limit *time.Duration) (again bool, err error) {
-	id := b.newID()
+	sfx, err := b.laneOf(ctx)
+	if err != nil {
+		return false, err
+	}
+	id := b.newID() + sfx
 	own := b.ownWait(ctx)
 	if costs == nil {
 		if err := b.refusedHere(own); err != nil {

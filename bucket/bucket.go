@@ -417,7 +417,11 @@ func (b *Bucket) Estimate(ctx context.Context, c Cost) (Estimate, error) {
 		if stop {
 			return Estimate{}, err
 		}
-		wait, ahead, err := b.q.Estimate(ctx, costs)
+		sfx, err := b.laneOf(ctx)
+		if err != nil {
+			return Estimate{}, err
+		}
+		wait, ahead, err := b.q.Estimate(ctx, sfx, costs)
 		retry, serr := b.followInForce(ctx, err, settled)
 		switch {
 		case retry:

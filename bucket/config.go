@@ -68,8 +68,16 @@ type Config struct {
 	// LockTTL. 0 means 1 s; otherwise at least 10 ms.
 	LockTTL time.Duration
 	// MaxQueue refuses Enter with sluice.ErrQueueFull when this many callers
-	// already wait, whatever their costs. 0 means unbounded.
+	// already wait (in the caller's lane, with WithLane), whatever their
+	// costs. 0 means unbounded.
 	MaxQueue int
+	// Lanes are the lanes whose callers are served differently from the
+	// default, by weight and priority (Lane, WithLane). A lane not listed
+	// has weight 1 and priority 0. Every process of the bucket should
+	// list the same lanes: each caller's lane goes to Redis with the
+	// weight and priority its own process gives it.
+	Lanes []Lane
+	lanes map[string]laneSpec // Lanes by name (withDefaults)
 	// MaxWait refuses Enter with sluice.ErrWaitTooLong when the estimated wait is
 	// longer; the estimate counts the costs of the callers ahead and the
 	// caller's own. 0 means unbounded; otherwise at least 1 µs. Whatever MaxWait, a caller whose ctx
@@ -245,6 +253,10 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxQueue < 0 {
 		return bad("MaxQueue %d, want ≥ 0", c.MaxQueue)
+	}
+	var err error
+	if c.lanes, err = checkLanes(c.Lanes); err != nil {
+		return c, err
 	}
 	if c.MaxWait < 0 || c.MaxWait > 0 && c.MaxWait < time.Microsecond {
 		return bad("MaxWait %v, want 0 (unbounded) or ≥ 1µs (waits count whole microseconds)", c.MaxWait)

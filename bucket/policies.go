@@ -50,7 +50,7 @@ func (b *Bucket) Policies(ctx context.Context) ([]Policy, error) {
 			b.follow(c)
 			return fromQueue(c.Policies), nil
 		}
-		if _, _, err := b.q.Estimate(ctx, nil); err != nil && !errors.As(err, new(*queueio.ConfigError)) {
+		if _, _, err := b.q.Estimate(ctx, "", nil); err != nil && !errors.As(err, new(*queueio.ConfigError)) {
 			return nil, b.redisErr(ctx, err) // it stores this process's policies when none are
 		}
 	}

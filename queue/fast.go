@@ -49,7 +49,7 @@ func (q *Queue) enqueueFast(ctx context.Context, c *conf, waits []time.Duration)
 	if args == nil {
 		return nil, false, nil
 	}
-	reply, err = q.eval(ctx, fastScript, arrivalKeys(q.keys), args, true)
+	reply, err = q.eval(ctx, fastScript, fastKeys(q.keys), args, true)
 	if errors.Is(err, redis.Nil) {
 		return nil, false, nil
 	}
@@ -61,7 +61,7 @@ func (q *Queue) enqueueFast(ctx context.Context, c *conf, waits []time.Duration)
 // alone was granted at once. ok is false when the caller is still to be
 // enqueued.
 func (q *Queue) tryFast(ctx context.Context, ids []string, costs [][]int64, waits []time.Duration) (rs []queueio.Arrival, ok bool, err error) {
-	if len(ids) != 1 || costs != nil || !q.granting.Load() {
+	if len(ids) != 1 || costs != nil || !q.granting.Load() || protocol.IDLane(ids[0]) != "" {
 		return nil, false, nil
 	}
 	reply, ok, err := q.enqueueFast(ctx, q.conf.Load(), waits)

@@ -20,5 +20,16 @@ func arrivalKeys(k queueio.Keys) []string { return []string{k.Queue, k.State, k.
 // prefix, the refunds and the due set, for its help (a late scheduler's
 // step).
 func enqueueKeys(k queueio.Keys) []string {
-	return []string{k.Queue, k.State, k.Config, k.Slot, k.Refunds, k.Due}
+	return append([]string{k.Queue, k.State, k.Config, k.Slot, k.Refunds, k.Due}, k.Lanes()...)
+}
+
+// estimateKeys is KEYS of lua/estimate.lua: arrival's, then the lanes'.
+func estimateKeys(k queueio.Keys) []string {
+	return append(arrivalKeys(k), k.Lanes()...)
+}
+
+// fastKeys is KEYS of lua/fast.lua: arrival's, then the set of classes
+// (a caller waits in a named lane: not fast.lua's case).
+func fastKeys(k queueio.Keys) []string {
+	return append(arrivalKeys(k), k.Classes)
 }

@@ -102,7 +102,7 @@ func (q *Queue) Enqueue(ctx context.Context, ids []string, costs [][]int64, wait
 		err  error
 		done bool
 	)
-	if costs == nil && q.lane.open(q) {
+	if costs == nil && q.lane.open(q) && !protocol.AnyLane(ids) {
 		rs, err = q.push(ctx, ids)
 		done = !errors.Is(err, errNoPush)
 	} else {
@@ -337,12 +337,17 @@ func parsePoll(reply any, err error) (queueio.PollReply, error) {
 // costs (nil: each policy's Call) would wait for its slot if it entered
 // now, and how many callers would be ahead of it. The wait is exact unless
 // callers ahead leave the queue.
-func (q *Queue) Estimate(ctx context.Context, costs []int64) (time.Duration, int, error) {
-	v, err := scriptreply.Ints(q.run(ctx, estimateScript, arrivalKeys(q.keys), func(c *conf) ([]any, error) {
+//
+// lane is the caller's lane, as protocol.LaneID names it ("" for the
+// default one): the wait counts its lane's callers, and its share of its
+// class's rate when named lanes have callers (an estimate: the lanes'
+// callers still to come decide it); the callers ahead are its lane's.
+func (q *Queue) Estimate(ctx context.Context, lane string, costs []int64) (time.Duration, int, error) {
+	v, err := scriptreply.Ints(q.run(ctx, estimateScript, estimateKeys(q.keys), func(c *conf) ([]any, error) {
 		if costs != nil && len(costs) != len(c.policies) {
 			return nil, &queueio.ConfigError{Mine: c.id}
 		}
-		return append(append([]any{}, c.args...), protocol.Costs(costs)), nil
+		return append(append([]any{}, c.args...), protocol.Costs(costs), lane), nil
 	}))
 	if err != nil {
 		return 0, 0, err

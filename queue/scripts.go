@@ -26,10 +26,10 @@ var (
 )
 
 var (
-	enqueueScript  = protocol.Script(enqueueLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua, protocol.ScheduleLua)
+	enqueueScript  = protocol.Script(enqueueLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.LanesLua, protocol.WakeLua, protocol.ScheduleLua)
 	fastScript     = redis.NewScript(fastLua)
-	pollScript     = protocol.Script(pollLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua, refundLua, protocol.ClaimLua, protocol.ScheduleLua)
-	cancelScript   = protocol.Script(cancelLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua, refundLua)
-	estimateScript = protocol.Script(estimateLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua)
+	pollScript     = protocol.Script(pollLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.LanesLua, protocol.WakeLua, refundLua, protocol.ClaimLua, protocol.ScheduleLua)
+	cancelScript   = protocol.Script(cancelLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.LanesLua, protocol.WakeLua, refundLua)
+	estimateScript = protocol.Script(estimateLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.LanesLua)
 	retimeScript   = protocol.Script(retimeLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, refundLua, protocol.ClaimLua)
 )

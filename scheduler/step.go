@@ -17,7 +17,7 @@ import (
 //go:embed lua/step.lua
 var stepLua string
 
-var stepScript = protocol.Script(stepLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.WakeLua, protocol.ScheduleLua)
+var stepScript = protocol.Script(stepLua, protocol.TokensLua, protocol.StateLua, protocol.EntryLua, protocol.LanesLua, protocol.WakeLua, protocol.ScheduleLua)
 
 // stepStatus is what a step decided.
 type stepStatus int

@@ -26,6 +26,10 @@ var (
 	ClaimLua string
 	//go:embed schedule.lua
 	ScheduleLua string
+	// LanesLua is who goes first (lanes.lua); it needs TokensLua and
+	// EntryLua, and ScheduleLua needs it.
+	//go:embed lanes.lua
+	LanesLua string
 )
 
 // Script returns the script made of parts followed by body, so the

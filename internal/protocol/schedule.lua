@@ -26,7 +26,10 @@ local function schedule(keys, now, lookahead, batch, grace, lead, channel, ps, u
   -- comes before theirs.
   local last = now
   local qlen -- the queue's length after this step's pops, when known
-  if unit and st.costed == 0 then
+  if keys.lanes and lanes_on(keys.lanes) then
+    -- Named lanes have callers: whom to serve is lanes.lua's choice.
+    blocked, qlen, last = lanes_pop(keys.lanes, st, ps, now, lookahead, batch, last, ids, slots, anchors)
+  elseif unit and st.costed == 0 then
     -- Every caller queued takes one token of each policy: how many have
     -- their slot within the lookahead follows from the state alone; pop
     -- them at once.

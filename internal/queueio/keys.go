@@ -40,6 +40,14 @@ type Keys struct {
 	// the list Window+"<i>" (1-based) holds policy i's grants, "slot
 	// cost" (internal/protocol/tokens.lua, "Windows").
 	Window string
+
+	// The lanes (bucket.WithLane; internal/protocol/lanes.lua): LaneQueue
+	// is the prefix of the named lanes' lists (LaneQueue+"<lane>"; the
+	// default lane's list is Queue), Classes the sorted set of the
+	// priority classes whose named lanes have callers, Class the prefix of
+	// each class's sorted set of lanes (Class+"<priority>"), LaneTags the
+	// hash of their fair-queueing tags.
+	LaneQueue, Classes, Class, LaneTags string
 }
 
 // NewKeys returns the keys of the bucket name under prefix.
@@ -56,6 +64,11 @@ func NewKeys(prefix, name string) Keys {
 		Window:  base + "window:",
 		Due:     base + "due",
 		Procs:   base + "procs",
+
+		LaneQueue: base + "lane:",
+		Classes:   base + "lanes",
+		Class:     base + "lanes:",
+		LaneTags:  base + "lanetags",
 	}
 }
 
@@ -63,7 +76,14 @@ func NewKeys(prefix, name string) Keys {
 // scheduler/lua/step.lua): the queue, the state, the prefix of the slot
 // keys (declared so that Redis Cluster routes and checks it like the keys
 // made from it, which share its hash tag), the lock, the config, the
-// refunds and the due set.
+// refunds and the due set, then the lanes' keys (Lanes).
 func (k Keys) All() []string {
-	return []string{k.Queue, k.State, k.Slot, k.Lock, k.Config, k.Refunds, k.Due}
+	return append([]string{k.Queue, k.State, k.Slot, k.Lock, k.Config, k.Refunds, k.Due}, k.Lanes()...)
+}
+
+// Lanes is the lanes' keys as the scripts take them, after their others:
+// the prefix of the named lanes' lists, the classes, the prefix of the
+// classes' sets and the tags.
+func (k Keys) Lanes() []string {
+	return []string{k.LaneQueue, k.Classes, k.Class, k.LaneTags}
 }

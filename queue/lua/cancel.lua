@@ -14,6 +14,9 @@
 -- there, per policy, after the upstream's changes (the field before),
 -- for the processes of the previous version, whose late callers' bound
 -- counts them
+-- KEYS[6] the prefix of the named lanes' lists (lanes.lua): a caller
+-- leaves its lane's list, and its slot passes to the next caller in its
+-- lane
 -- ARGV[1] grace µs: a slot key outlives its slot by this
 -- ARGV[2] lead µs: a slot passes on only if it is at least this far ahead
 -- ARGV[3] wake channel
@@ -45,6 +48,7 @@ end
 local GONE = 'gone'
 
 local now = now_us()
+local lk = {queue = KEYS[1], prefix = KEYS[6]}
 local grace, lead, channel = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local ps, i, _, cid = read_policies(ARGV, 4)
 local out = {}
@@ -66,15 +70,16 @@ end
 for c = 1, (#ARGV - i + 1) / 3 do
   local entry, value, costs = ARGV[i + 3 * c - 3], ARGV[i + 3 * c - 2], parse_costs(ARGV[i + 3 * c - 1])
   local id, est = entry_parts(entry)
+  local qk = lane_list(lk, (lane_of(id)))
   if entry == '' then
     entry = nil
   elseif not est then -- a bare ID
-    entry = find(id .. '|', redis.call('LRANGE', KEYS[1], 0, -1))
+    entry = find(id .. '|', redis.call('LRANGE', qk, 0, -1))
   end
   if entry and not costs then
     _, _, costs = entry_parts(entry)
   end
-  if entry and redis.call('LREM', KEYS[1], 1, entry) == 1 then
+  if entry and redis.call('LREM', qk, 1, entry) == 1 then
     out[c] = 0
     fewer(entry)
   else
@@ -91,7 +96,7 @@ for c = 1, (#ARGV - i + 1) / 3 do
       -- cancel of the same caller (a batch sent again) passes nothing on.
       redis.call('SET', KEYS[2] .. id, GONE, 'PX', ceil_ms(math.max(slot - now, 0) + grace))
     end
-    local next_one = slot and slot - now >= lead and redis.call('LINDEX', KEYS[1], 0)
+    local next_one = slot and slot - now >= lead and redis.call('LINDEX', qk, 0)
     if next_one then
       -- The next caller takes the slot only if it needs no more of any
       -- policy than the slot holds.
@@ -103,7 +108,7 @@ for c = 1, (#ARGV - i + 1) / 3 do
         if need > have then fits = false end
       end
       if fits then
-        redis.call('LPOP', KEYS[1])
+        redis.call('LPOP', qk)
         fewer(next_one)
         local nid = entry_parts(next_one)
         redis.call('SET', KEYS[2] .. nid, value, 'PX', ceil_ms(slot - now + grace))

@@ -9,6 +9,14 @@
 -- KEYS[4] slot key prefix, KEYS[5] refunds, KEYS[6] due: for the help
 -- (the state's until tells whether a scheduler holds the lock; the lock
 -- itself is the step's, a bsm/redislock key)
+-- KEYS[7..10] the lanes' keys (lanes.lua): the prefix of the named
+--         lanes' lists, the set of classes, the prefix of the classes'
+--         sets, the tags
+-- A caller is queued in its lane's list (its ID names it: lanes.lua);
+-- its position and the estimate of its slot count its lane only, the
+-- lanes that share its class too when named lanes have callers; it is
+-- given its slot at once only while nobody waits in any lane. MaxQueue
+-- bounds each lane's list.
 -- ARGV[1] lookahead µs: a slot this close may be given without queueing
 -- ARGV[2] max queue length, 0 = unbounded
 -- ARGV[3] max wait µs, 0 = unbounded
@@ -49,17 +57,24 @@ local grace = tonumber(ARGV[4])
 local ps, i, unit, id = read_policies(ARGV, 8)
 local m = tonumber(ARGV[i])
 local st, done, till, fresh, raw = load(KEYS[2], ps, now, KEYS[3], id)
-local qlen = redis.call('LLEN', KEYS[1])
-local created = qlen == 0
-local took, costed, pushed, tail = false, false, {}, now
-if qlen > 0 then
+local lk = {queue = KEYS[1], prefix = KEYS[7], classes = KEYS[8], class = KEYS[9], tags = KEYS[10]}
+local dlen = redis.call('LLEN', KEYS[1])
+-- named says whether named lanes have callers: asked once, when needed.
+local on
+local function named()
+  if on == nil then on = lanes_on(lk) end
+  return on
+end
+local created = dlen == 0
+local took, costed, tail = false, false, now
+if dlen > 0 or named() then
   -- The help: the head of the queue could have had its slot a lookahead
   -- ago and no step gave it (the scheduler's process is starved or
   -- stopped: a pod at its CPU limit; a running scheduler gives slots a
   -- lookahead ahead), so its tokens sit unpromised in the bucket,
   -- which may fill and lose them. An arrival, whose process runs, does
   -- the step's work first (schedule.lua): the callers due within the
-  -- lookahead get their slots, in arrival order. The lock stays the
+  -- lookahead get their slots, in their order. The lock stays the
   -- scheduler's; the state lives here, so two steps at once cannot
   -- double a slot.
   local head
@@ -69,33 +84,42 @@ if qlen > 0 then
     head = slot_k(st, ps, now, ahead_k(st, ps, 0, nil)) -- all extras: at most the head's slot's
   end
   if head <= now - lookahead then
-    local keys = {queue = KEYS[1], slot = KEYS[4], refunds = KEYS[5], due = KEYS[6]}
-    local scheduled
-    scheduled, qlen = schedule(keys, now, lookahead, tonumber(ARGV[5]), grace, tonumber(ARGV[6]), ARGV[7], ps, unit, id, st)
+    local keys = {queue = KEYS[1], slot = KEYS[4], refunds = KEYS[5], due = KEYS[6], lanes = lk}
+    local scheduled, left = schedule(keys, now, lookahead, tonumber(ARGV[5]), grace, tonumber(ARGV[6]), ARGV[7], ps, unit, id, st)
     if scheduled > 0 then
       done, took = done + scheduled, true
-      if qlen == 0 then
+      dlen, on = redis.call('LLEN', KEYS[1]), nil
+      if left == 0 then
         st.costed = 0 -- nothing queued: no extras either
         for k = 1, #ps do st[k].extra = 0 end
       end
     end
   end
 end
-if qlen == 0 and st.costed ~= 0 then
+if st.costed ~= 0 and dlen == 0 and not named() then
   -- The queue is gone (drained, or expired): so are its callers' extras.
   st.costed, costed = 0, true
   for k = 1, #ps do st[k].extra = 0 end
 end
-local first = done + qlen + 1
+local first = done + dlen + 1
 local out, n = {now, 0, first}, 3
+local lens, pushed, order = {[''] = dlen}, {}, {}
+local queued = false -- a caller of this batch queued: nobody after it is alone
 -- Each caller's reply is written in place (no table per caller, no
--- function call, no # operator, unless it has costs of its own or waits
--- behind one that has): a batch may hold hundreds of callers.
+-- function call, no # operator, unless it has costs of its own, waits
+-- behind one that has, or names a lane): a batch may hold hundreds of
+-- callers.
 for c = 1, m do
   local id, cs, mine = ARGV[i + 3 * c - 2], ARGV[i + 3 * c - 1], tonumber(ARGV[i + 3 * c])
   local costs = parse_costs(cs)
   local limit = max_wait
   if mine > 0 and (limit == 0 or mine < limit) then limit = mine end
+  local name, _, p = lane_of(id)
+  local qlen = lens[name]
+  if not qlen then
+    qlen = redis.call('LLEN', lane_list(lk, name))
+    lens[name] = qlen
+  end
   local slot
   if unit and not costs and st.costed == 0 then
     slot = slot_all(st, ps, now, qlen + 1)
@@ -104,7 +128,7 @@ for c = 1, m do
   else
     slot = slot_k(st, ps, now, ahead_k(st, ps, qlen, costs))
   end
-  if qlen == 0 and slot - now <= lookahead then
+  if qlen == 0 and not queued and dlen == 0 and not named() and slot - now <= lookahead then
     -- Nobody waits: a slot due within the lookahead is this caller's at once.
     if limit > 0 and slot - now > limit then
       out[n + 1], out[n + 2], out[n + 3], n = 4, slot - now, 0, n + 3
@@ -118,26 +142,52 @@ for c = 1, m do
   elseif max_queue > 0 and qlen >= max_queue then
     out[n + 1], out[n + 2], out[n + 3], n = 3, 0, qlen, n + 3
   elseif limit > 0 and slot - now > limit then
+    -- Refused only when even its own lane's callers alone, at the full
+    -- rate, keep it past its wait.
     out[n + 1], out[n + 2], out[n + 3], n = 4, slot - now, qlen + 1, n + 3
   else
-    qlen = qlen + 1
-    pushed[#pushed + 1] = entry(id, slot, cs)
-    tail = slot
+    if named() then
+      -- It shares its class's rate with the lanes that have callers: its
+      -- estimate counts each of them as far ahead as its own.
+      local k = lane_count(lk, name, p, lens[''])
+      if k > 1 then
+        local ahead = (qlen + 1) * k - 1
+        if unit and not costs and st.costed == 0 then
+          slot = slot_all(st, ps, now, ahead + 1)
+        else
+          slot = slot_k(st, ps, now, ahead_k(st, ps, ahead, costs))
+        end
+      end
+    end
+    lens[name] = qlen + 1
+    queued = true
+    local list = pushed[name]
+    if not list then
+      list = {}
+      pushed[name], order[#order + 1] = list, name
+    end
+    list[#list + 1] = entry(id, slot, cs)
+    if name == '' then tail = slot end
     if costs then
       st.costed = st.costed + 1
       for k = 1, #ps do st[k].extra = st[k].extra + costs[k] - ps[k].call end
       costed = true
     end
-    out[n + 1], out[n + 2], out[n + 3], n = 2, slot - now, qlen, n + 3
+    out[n + 1], out[n + 2], out[n + 3], n = 2, slot - now, qlen + 1, n + 3
   end
 end
-if #pushed > 0 then
-  redis.call('RPUSH', KEYS[1], unpack(pushed))
-  if created then
-    redis.call('PEXPIRE', KEYS[1], ceil_ms(tail - now + grace))
+for _, name in ipairs(order) do
+  local list = pushed[name]
+  local key = lane_list(lk, name)
+  redis.call('RPUSH', key, unpack(list))
+  if name ~= '' or named() then
+    redis.call('PEXPIRE', key, LANE_TTL)
+    if lens[name] == #list then lane_join(lk, name, select(3, lane_of(list[1]))) end
+  elseif created then
+    redis.call('PEXPIRE', key, ceil_ms(tail - now + grace))
   end
-  if till > now then out[2] = 1 end
 end
+if #order > 0 and till > now then out[2] = 1 end
 -- Save when tokens were taken, a caller with costs queued, or the state is
 -- new (a new state key must not vanish before the queue it describes);
 -- a state of an older format is saved in this one when anything is.

@@ -6,7 +6,9 @@
 -- is not its own it writes nothing and replies nil, and the caller runs
 -- enqueue.lua.
 --
--- KEYS[1] queue, KEYS[2] state, KEYS[3] config: enqueue.lua's first three
+-- KEYS[1] queue, KEYS[2] state, KEYS[3] config: enqueue.lua's first three;
+-- KEYS[4] the set of the lanes' classes (lanes.lua): a caller waiting in a
+-- named lane makes the case enqueue.lua's
 -- ARGV[1] the configuration id this process runs under
 -- ARGV[2..4] its one policy, a token bucket counting calls: cap, amount,
 --         freq µs
@@ -25,7 +27,7 @@
 -- or written costs Redis some 2,000 instructions (strtod, sprintf), half
 -- a command, so the peak entries that do not change are copied as
 -- strings (scriptcost/callgrind.sh measures).
-if redis.call('LLEN', KEYS[1]) ~= 0 then return false end
+if redis.call('LLEN', KEYS[1]) ~= 0 or redis.call('EXISTS', KEYS[4]) ~= 0 then return false end
 local raw = redis.call('GET', KEYS[2])
 if not raw then return false end
 local a = ARGV

@@ -14,6 +14,9 @@
 -- KEYS[1] queue, KEYS[2] state, KEYS[3] slot key prefix, KEYS[4] lock,
 -- KEYS[5] config (as in enqueue.lua), KEYS[6] refunds (unused), KEYS[7]
 -- due (claim.lua)
+-- KEYS[8..11] the lanes' keys (lanes.lua): the caller is looked for in
+-- its lane's list, and its estimate counts its lane (and, when named
+-- lanes have callers, the lanes that share its class)
 -- ARGV[1] caller's entry, "<id>|<estimate>"
 -- ARGV[2] tolerance µs: a slot older than this is stale and not handed out
 -- ARGV[3], ARGV[4] the claim window, µs back from now: lo, hi
@@ -65,7 +68,10 @@ if raw then
   return {1, d, 0, 0, slot, room_of(raw)}
 end
 
-local pos = redis.call('LPOS', KEYS[1], id)
+local lk = {queue = KEYS[1], prefix = KEYS[8], classes = KEYS[9], class = KEYS[10], tags = KEYS[11]}
+local lane, _, prio = lane_of(id)
+local qk = lane_list(lk, lane)
+local pos = redis.call('LPOS', qk, id)
 if not pos then
   return {4, 0, 0, 0, 0}
 end
@@ -77,7 +83,7 @@ if not costs and lo > 0 then
   -- is served as one too late for its slot.
   local c = claim_for(KEYS[2], KEYS[5], KEYS[3], KEYS[7], now, lo, hi, tonumber(ARGV[7]), ARGV, 10, id, now, mark_taken(KEYS[7]))
   if c then
-    redis.call('LREM', KEYS[1], 1, id)
+    redis.call('LREM', qk, 1, id)
     add_done(KEYS[2], 1, nil, KEYS[5], '')
     return c
   end
@@ -85,15 +91,19 @@ end
 local ps, _, unit, cid = read_policies(ARGV, 10)
 local st, done, till = load(KEYS[2], ps, now, KEYS[5], cid)
 local est
+local on = lanes_on(lk)
+local k = on and lane_count(lk, lane, prio, redis.call('LLEN', KEYS[1])) or 1
 if unit and st.costed == 0 then
-  est = slot_all(st, ps, now, pos + 1)
+  -- With named lanes, its share of its class's rate: each lane that has
+  -- callers counted as far ahead as its own.
+  est = slot_all(st, ps, now, (pos + 1) * k)
 else
   -- Costs differ: add up those of the callers ahead and the caller's own.
   local ks = {}
   for k = 1, #ps do ks[k] = 0 end
-  for _, e in ipairs(redis.call('LRANGE', KEYS[1], 0, pos)) do
+  for _, e in ipairs(redis.call('LRANGE', qk, 0, pos)) do
     local _, _, costs = entry_parts(e)
-    for k = 1, #ps do ks[k] = ks[k] + (costs and costs[k] or ps[k].call) end
+    for j = 1, #ps do ks[j] = ks[j] + (costs and costs[j] or ps[j].call) * k end
   end
   est = slot_k(st, ps, now, ks)
 end
@@ -105,7 +115,7 @@ if est <= now + tonumber(ARGV[5]) then
   -- every caller due within the lookahead, and finds its own slot among
   -- them: one poll, not a poll and a back-off until the step comes. The
   -- lock stays the scheduler's: this only saves it the work.
-  local keys = {queue = KEYS[1], slot = KEYS[3], refunds = KEYS[6], due = KEYS[7]}
+  local keys = {queue = KEYS[1], slot = KEYS[3], refunds = KEYS[6], due = KEYS[7], lanes = lk}
   local scheduled = schedule(keys, now, tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9], ps, unit, cid, st)
   if scheduled > 0 then
     save(KEYS[2], st, ps, now, tonumber(ARGV[7]), done + scheduled, till, KEYS[5])
@@ -118,7 +128,7 @@ if est <= now + tonumber(ARGV[5]) then
     end
   end
 end
-if est > now and not costs and lo > 0 then
+if est > now and not costs and lo > 0 and lane == '' and not on then
   local c = take_free(KEYS[1], st, ps, now, hi, id, cid)
   if c then
     save(KEYS[2], st, ps, now, tonumber(ARGV[7]), done + 1, till, KEYS[5])

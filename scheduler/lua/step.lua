@@ -10,6 +10,9 @@
 -- KEYS[5] config (as in enqueue.lua), KEYS[6] refunds (retime.lua),
 -- KEYS[7] due: the slots written and not yet collected (claim.lua); the
 -- step adds those of callers of the bucket's own costs
+-- KEYS[8..11] the lanes' keys (lanes.lua): the prefix of the named
+-- lanes' lists, the set of classes, the prefix of the classes' sets, the
+-- tags. With named lanes, whom to pop next is lanes.lua's choice.
 -- ARGV[1] lock token; the step does nothing unless the lock holds it
 -- ARGV[2] lock TTL ms, renewed on every step that keeps the lock; 0 hands
 --         the lock over: the step releases it (and zeroes until, so that
@@ -42,7 +45,8 @@ local lead = tonumber(ARGV[6])
 local channel = ARGV[7]
 local ps, _, unit, cid = read_policies(ARGV, 8)
 local st, done = load(KEYS[2], ps, now, KEYS[5], cid)
-local k = {queue = KEYS[1], slot = KEYS[3], refunds = KEYS[6], due = KEYS[7]}
+local lk = {queue = KEYS[1], prefix = KEYS[8], classes = KEYS[9], class = KEYS[10], tags = KEYS[11]}
+local k = {queue = KEYS[1], slot = KEYS[3], refunds = KEYS[6], due = KEYS[7], lanes = lk}
 local scheduled, qlen, head = schedule(k, now, lookahead, batch, grace, lead, channel, ps, unit, cid, st)
 if qlen == 0 then
   st.costed = 0 -- nothing queued: no extras either
@@ -62,8 +66,11 @@ else
   redis.call('PEXPIRE', KEYS[4], lock_ttl)
   save(KEYS[2], st, ps, now, grace, done + scheduled, now + lock_ttl * 1000, KEYS[5])
 end
-local tail = slot_k(st, ps, now, ahead_k(st, ps, qlen - 1, nil))
-redis.call('PEXPIRE', KEYS[1], ceil_ms(tail - now + grace))
+if not lanes_on(lk) then
+  -- (With named lanes, lanes.lua keeps every lane's list a while.)
+  local tail = slot_k(st, ps, now, ahead_k(st, ps, qlen - 1, nil))
+  redis.call('PEXPIRE', KEYS[1], ceil_ms(tail - now + grace))
+end
 -- The head's slot, now that those ahead of it took their tokens.
 local next = head - lookahead - now
 if next < 0 or scheduled >= batch then next = 0 end

@@ -120,6 +120,8 @@ type Spec struct {
 	// a cost in this unit drawn uniformly from CostMin to CostMax (seeded
 	// by Proc and caller, so a run can be replayed); the grant records it.
 	CostUnit string `json:"cost_unit,omitempty"`
+	// Lane, when set, puts every Enter in this lane (bucket.WithLane).
+	Lane string `json:"lane,omitempty"`
 	CostMin  int    `json:"cost_min,omitempty"`
 	CostMax  int    `json:"cost_max,omitempty"`
 	// SettleMin and SettleMax, when SettleMax is set, make every caller
@@ -181,6 +183,9 @@ func Run(ctx context.Context, b *bucket.Bucket, spec Spec, out func(Grant)) {
 				var err error
 				var d enterdetail.Detail
 				ectx = enterdetail.With(ectx, &d)
+				if spec.Lane != "" {
+					ectx = bucket.WithLane(ectx, spec.Lane)
+				}
 				if spec.SettleMax > 0 && costs != nil {
 					if res, err = b.Reserve(ectx, costs[0]); err == nil {
 						rep = res.Report()

@@ -1,0 +1,94 @@
+package bucket
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/configerr"
+	"github.com/sluicehq/sluice/internal/lane"
+	"github.com/sluicehq/sluice/internal/protocol"
+)
+
+// Lane describes a lane whose callers are served differently from the
+// default (Config.Lanes). A call says its lane with WithLane; a lane not
+// listed has weight 1 and priority 0, like the callers that name none
+// (the default lane), so that thousands of tenants need no
+// configuration. docs/lanes.md says how to choose weights and
+// priorities, with the formulas.
+type Lane struct {
+	// Name is what WithLane names: 1 to 128 bytes of printable text,
+	// without spaces or '|'.
+	Name string
+	// Weight is the lane's share among the lanes of its priority that
+	// have callers waiting: each gets at least Weight / (the sum of
+	// their weights) of what their priority is served, counted in the
+	// unit of the bucket's first policy (a call of cost 60 counts 60). 0
+	// means 1; at most 1,000,000.
+	Weight int
+	// Priority: a lane of a higher priority is served first, but each
+	// priority below one with callers waiting keeps a floor of 1/16 of
+	// what is served while it waits, so that no lane waits forever. 0 (the
+	// default lane's) is the lowest; at most 1000.
+	Priority int
+}
+
+const (
+	maxLaneWeight   = 1_000_000
+	maxLanePriority = 1000
+)
+
+// WithLane returns ctx carrying lane name: every call on ctx (Enter,
+// EnterCost, Reserve, Do, TryEnter, Estimate, the transport's requests,
+// a semaphore's Acquire) is in that lane. Within a lane callers are
+// served in their order of arrival; between lanes, by weight and
+// priority (Lane). A bad name (empty, longer than 128 bytes, with a
+// space or '|') is an error sluice.ErrConfig from the call, and nothing
+// is queued.
+func WithLane(ctx context.Context, name string) context.Context {
+	return lane.With(ctx, name)
+}
+
+// laneSpec is a configured lane's weight and priority.
+type laneSpec struct{ weight, priority int }
+
+// checkLanes checks Config.Lanes and returns them by name.
+func checkLanes(ls []Lane) (map[string]laneSpec, error) {
+	if len(ls) == 0 {
+		return nil, nil
+	}
+	m := make(map[string]laneSpec, len(ls))
+	for i, l := range ls {
+		if err := protocol.CheckLaneName(l.Name); err != nil {
+			return nil, configerr.Invalid(errConfig, "Lanes[%d]: %v", i, err)
+		}
+		if _, dup := m[l.Name]; dup {
+			return nil, configerr.Invalid(errConfig, "Lanes[%d]: lane %q listed twice", i, l.Name)
+		}
+		if l.Weight < 0 || l.Weight > maxLaneWeight {
+			return nil, configerr.Invalid(errConfig, "Lanes[%d] (%q): Weight %d, want 0 (1) to %d", i, l.Name, l.Weight, maxLaneWeight)
+		}
+		if l.Priority < 0 || l.Priority > maxLanePriority {
+			return nil, configerr.Invalid(errConfig, "Lanes[%d] (%q): Priority %d, want 0 to %d", i, l.Name, l.Priority, maxLanePriority)
+		}
+		m[l.Name] = laneSpec{weight: max(l.Weight, 1), priority: l.Priority}
+	}
+	return m, nil
+}
+
+// laneOf returns what the IDs of ctx's caller end with
+// (protocol.LaneID): "" for the default lane, or an error for a bad name.
+func (b *Bucket) laneOf(ctx context.Context) (string, error) {
+	name, ok := lane.From(ctx)
+	if !ok {
+		return "", nil
+	}
+	if err := protocol.CheckLaneName(name); err != nil {
+		return "", fmt.Errorf("bucket %q: WithLane: %v (%w)", b.cfg.Name, err, sluice.ErrConfig)
+	}
+	s, ok := b.cfg.lanes[name]
+	if !ok {
+		s = laneSpec{weight: 1}
+	}
+	return protocol.LaneID(name, s.weight, s.priority), nil
+}
