@@ -120,10 +120,10 @@ type Spec struct {
 	// a cost in this unit drawn uniformly from CostMin to CostMax (seeded
 	// by Proc and caller, so a run can be replayed); the grant records it.
 	CostUnit string `json:"cost_unit,omitempty"`
+	CostMin  int    `json:"cost_min,omitempty"`
+	CostMax  int    `json:"cost_max,omitempty"`
 	// Lane, when set, puts every Enter in this lane (bucket.WithLane).
-	Lane    string `json:"lane,omitempty"`
-	CostMin int    `json:"cost_min,omitempty"`
-	CostMax int    `json:"cost_max,omitempty"`
+	Lane string `json:"lane,omitempty"`
 	// SettleMin and SettleMax, when SettleMax is set, make every caller
 	// Reserve its cost as an estimate and then Settle its cost in
 	// CostUnit at a true cost drawn uniformly from SettleMin to SettleMax
