@@ -46,7 +46,7 @@ const sluiceACL = "on >s3cret resetkeys ~sluice:* resetchannels &sluice:* -@all 
 // scriptCommands are the commands run inside queue/lua/*.lua and
 // redislock's scripts; TestACLCoversScripts keeps the list complete.
 const scriptCommands = "+time +get +set +getrange +del +exists +pexpire +pttl +publish " +
-	"+llen +rpush +lpop +lpos +lrem +lrange +ltrim +lset +lindex +zadd +zremrangebyscore +zcard +zrem +zrangebyscore"
+	"+llen +rpush +lpop +lpos +lrem +lrange +ltrim +lset +lindex +zadd +zremrangebyscore +zcard +zrem +zrangebyscore +zrange +zscore +hget +hmget +hset +hdel"
 
 // TestACLCoversScripts reads every redis.call in the scripts and the
 // code they share (queue/lua, scheduler/lua, internal/protocol) and fails

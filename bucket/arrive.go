@@ -165,6 +165,9 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, lim
 	b.rtt.observe(received.Sub(sent)) // only replies: a failed call says nothing of the network
 	b.hub.Replied(sent)
 	rep.Ticket, rep.Position = er.Ticket, er.Position
+	if er.Now > 0 {
+		rep.Arrived = time.UnixMicro(er.Now)
+	}
 	switch {
 	case errors.Is(er.Err, queueio.ErrQueueFull):
 		return false, fmt.Errorf("%w (%d waiting)", errQueueFull, er.Position)

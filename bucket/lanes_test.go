@@ -2,12 +2,17 @@ package bucket_test
 
 import (
 	"context"
+	"errors"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/bench/loadgen"
+	"github.com/sluicehq/sluice/internal/enterdetail"
 	"github.com/sluicehq/sluice/internal/testing/guarantee"
 	"github.com/sluicehq/sluice/internal/testing/redistest"
 )
@@ -103,5 +108,263 @@ func TestLanesFairShare(t *testing.T) {
 		if share := float64(got[lane]) / float64(total); share < w-0.05 || share > w+0.05 {
 			t.Errorf("lane %s: share %.3f, want %.2f ± 0.05", lane, share, w)
 		}
+	}
+}
+
+// slotOrder returns every grant of gs, each with its lane, in slot order.
+func slotOrder(gs map[string][]guarantee.Grant) []laneGrant {
+	var all []laneGrant
+	for lane, g := range gs {
+		for _, x := range g {
+			all = append(all, laneGrant{lane, x})
+		}
+	}
+	slices.SortFunc(all, func(a, b laneGrant) int { return a.At.Compare(b.At) })
+	return all
+}
+
+type laneGrant struct {
+	lane string
+	guarantee.Grant
+}
+
+// TestLanesPriorityFloor: a lane of priority 1 saturating the bucket is
+// served first, and a lane of priority 0 saturating it too keeps its
+// floor: 1 grant in 16 (LANE_FLOOR), never more than 16 grants of the
+// higher lane between two of its own, judged on the slots (Redis clock).
+func TestLanesPriorityFloor(t *testing.T) {
+	srv := redistest.New(t)
+	cfg := bucket.Config{Capacity: 20, RefillAmount: 1, RefillFrequency: 5 * time.Millisecond,
+		Lanes: []bucket.Lane{{Name: "high", Priority: 1}}}
+	b := newBucket(t, srv.Client(), cfg)
+	gs := runLanes(t, b, 3*time.Second, laneLoad{Lane: "high", Callers: 50}, laneLoad{Lane: "low", Callers: 50})
+	all := slotOrder(gs)
+	var slots []time.Time
+	for _, g := range all {
+		slots = append(slots, g.At)
+	}
+	if r := guarantee.Check(slots, limitOf(cfg)); !r.OK() {
+		t.Fatalf("limit broken: %v", r)
+	}
+	// The steady part: from the 100th grant to 100 before the end.
+	if len(all) < 400 {
+		t.Fatalf("%d grants in 3 s, want ≥ 400", len(all))
+	}
+	steady := all[100 : len(all)-100]
+	low, run, longest := 0, 0, 0
+	for _, g := range steady {
+		if g.lane == "low" {
+			low++
+			run = 0
+			continue
+		}
+		run++
+		longest = max(longest, run)
+	}
+	share := float64(low) / float64(len(steady))
+	t.Logf("%d steady grants, low %d (%.3f), longest run of high %d", len(steady), low, share, longest)
+	if share < 0.05 || share > 0.075 {
+		t.Errorf("low lane's share %.3f, want its floor 1/16 = 0.0625 (± 0.0125)", share)
+	}
+	if longest > 16 {
+		t.Errorf("%d grants of the high lane in a row, want ≤ 16 (the floor)", longest)
+	}
+}
+
+// TestLanesInteractive: a light lane of priority 1 (5 calls a second)
+// beside a saturating one is served next: at most the slots already
+// given within the lookahead, and one more, pass before it (judged on
+// the slots, Redis clock), while the batch gets the rest of the rate.
+func TestLanesInteractive(t *testing.T) {
+	srv := redistest.New(t)
+	cfg := bucket.Config{Capacity: 20, RefillAmount: 1, RefillFrequency: 5 * time.Millisecond,
+		Lookahead: 20 * time.Millisecond, Lanes: []bucket.Lane{{Name: "interactive", Priority: 1}}}
+	b := newBucket(t, srv.Client(), cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var batch map[string][]guarantee.Grant
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		batch = runLanes(t, b, 3*time.Second, laneLoad{Lane: "batch", Callers: 100})
+	}()
+	type call struct{ arrived, slot time.Time }
+	var calls []call
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for range 12 {
+		<-tick.C
+		var d enterdetail.Detail
+		if err := b.Enter(enterdetail.With(bucket.WithLane(ctx, "interactive"), &d)); err != nil {
+			t.Fatal(err)
+		}
+		calls = append(calls, call{d.Arrived, d.Slot})
+	}
+	<-done
+	batchSlots := slotOrder(batch)
+	perPeriod := int(cfg.Lookahead / cfg.RefillFrequency)
+	for i, c := range calls[2:] { // the batch saturates by then
+		ahead := 0
+		for _, g := range batchSlots {
+			if g.At.After(c.arrived) && g.At.Before(c.slot) {
+				ahead++
+			}
+		}
+		if ahead > perPeriod+2 {
+			t.Errorf("interactive call %d: %d batch grants between its arrival and its slot (%v), want ≤ %d (the lookahead's, and two)", i+2, ahead, c.slot.Sub(c.arrived), perPeriod+2)
+		}
+	}
+	n := len(batchSlots)
+	if n == 0 {
+		t.Fatal("no batch grants")
+	}
+	span := batchSlots[n-1].At.Sub(batchSlots[0].At)
+	got := float64(n+len(calls)) / (float64(span) / float64(cfg.RefillFrequency))
+	t.Logf("batch %d grants over %v; utilization %.3f", n, span, got)
+	if got < 0.97 {
+		t.Errorf("utilization %.3f, want ≥ 0.97", got)
+	}
+}
+
+// TestLanesCountCosts: shares are counted in the unit of the first
+// policy: a lane whose calls cost 60 and one whose calls cost 20, of equal
+// weights, each get half the units, so the second three times the calls.
+func TestLanesCountCosts(t *testing.T) {
+	srv := redistest.New(t)
+	cfg := bucket.Config{Policies: []bucket.Policy{
+		{Unit: "pu", Capacity: 600, RefillAmount: 60, RefillFrequency: 10 * time.Millisecond},
+		{Capacity: 1000, RefillAmount: 1000, RefillFrequency: time.Second},
+	}}
+	b := newBucket(t, srv.Client(), cfg)
+	gs := runLanes(t, b, 3*time.Second, laneLoad{Lane: "big", Callers: 30, Cost: 60}, laneLoad{Lane: "small", Callers: 30, Cost: 20})
+	all := slotOrder(gs)
+	var grants []guarantee.Grant
+	for _, g := range all {
+		grants = append(grants, g.Grant)
+	}
+	limit := guarantee.Limit{Capacity: 600, RefillAmount: 60, RefillFrequency: 10 * time.Millisecond}
+	if r := guarantee.CheckCosts(grants, limit, 0); !r.OK() {
+		t.Fatalf("limit broken: %v", r)
+	}
+	from, to := all[0].At.Add(time.Second), all[0].At.Add(2500*time.Millisecond)
+	big, small := unitsBetween(gs["big"], from, to), unitsBetween(gs["small"], from, to)
+	share := float64(big) / float64(big+small)
+	t.Logf("in 1.5 s: big %d units, small %d units (%d calls), big's share %.3f", big, small, small/20, share)
+	if share < 0.45 || share > 0.55 {
+		t.Errorf("big lane's share of the units %.3f, want 0.5 ± 0.05", share)
+	}
+	if want := 6000 * 15 / 10; big+small < want*97/100 {
+		t.Errorf("%d units in 1.5 s, want ≥ 97 %% of %d", big+small, want)
+	}
+}
+
+// TestLanesBadInput: bad lanes are refused at New, or by the call, which
+// then queues nothing.
+func TestLanesBadInput(t *testing.T) {
+	srv := redistest.New(t)
+	rdb := srv.Client()
+	long := strings.Repeat("x", 129)
+	for _, c := range []struct {
+		lanes []bucket.Lane
+		want  string
+	}{
+		{[]bucket.Lane{{Name: ""}}, "lane name is empty"},
+		{[]bucket.Lane{{Name: long}}, "more than 128"},
+		{[]bucket.Lane{{Name: "a b"}}, "space"},
+		{[]bucket.Lane{{Name: "a|b"}}, "'|'"},
+		{[]bucket.Lane{{Name: "a", Weight: -1}}, "Weight -1"},
+		{[]bucket.Lane{{Name: "a", Priority: -1}}, "Priority -1"},
+		{[]bucket.Lane{{Name: "a"}, {Name: "a", Weight: 2}}, "listed twice"},
+	} {
+		_, err := bucket.New(rdb, bucket.Config{Name: t.Name(), Capacity: 1, RefillAmount: 1, RefillFrequency: time.Second, Lanes: c.lanes})
+		if !errors.Is(err, sluice.ErrConfig) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Lanes %+v: %v, want ErrConfig saying %q", c.lanes, err, c.want)
+		}
+	}
+	cfg := bucket.Config{Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour}
+	b := newBucket(t, rdb, cfg)
+	if err := b.Enter(context.Background()); err != nil { // the token: later callers would queue
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, name := range []string{"", long, "tab\there"} {
+		err := b.Enter(bucket.WithLane(ctx, name))
+		if !errors.Is(err, sluice.ErrConfig) || !strings.Contains(err.Error(), "WithLane") {
+			t.Errorf("WithLane(%.10q): %v, want ErrConfig from WithLane", name, err)
+		}
+		if _, err := b.Estimate(bucket.WithLane(ctx, name), nil); !errors.Is(err, sluice.ErrConfig) {
+			t.Errorf("Estimate, WithLane(%.10q): %v, want ErrConfig", name, err)
+		}
+	}
+	if keys, err := rdb.Keys(ctx, "sluice:{"+t.Name()+"}:lane*").Result(); err != nil || len(keys) > 0 {
+		t.Errorf("lane keys %v (%v), want none: nothing queued", keys, err)
+	}
+	if est, err := b.Estimate(ctx, nil); err != nil || est.Ahead != 0 {
+		t.Errorf("Estimate %+v (%v), want nobody ahead", est, err)
+	}
+}
+
+// TestLanesAcrossProcesses: three processes, one lane each (c of weight
+// 2), share the bucket by weight (±5 %), every grant within the limit;
+// when c's callers stop, a and b take its share at once
+// (work-conserving), half each.
+func TestLanesAcrossProcesses(t *testing.T) {
+	srv := redistest.New(t)
+	srv.RequireReal(t)
+	cfg, err := bucketConfig(t.Name(), 20, 1, 5*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Lanes = []bucket.Lane{{Name: "c", Weight: 2}}
+	start := time.Now().Add(time.Second).UnixNano()
+	until := map[string]time.Duration{"a": 3 * time.Second, "b": 3 * time.Second, "c": 1500 * time.Millisecond}
+	var procs []*loadgen.Proc
+	for i, lane := range []string{"a", "b", "c"} {
+		procs = append(procs, startWorker(t, loadgen.Spec{Proc: i, Addr: srv.Addr(), Bucket: cfg, Callers: 30, Until: until[lane], StartAt: start, Lane: lane}))
+	}
+	gs := map[string][]guarantee.Grant{}
+	var all []loadgen.Grant
+	for i, p := range procs {
+		for _, g := range wait(t, p) {
+			if g.Err != "" {
+				t.Fatalf("proc %d: %s", i, g.Err)
+			}
+			all = append(all, g)
+			lane := []string{"a", "b", "c"}[g.Proc]
+			gs[lane] = append(gs[lane], guarantee.Grant{At: g.SlotTime(), Cost: 1})
+		}
+	}
+	checkGrants(t, all, cfg)
+	t0 := time.Unix(0, start)
+	shares := func(from, to time.Time) (map[string]int, int) {
+		got, total := map[string]int{}, 0
+		for lane, g := range gs {
+			got[lane] = unitsBetween(g, from, to)
+			total += got[lane]
+		}
+		return got, total
+	}
+	got, total := shares(t0.Add(400*time.Millisecond), t0.Add(1400*time.Millisecond))
+	t.Logf("all three lanes, 1 s: %v", got)
+	for lane, w := range map[string]float64{"a": 0.25, "b": 0.25, "c": 0.5} {
+		if s := float64(got[lane]) / float64(total); s < w-0.05 || s > w+0.05 {
+			t.Errorf("lane %s: share %.3f of %d, want %.2f ± 0.05", lane, s, total, w)
+		}
+	}
+	if total < 200*98/100 {
+		t.Errorf("%d grants in 1 s, want ≥ 98 %% of 200", total)
+	}
+	cEnd := slotOrder(map[string][]guarantee.Grant{"c": gs["c"]})
+	last := cEnd[len(cEnd)-1].At
+	got, total = shares(last.Add(100*time.Millisecond), t0.Add(2800*time.Millisecond))
+	span := t0.Add(2800 * time.Millisecond).Sub(last.Add(100 * time.Millisecond))
+	want := int(span / cfg.RefillFrequency)
+	t.Logf("after c stopped (its last slot %v after the start), %v: %v", last.Sub(t0), span, got)
+	if total < want*98/100 {
+		t.Errorf("a and b took %d grants in %v after c stopped, want ≥ 98 %% of %d", total, span, want)
+	}
+	if s := float64(got["a"]) / float64(total); s < 0.45 || s > 0.55 {
+		t.Errorf("after c stopped, a's share %.3f, want 0.5 ± 0.05", s)
 	}
 }

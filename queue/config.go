@@ -174,7 +174,7 @@ func (q *Queue) Change(ctx context.Context, rule int, next func(old protocol.Con
 		for _, m := range inherit(old.Policies, nc.Policies) {
 			args = append(args, m[0], m[1])
 		}
-		v, err := scriptreply.Ints(changeScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.State, q.keys.Config, q.keys.Lock}, args...).Result())
+		v, err := scriptreply.Ints(changeScript.Run(ctx, q.rdb, []string{q.keys.Queue, q.keys.State, q.keys.Config, q.keys.Lock, q.keys.LaneQueue, q.keys.Classes, q.keys.Class}, args...).Result())
 		if err != nil {
 			return queueio.ChangeResult{}, err
 		}

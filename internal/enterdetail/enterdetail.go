@@ -23,6 +23,10 @@ type Detail struct {
 	// clock (zero: none was given). It is for analysis only: comparing it
 	// with the local clock assumes both are synchronised.
 	Slot time.Time
+	// Arrived is the Redis clock when the caller's last arrival was
+	// handled (zero: none was): Slot less Arrived is its wait as Redis
+	// judges it, whatever its own process's delays.
+	Arrived time.Time
 	// Margin is how long before its slot the caller held the reply that
 	// gave it the slot, at least (as if Redis read its clock the moment
 	// the request left). Zero or less: the reply came at or after the

@@ -10,7 +10,9 @@
 -- new one steps under the new policies at once) and tells every process on
 -- the wake channel.
 --
--- KEYS[1] queue, KEYS[2] state, KEYS[3] config, KEYS[4] lock (as in enqueue.lua)
+-- KEYS[1] queue, KEYS[2] state, KEYS[3] config, KEYS[4] lock (as in enqueue.lua),
+-- KEYS[5..7] the prefix of the named lanes' lists, the set of classes and
+-- the prefix of the classes' sets (lanes.lua): their callers too
 -- ARGV[1] the new config key's value, "<format> <id> <json>" (config.go)
 -- ARGV[2] tokens rule: 0 proportionally, 1 as they are (at most the new
 --         capacity), 2 reset (full, as a new bucket)
@@ -105,12 +107,14 @@ if ops.rolling > 0 or nps.rolling > 0 then
   end
 end
 
--- The queued callers with costs of their own: costs for the new policies.
-local dropped, qlen = 0, redis.call('LLEN', KEYS[1])
-if st.costed > 0 and qlen > 0 then
-  local ttl = redis.call('PTTL', KEYS[1])
+-- The queued callers with costs of their own, in every lane: costs for
+-- the new policies.
+local dropped, qlen = 0, 0
+-- rewrite rewrites the costs of the callers of list key.
+local function rewrite(key)
+  local ttl = redis.call('PTTL', key)
   local kept = {}
-  for _, e in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+  for _, e in ipairs(redis.call('LRANGE', key, 0, -1)) do
     local id, est, costs = entry_parts(e)
     if costs then
       local ncs, fits = {}, true
@@ -130,14 +134,27 @@ if st.costed > 0 and qlen > 0 then
       kept[#kept + 1] = e
     end
   end
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', key)
   for b = 1, #kept, 4096 do
-    redis.call('RPUSH', KEYS[1], unpack(kept, b, math.min(b + 4095, #kept)))
+    redis.call('RPUSH', key, unpack(kept, b, math.min(b + 4095, #kept)))
   end
   if #kept > 0 and ttl > 0 then
-    redis.call('PEXPIRE', KEYS[1], ttl)
+    redis.call('PEXPIRE', key, ttl)
   end
-  qlen = #kept
+  return #kept
+end
+local lists = {KEYS[1]}
+for _, p in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
+  for _, name in ipairs(redis.call('ZRANGE', KEYS[7] .. p, 0, -1)) do
+    lists[#lists + 1] = KEYS[5] .. name
+  end
+end
+for _, key in ipairs(lists) do
+  if st.costed > 0 then
+    qlen = qlen + rewrite(key)
+  else
+    qlen = qlen + redis.call('LLEN', key)
+  end
 end
 
 redis.call('DEL', KEYS[4])
