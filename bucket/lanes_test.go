@@ -3,6 +3,7 @@ package bucket_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -36,6 +37,8 @@ func runLanes(t *testing.T, b *bucket.Bucket, d time.Duration, loads ...laneLoad
 	defer time.AfterFunc(d, cancel).Stop()
 	var mu sync.Mutex
 	out := map[string][]guarantee.Grant{}
+	polls := map[string]int{}
+	defer func() { t.Logf("polls per grant: %v", perGrant(polls, out)) }()
 	var wg sync.WaitGroup
 	for i, l := range loads {
 		spec := loadgen.Spec{Proc: i, Callers: l.Callers, Lane: l.Lane}
@@ -52,11 +55,21 @@ func runLanes(t *testing.T, b *bucket.Bucket, d time.Duration, loads ...laneLoad
 				}
 				mu.Lock()
 				out[l.Lane] = append(out[l.Lane], guarantee.Grant{At: g.SlotTime(), Cost: max(g.Cost, 1)})
+				polls[l.Lane] += g.Polls
 				mu.Unlock()
 			})
 		})
 	}
 	wg.Wait()
+	return out
+}
+
+// perGrant is each lane's polls per grant.
+func perGrant(polls map[string]int, gs map[string][]guarantee.Grant) map[string]string {
+	out := map[string]string{}
+	for lane, n := range polls {
+		out[lane] = fmt.Sprintf("%.2f", float64(n)/float64(max(len(gs[lane]), 1)))
+	}
 	return out
 }
 
