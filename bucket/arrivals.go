@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/background"
 	"github.com/sluicehq/sluice/internal/hub"
+	"github.com/sluicehq/sluice/internal/protocol"
 	"github.com/sluicehq/sluice/internal/queueio"
 	"github.com/sluicehq/sluice/queue"
 )
@@ -50,7 +51,7 @@ type comings struct {
 	left    *background.Batcher[*queue.Leaver]
 	handoff sync.Mutex // between a batch's replies and callers who give up
 	// learn hears every arrival's reply (of a call that left at sent), of
-	// the bucket's own costs, before the call counts as returned (the
+	// the bucket's own costs in the default lane, before the call counts as returned (the
 	// batcher busy no more): a caller that finds no call in flight finds
 	// what the last one learned (Bucket.learnBack).
 	learn func(sent time.Time, r queueio.Arrival)
@@ -98,7 +99,7 @@ func (c *comings) enqueue(ctx context.Context, id string, costs []int64, wait ti
 			return queueio.Arrival{}, time.Time{}, err
 		}
 		sent := sentFn()
-		if costs == nil {
+		if costs == nil && protocol.IDLane(id) == "" {
 			c.learn(sent, rs[0])
 		}
 		c.arr.Release()
@@ -162,7 +163,7 @@ func (c *comings) sendArrivals(ctx context.Context, batch []*arrival) {
 			ar.err = err
 		} else {
 			ar.reply = replies[i]
-			if ar.costs == nil {
+			if ar.costs == nil && protocol.IDLane(ar.id) == "" {
 				c.learn(sent, replies[i])
 			}
 			if ar.gone && replies[i].Entry != "" {

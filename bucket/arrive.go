@@ -136,7 +136,7 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, lim
 	}
 	id := b.newID() + sfx
 	own := b.ownWait(ctx)
-	if costs == nil {
+	if costs == nil && sfx == "" { // the back is the default lane's
 		if err := b.refusedHere(own); err != nil {
 			return false, err // as Redis would: no round trip
 		}

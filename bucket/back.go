@@ -87,7 +87,16 @@ func (k *back) refuses(now time.Time, limit time.Duration) (time.Duration, bool)
 // costs, whose call left at sent, says of the back (comings.learn). A queue at MaxQueue
 // refuses the next caller as full, whatever its wait: the back then
 // sends callers to Redis.
+//
+// While named lanes have callers (Arrival.Lanes), a queued caller's delay
+// is its share's estimate, not the back: what was learned is forgotten,
+// and callers go to Redis. The callers of named lanes are not heard: the
+// back is the default lane's.
 func (b *Bucket) learnBack(sent time.Time, er queueio.Arrival) {
+	if er.Lanes {
+		b.back.forget()
+		return
+	}
 	full := errors.Is(er.Err, queueio.ErrQueueFull) || er.Err == nil && b.cfg.MaxQueue > 0 && er.Position >= b.cfg.MaxQueue
 	if full || er.Err == nil || errors.Is(er.Err, queueio.ErrWaitTooLong) {
 		b.back.saw(sent, er.Delay, full)

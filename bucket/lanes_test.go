@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/internal/enterdetail"
 	"github.com/sluicehq/sluice/internal/testing/guarantee"
 	"github.com/sluicehq/sluice/internal/testing/redistest"
+	"github.com/sluicehq/sluice/internal/testing/testkit"
 )
 
 // laneLoad is one lane's callers in a lanes test: Callers goroutines
@@ -379,5 +380,44 @@ func TestLanesAcrossProcesses(t *testing.T) {
 	}
 	if s := float64(got["a"]) / float64(total); s < 0.45 || s > 0.55 {
 		t.Errorf("after c stopped, a's share %.3f, want 0.5 ± 0.05", s)
+	}
+}
+
+// TestLanesDeadlineJudgesItsLane: a deep queue in the default lane (about
+// a second of callers) does not refuse a caller with a 200 ms deadline
+// in another lane, neither here (the back this process learned is the
+// default lane's) nor in Redis: its own lane is empty, and it is served
+// within its share, in time.
+func TestLanesDeadlineJudgesItsLane(t *testing.T) {
+	srv := redistest.New(t)
+	cfg := bucket.Config{Capacity: 1, RefillAmount: 1, RefillFrequency: 5 * time.Millisecond,
+		Lanes: []bucket.Lane{{Name: "interactive", Priority: 1}}}
+	b := newBucket(t, srv.Client(), cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for range 200 {
+		wg.Go(func() { _ = b.Enter(ctx) })
+	}
+	testkit.WaitFor(t, 10*time.Second, "the default lane a second deep", func() bool {
+		est, err := b.Estimate(ctx, nil)
+		return err == nil && est.Wait > 500*time.Millisecond
+	})
+	// A caller of the default lane with the same deadline is refused.
+	dctx, dcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	err := b.Enter(dctx)
+	dcancel()
+	if !errors.Is(err, sluice.ErrWaitTooLong) {
+		t.Errorf("default lane, 200 ms deadline: %v, want ErrWaitTooLong", err)
+	}
+	for _, lane := range []string{"interactive", "tenant-7"} {
+		lctx, lcancel := context.WithTimeout(bucket.WithLane(ctx, lane), 200*time.Millisecond)
+		err := b.Enter(lctx)
+		lcancel()
+		if err != nil {
+			t.Errorf("lane %s, 200 ms deadline, behind a default lane a second deep: %v", lane, err)
+		}
 	}
 }

@@ -173,7 +173,7 @@ func parseEnqueue(ids, costs []string, reply any, err error) ([]queueio.Arrival,
 	if len(v) != 3+3*n {
 		return nil, fmt.Errorf("%w: enqueue of %d callers gave %d values", scriptreply.ErrReply, n, len(v))
 	}
-	now, running, ticket := v[0], v[1] == 1, v[2]
+	now, running, lanes, ticket := v[0], v[1]&1 == 1, v[1]&2 != 0, v[2]
 	out := make([]queueio.Arrival, n)
 	for i := range out {
 		e := v[3+3*i : 6+3*i]
@@ -181,7 +181,7 @@ func parseEnqueue(ids, costs []string, reply any, err error) ([]queueio.Arrival,
 		if kind < kindGranted || kind > kindWaitTooLong || e[2] < 0 {
 			return nil, fmt.Errorf("%w: enqueue %v", scriptreply.ErrReply, e)
 		}
-		r := queueio.Arrival{Delay: dur(delay, time.Microsecond), Position: int(e[2]), Now: now}
+		r := queueio.Arrival{Delay: dur(delay, time.Microsecond), Position: int(e[2]), Now: now, Lanes: lanes}
 		switch kind {
 		case kindGranted, kindAssigned:
 			r.Ticket, r.Slot = ticket, now+delay

@@ -20,6 +20,10 @@ type Arrival struct {
 	Ticket           int64 // arrival order at Redis (callers not refused)
 	Slot             int64 // given a slot at once: the slot, µs on the Redis clock (for analysis only)
 	Now              int64 // the Redis clock (µs) when the call read it: Delay is from then
+	// Lanes: named lanes had callers (bucket.WithLane), so a queued
+	// caller's Delay is the estimate of its share, not the back of the
+	// queue.
+	Lanes bool
 	// Claim (queued): a slot nobody came for is due; poll at once, to
 	// claim it (Poll).
 	Claim bool

@@ -34,8 +34,10 @@
 -- A queued caller is stored as its entry (entry.lua), "<id>|<estimated slot µs>[|<costs>]": the
 -- scheduler compares the slot it assigns with the estimate the caller sleeps
 -- on, and wakes the caller when the slot came earlier (callers ahead left).
--- Reply: {now µs, scheduler running 0/1, first ticket}, then 3 integers
--- per caller, {kind, delay µs, position}:
+-- Reply: {now µs, flags, first ticket}, then 3 integers
+-- per caller, {kind, delay µs, position}; flags: 1 the scheduler is
+-- running (callers were queued and its lock held), 2 named lanes have
+-- callers (a queued caller's delay is its share's estimate):
 --   kind 0 granted now; 1 slot given directly, start after delay;
 --   2 queued, delay = estimate of the slot; 3 queue full; 4 wait too long
 --   (delay = the estimate: the bucket's max wait or the caller's own was
@@ -188,6 +190,7 @@ for _, name in ipairs(order) do
   end
 end
 if #order > 0 and till > now then out[2] = 1 end
+if on then out[2] = out[2] + 2 end -- named lanes have callers
 -- Save when tokens were taken, a caller with costs queued, or the state is
 -- new (a new state key must not vanish before the queue it describes);
 -- a state of an older format is saved in this one when anything is.
