@@ -99,6 +99,7 @@ local function lanes_pop(lk, st, ps, now, lookahead, batch, last, ids, slots, an
   local dlen = redis.call('LLEN', lk.queue)
   local cls = lane_classes(lk, dlen)
   local tags, dirty = {}, {}
+  local kept = {} -- the lists popped that still have callers: their TTL renewed
   local function tag(f)
     if tags[f] == nil then tags[f] = tonumber(redis.call('HGET', lk.tags, f)) or false end
     return tags[f] or nil
@@ -119,7 +120,9 @@ local function lanes_pop(lk, st, ps, now, lookahead, batch, last, ids, slots, an
       local sd = math.max(v, tag('f') or 0)
       if not name or sd <= s then name, s = '', sd end
     end
-    local e = name and redis.call('LINDEX', lane_list(lk, name), 0)
+    -- The lane's head and whether another follows it, in one command.
+    local two = name and redis.call('LRANGE', lane_list(lk, name), 0, 1) or {}
+    local e = two[1]
     if not e then
       -- The class is empty, or the lane's list is (its callers left, or it
       -- expired): forget it.
@@ -163,9 +166,9 @@ local function lanes_pop(lk, st, ps, now, lookahead, batch, last, ids, slots, an
       if name == '' then
         dlen = dlen - 1
         set('f', f)
-      elseif redis.call('LLEN', qk) > 0 then
+      elseif two[2] then
         redis.call('ZADD', lk.class .. p, f, name)
-        redis.call('PEXPIRE', qk, LANE_TTL)
+        kept[qk] = true
       else
         redis.call('ZREM', lk.class .. p, name)
         set('f' .. name, f)
@@ -192,6 +195,7 @@ local function lanes_pop(lk, st, ps, now, lookahead, batch, last, ids, slots, an
     redis.call('PEXPIRE', lk.tags, LANE_TTL)
     redis.call('PEXPIRE', lk.classes, LANE_TTL)
     for _, c in ipairs(cls) do redis.call('PEXPIRE', lk.class .. c, LANE_TTL) end
+    for qk in pairs(kept) do redis.call('PEXPIRE', qk, LANE_TTL) end
     if dlen > 0 then redis.call('PEXPIRE', lk.queue, LANE_TTL) end
   end
   return blocked, left, last
