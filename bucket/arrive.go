@@ -177,8 +177,10 @@ func (b *Bucket) enterOnce(ctx context.Context, costs []int64, rep *entered, lim
 		rep.Slot = time.UnixMicro(er.Slot)
 		return b.written(ctx, rep, costs, limit)(b.sleepToSlot(ctx, sent, received, er.Delay, rep, costs, "", ""))
 	}
-	if own > 0 && er.Delay > own {
+	if own > 0 && er.Delay > own && sfx == "" && !er.Lanes {
 		// Pushed (queue.Enqueue's push lane cannot refuse): leave at once.
+		// (With named lanes the delay is a share's estimate; enqueue.lua
+		// judged the wait on the caller's own lane, which is a bound.)
 		// It was the back: gone, the next caller takes its place, which
 		// is what the back now says (no forget).
 		b.comings.leave(queue.Leaver{Entry: er.Entry})

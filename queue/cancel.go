@@ -49,7 +49,7 @@ const (
 // cancel runs under the configuration in force: callers that queued
 // before a live change leave under the new one.
 func (q *Queue) cancel(ctx context.Context, leavers []Leaver) ([]cancelResult, error) {
-	keys := []string{q.keys.Queue, q.keys.Slot, q.keys.State, q.keys.Config, q.keys.Refunds, q.keys.LaneQueue}
+	keys := []string{q.keys.Queue, q.keys.Slot, q.keys.State, q.keys.Config, q.keys.Refunds, q.keys.LaneQueue, q.keys.Classes, q.keys.Class}
 	reply, err := q.runInForce(ctx, cancelScript, keys, func(c *conf) ([]any, error) {
 		args := make([]any, 0, 3+len(c.args)+3*len(leavers))
 		args = append(args, us(q.opt.Grace), us(q.opt.Lead), q.keys.Wake)

@@ -13,18 +13,21 @@
 -- runs exactly as before (and callers pushed without a script, or by a
 -- process of the version before lanes, are never stranded).
 --
--- Whom to serve: start-time fair queueing (Goyal et al., 1996) in the
--- cost units of the first policy, within a class: a lane's head starts at
--- S = max(V, F) (V the class's virtual time, the start tag of the last
--- caller served in it; F the lane's last finish tag), the lane with the
--- smallest S is served, and then F = S + cost / weight, V = S. Between
--- classes the higher one is served first, but each class below one with
--- callers is owed a floor: 1 cost unit of every LANE_FLOOR + 1 served
--- while it waits (counted per class, field 'd<priority>', so that a
--- class two below is owed its floor by the class just above it).
--- lk.tags, a hash, holds the fields 'v<p>' (V), 'f<lane>' (F of a lane
--- without callers; 'f' the default lane's) and 'd<p>'; it is deleted
--- when no lane has callers, so that the tags start from 0 again.
+-- Whom to serve: self-clocked fair queueing (Golestani, 1994) in the
+-- cost units of the first policy, within a class: a lane's head carries
+-- a finish tag, F = max(V, F_last) + cost / weight when the lane gets a
+-- caller after having none (V the class's virtual time, F_last the lane's
+-- last caller's finish), and F_prev + cost / weight when it follows a
+-- caller of its lane; the lane with the smallest tag is served, and V
+-- becomes its tag, so that a lane that comes later is tagged later. Ties
+-- go by name. Between classes the higher one is served first, but each
+-- class below one with callers is owed a floor: 1 cost unit of every
+-- LANE_FLOOR + 1 served while it waits (counted per class, field
+-- 'd<priority>', so that a class two below is owed its floor by the
+-- class just above it). lk.tags, a hash, holds the fields 'v<p>' (V),
+-- 'f<lane>' (F_last of a lane without callers; 'f' the default lane's),
+-- 'h' (the default lane's head's tag) and 'd<p>'; it is deleted when no
+-- named lane has callers, so that the tags start from 0 again.
 
 local LANE_FLOOR = 15
 -- LANE_TTL (ms) is how long a lane's keys outlive the last push or pop:
@@ -62,17 +65,36 @@ local function lane_count(lk, name, p, dlen)
   return n
 end
 
--- lane_join makes lane name of priority p, whose list was empty, a lane
--- with callers: its head starts at max(V, F).
-local function lane_join(lk, name, p)
+-- lane_cost is what caller entry e counts in its lane's share: its cost
+-- of the first policy (Enter's when it has none of its own), or a
+-- thousandth of Enter's when that is 0, so that every call counts.
+local function lane_cost(e, ps)
+  local _, _, costs = entry_parts(e)
+  local c = costs and costs[1] or ps[1].call
+  if c > 0 then return c end
+  return (ps[1].call > 0 and ps[1].call or 1) / 1000
+end
+
+-- lane_join makes lane name of weight w and priority p, whose list was
+-- empty, a lane with callers, its head entry e: tagged max(V, F_last) +
+-- its cost / w.
+local function lane_join(lk, name, w, p, e, ps)
   if name == '' then return end
   local t = redis.call('HMGET', lk.tags, 'v' .. p, 'f' .. name)
-  local s = math.max(tonumber(t[1]) or 0, tonumber(t[2]) or 0)
-  redis.call('ZADD', lk.class .. p, s, name)
+  local f = math.max(tonumber(t[1]) or 0, tonumber(t[2]) or 0) + lane_cost(e, ps) / w
+  redis.call('ZADD', lk.class .. p, f, name)
   redis.call('ZADD', lk.classes, -p, p)
   redis.call('PEXPIRE', lk.class .. p, LANE_TTL)
   redis.call('PEXPIRE', lk.classes, LANE_TTL)
   redis.call('PEXPIRE', lk.tags, LANE_TTL)
+end
+
+-- lane_left takes lane name of priority p out of its class when its list
+-- is empty (its last callers left the queue without being served).
+local function lane_left(lk, name, p)
+  if name == '' or redis.call('EXISTS', lk.prefix .. name) == 1 then return end
+  redis.call('ZREM', lk.class .. p, name)
+  if redis.call('EXISTS', lk.class .. p) == 0 then redis.call('ZREM', lk.classes, p) end
 end
 
 -- lane_classes returns the priorities of the classes with callers,
@@ -94,19 +116,25 @@ end
 -- the state its predecessors left (take_at), never before last. It fills
 -- ids (entries), slots and anchors, takes the callers with costs off the
 -- state's extras, and returns the slot of the caller it stopped at (nil:
--- none) and how many callers remain queued (at least; 0: none).
+-- none), how many callers remain queued (at least; 0: none) and the last
+-- slot given.
 local function lanes_pop(lk, st, ps, now, lookahead, batch, last, ids, slots, anchors)
   local dlen = redis.call('LLEN', lk.queue)
   local cls = lane_classes(lk, dlen)
   local tags, dirty = {}, {}
-  local kept = {} -- the lists popped that still have callers: their TTL renewed
   local function tag(f)
     if tags[f] == nil then tags[f] = tonumber(redis.call('HGET', lk.tags, f)) or false end
     return tags[f] or nil
   end
   local function set(f, v) tags[f], dirty[f] = v, true end
+  local kept = {} -- the lists popped that still have callers: their TTL renewed
   local unit = ps[1].call > 0 and ps[1].call or 1
   local owed = -LANE_FLOOR * unit -- a class's floor count when it starts waiting
+  local dtwo -- the default lane's head and the one after it
+  if dlen == 0 and tag('h') then
+    set('f', tag('h')) -- its callers left: the head's tag is its last
+    set('h', false)
+  end
   local blocked
   while #ids < batch and #cls > 0 do
     -- The class: the highest, unless the floor of the one below is due.
@@ -114,15 +142,18 @@ local function lanes_pop(lk, st, ps, now, lookahead, batch, last, ids, slots, an
     while i < #cls and (tag('d' .. cls[i]) or owed) >= 0 do i = i + 1 end
     local p = cls[i]
     local top = redis.call('ZRANGE', lk.class .. p, 0, 0, 'WITHSCORES')
-    local name, s = top[1], tonumber(top[2])
-    local v = tag('v' .. p) or 0
+    local name, f = top[1], tonumber(top[2])
+    local two
     if p == 0 and dlen > 0 then
-      local sd = math.max(v, tag('f') or 0)
-      if not name or sd <= s then name, s = '', sd end
+      dtwo = dtwo or redis.call('LRANGE', lk.queue, 0, 1)
+      if not dtwo[1] then dlen = 0 end -- expired
+      if dtwo[1] and not tag('h') then
+        set('h', math.max(tag('v0') or 0, tag('f') or 0) + lane_cost(dtwo[1], ps))
+      end
+      if dtwo[1] and (not name or tag('h') <= f) then name, f, two = '', tag('h'), dtwo end
     end
-    -- The lane's head and whether another follows it, in one command.
-    local two = name and redis.call('LRANGE', lane_list(lk, name), 0, 1) or {}
-    local e = two[1]
+    if name and not two then two = redis.call('LRANGE', lane_list(lk, name), 0, 1) end
+    local e = two and two[1]
     if not e then
       -- The class is empty, or the lane's list is (its callers left, or it
       -- expired): forget it.
@@ -159,27 +190,30 @@ local function lanes_pop(lk, st, ps, now, lookahead, batch, last, ids, slots, an
       end
       -- Its lane's tags, and the classes' floors.
       local _, w = lane_of(e)
-      local c = ks[1] > 0 and ks[1] or unit / 1000
-      s = math.max(s, v)
-      local f = s + c / w
-      set('v' .. p, s)
+      set('v' .. p, f)
       if name == '' then
-        dlen = dlen - 1
-        set('f', f)
+        dlen, dtwo = dlen - 1, nil
+        if two[2] then
+          set('h', f + lane_cost(two[2], ps))
+        else
+          set('f', f)
+          set('h', false)
+        end
       elseif two[2] then
-        redis.call('ZADD', lk.class .. p, f, name)
+        redis.call('ZADD', lk.class .. p, f + lane_cost(two[2], ps) / (select(2, lane_of(two[2])) or w), name)
         kept[qk] = true
       else
         redis.call('ZREM', lk.class .. p, name)
         set('f' .. name, f)
       end
+      local c = lane_cost(e, ps)
       for j = 1, i - 1 do set('d' .. cls[j], (tag('d' .. cls[j]) or owed) - LANE_FLOOR * c) end
       if i < #cls then set('d' .. p, (tag('d' .. p) or owed) + c) end
     end
   end
-  local left = dlen + (lanes_on(lk) and 1 or 0)
-  if left == 0 then
-    redis.call('DEL', lk.tags)
+  local on = lanes_on(lk)
+  if not on then
+    redis.call('DEL', lk.tags) -- the tags start from 0 again
   else
     local hset, hdel = {}, {}
     for f in pairs(dirty) do
@@ -198,5 +232,5 @@ local function lanes_pop(lk, st, ps, now, lookahead, batch, last, ids, slots, an
     for qk in pairs(kept) do redis.call('PEXPIRE', qk, LANE_TTL) end
     if dlen > 0 then redis.call('PEXPIRE', lk.queue, LANE_TTL) end
   end
-  return blocked, left, last
+  return blocked, dlen + (on and 1 or 0), last
 end

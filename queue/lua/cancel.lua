@@ -14,9 +14,10 @@
 -- there, per policy, after the upstream's changes (the field before),
 -- for the processes of the previous version, whose late callers' bound
 -- counts them
--- KEYS[6] the prefix of the named lanes' lists (lanes.lua): a caller
--- leaves its lane's list, and its slot passes to the next caller in its
--- lane
+-- KEYS[6..8] the prefix of the named lanes' lists, the set of classes
+-- and the prefix of the classes' sets (lanes.lua): a caller leaves its
+-- lane's list (a lane left empty leaves its class), and its slot passes
+-- to the next caller in its lane
 -- ARGV[1] grace µs: a slot key outlives its slot by this
 -- ARGV[2] lead µs: a slot passes on only if it is at least this far ahead
 -- ARGV[3] wake channel
@@ -48,7 +49,8 @@ end
 local GONE = 'gone'
 
 local now = now_us()
-local lk = {queue = KEYS[1], prefix = KEYS[6]}
+local lk = {queue = KEYS[1], prefix = KEYS[6], classes = KEYS[7], class = KEYS[8]}
+local emptied = {} -- the named lanes callers left: out of their class if empty now
 local grace, lead, channel = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local ps, i, _, cid = read_policies(ARGV, 4)
 local out = {}
@@ -70,7 +72,9 @@ end
 for c = 1, (#ARGV - i + 1) / 3 do
   local entry, value, costs = ARGV[i + 3 * c - 3], ARGV[i + 3 * c - 2], parse_costs(ARGV[i + 3 * c - 1])
   local id, est = entry_parts(entry)
-  local qk = lane_list(lk, (lane_of(id)))
+  local lane, _, prio = lane_of(id)
+  local qk = lane_list(lk, lane)
+  if lane ~= '' then emptied[lane] = prio end
   if entry == '' then
     entry = nil
   elseif not est then -- a bare ID
@@ -130,6 +134,7 @@ for c = 1, (#ARGV - i + 1) / 3 do
   end
 end
 wake_publish(channel, wake)
+for lane, prio in pairs(emptied) do lane_left(lk, lane, prio) end
 -- The state's done counts tickets no longer queued, so that the next
 -- caller's ticket (done + its position) stays unique: leave it the rest.
 if st then

@@ -184,7 +184,10 @@ for _, name in ipairs(order) do
   redis.call('RPUSH', key, unpack(list))
   if name ~= '' or named() then
     redis.call('PEXPIRE', key, LANE_TTL)
-    if lens[name] == #list then lane_join(lk, name, select(3, lane_of(list[1]))) end
+    if lens[name] == #list then
+      local _, w, p = lane_of(list[1])
+      lane_join(lk, name, w, p, list[1], ps)
+    end
   elseif created then
     redis.call('PEXPIRE', key, ceil_ms(tail - now + grace))
   end

@@ -84,6 +84,7 @@ if not costs and lo > 0 then
   local c = claim_for(KEYS[2], KEYS[5], KEYS[3], KEYS[7], now, lo, hi, tonumber(ARGV[7]), ARGV, 10, id, now, mark_taken(KEYS[7]))
   if c then
     redis.call('LREM', qk, 1, id)
+    lane_left(lk, lane, prio)
     add_done(KEYS[2], 1, nil, KEYS[5], '')
     return c
   end
