@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -419,5 +420,68 @@ func TestLanesDeadlineJudgesItsLane(t *testing.T) {
 		if err != nil {
 			t.Errorf("lane %s, 200 ms deadline, behind a default lane a second deep: %v", lane, err)
 		}
+	}
+}
+
+// TestLanesNewcomersDoNotOvertake: 50 callers that each take a new lane
+// for every call (a new tenant each time, its name sorting before "zz")
+// saturate the bucket; a caller of lane "zz" arriving then is served
+// within two rounds: at most the 50 lanes already waiting, the 50 that
+// come before their round ends (their tags tie with its own, and ties go
+// by name), and the slots already given pass it (judged on the slots,
+// Redis clock). Without finish tags that grow, lanes arriving after it
+// would tie with it for ever, and win by name.
+func TestLanesNewcomersDoNotOvertake(t *testing.T) {
+	srv := redistest.New(t)
+	cfg := bucket.Config{Capacity: 1, RefillAmount: 1, RefillFrequency: 2 * time.Millisecond, Lookahead: 10 * time.Millisecond}
+	b := newBucket(t, srv.Client(), cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	var mu sync.Mutex
+	var slots []time.Time
+	var seq atomic.Int64
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for range 50 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				var d enterdetail.Detail
+				lctx := enterdetail.With(bucket.WithLane(ctx, fmt.Sprintf("a%06d", seq.Add(1))), &d)
+				if err := b.Enter(lctx); err != nil {
+					return
+				}
+				mu.Lock()
+				slots = append(slots, d.Slot)
+				mu.Unlock()
+			}
+		})
+	}
+	testkit.WaitFor(t, 10*time.Second, "the bucket saturated", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(slots) > 200
+	})
+	var d enterdetail.Detail
+	if err := b.Enter(enterdetail.With(bucket.WithLane(ctx, "zz"), &d)); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 10*time.Second, "the grants around its slot", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(slots) > 0 && slots[len(slots)-1].After(d.Slot)
+	})
+	cancel()
+	mu.Lock()
+	defer mu.Unlock()
+	passed := 0
+	for _, s := range slots {
+		if s.After(d.Arrived) && s.Before(d.Slot) {
+			passed++
+		}
+	}
+	bound := 2*50 + int(cfg.Lookahead/cfg.RefillFrequency) + 1
+	t.Logf("%d grants between its arrival and its slot (%v)", passed, d.Slot.Sub(d.Arrived))
+	if passed > bound {
+		t.Errorf("%d grants passed lane zz, want ≤ %d (two rounds, and the slots already given)", passed, bound)
 	}
 }

@@ -6,7 +6,7 @@
 -- The default lane's list is the queue of a bucket without lanes (its
 -- key of old, lk.queue); a named lane's is lk.prefix .. name. A named
 -- lane with callers is a member of the sorted set of its priority class,
--- lk.class .. priority, scored by its head's start tag; lk.classes holds
+-- lk.class .. priority, scored by its head's finish tag; lk.classes holds
 -- the classes with named lanes (member the priority, score its negation,
 -- so that the highest comes first). The default lane is of class 0 and
 -- is found by its list alone, so that a bucket whose callers name no lane
