@@ -251,11 +251,7 @@ func (c Config) withDefaults() (Config, error) {
 	if err := windows(c.Policies, c.Lookahead, "Policies"); err != nil {
 		return c, err
 	}
-	if c.MaxQueue < 0 {
-		return bad("MaxQueue %d, want ≥ 0", c.MaxQueue)
-	}
-	var err error
-	if c.lanes, err = checkLanes(c.Lanes); err != nil {
+	if err := c.checkQueueing(); err != nil {
 		return c, err
 	}
 	if c.MaxWait < 0 || c.MaxWait > 0 && c.MaxWait < time.Microsecond {
@@ -384,4 +380,13 @@ func windows(ps []Policy, lookahead time.Duration, where string) error {
 		}
 	}
 	return nil
+}
+
+// checkQueueing checks MaxQueue and Lanes, and keeps the lanes by name.
+func (c *Config) checkQueueing() (err error) {
+	if c.MaxQueue < 0 {
+		return configerr.Invalid(errConfig, "MaxQueue %d, want ≥ 0", c.MaxQueue)
+	}
+	c.lanes, err = checkLanes(c.Lanes)
+	return err
 }
