@@ -108,7 +108,10 @@ else
   end
   est = slot_k(st, ps, now, ks)
 end
-if est <= now + tonumber(ARGV[5]) then
+-- With named lanes a caller's estimate is its share's, later than the
+-- next slot to give: it helps when that slot is a lookahead overdue, as
+-- an arrival does (enqueue.lua).
+if est <= now + tonumber(ARGV[5]) or (on and slot_all(st, ps, now, 1) <= now - tonumber(ARGV[5])) then
   -- The caller's slot falls within the lookahead and no step gave it:
   -- the scheduler is late (its process starved or stopped; a step gives
   -- a slot a lookahead before it, the caller polls a lead before). A
