@@ -32,6 +32,7 @@ var scriptCommands = []string{
 	"time", "get", "set", "getrange", "del", "exists", "pexpire", "pttl", "publish",
 	"llen", "rpush", "lpop", "lpos", "lrem", "lrange", "ltrim", "lset", "lindex",
 	"zadd", "zrangebyscore", "zremrangebyscore", "zcard", "zrem",
+	"zrange", "zscore", "hget", "hmget", "hset", "hdel",
 }
 
 // directTime is the part of the TIME row's usec sent by clients, not by
