@@ -281,7 +281,7 @@ func usage(w io.Writer, list []scenario, chaos bool, sets []*flag.FlagSet) error
 
 // allTakes is how long --scenario all runs with the default flags, on a
 // 2-CPU machine.
-const allTakes = "2.5 min"
+const allTakes = "3 min"
 
 // legend explains the report's words that a row cannot say in short.
 const legend = `

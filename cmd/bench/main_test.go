@@ -152,7 +152,8 @@ func TestAll(t *testing.T) {
 		"--churn-duration", "500ms", "--churn-cases", "calm-exit",
 		"--impatient-duration", "500ms", "--impatient-callers", "20", "--impatient-procs", "1",
 		"--pods-duration", "500ms", "--pods-callers", "8", "--pods-procs", "1",
-		"--sidecar-duration", "300ms", "--sidecar-callers", "20", "--sidecar-uncontended", "50"}
+		"--sidecar-duration", "300ms", "--sidecar-callers", "20", "--sidecar-uncontended", "50",
+		"--lanes-duration", "500ms", "--lanes-procs", "2", "--lanes-tenants", "100"}
 	var stdout, stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute) // a bound on a hang, not a speed goal
 	rep, com, err := measure(ctx, args, &stdout, &stderr)
@@ -187,7 +188,7 @@ func TestAll(t *testing.T) {
 	if err := writeJSON(&js, *rep); err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range []string{"OVERHEAD", "SCRIPTS", "SATURATE", "SEMAPHORE", "COMPARE", "QUOTA", "POLICY CHANGE", "TENANTS", "OVERLOAD", "CHURN",
+	for _, w := range []string{"OVERHEAD", "SCRIPTS", "SATURATE", "SEMAPHORE", "COMPARE", "QUOTA", "POLICY CHANGE", "TENANTS", "LANES", "OVERLOAD", "CHURN",
 		"PING round trip", "utilization", "grants overtaken, by grant time", "one-line script, same pace",
 		"late callers (retimes)", "queued again at the back (re-entries)"} {
 		if !strings.Contains(table.String(), w) {
@@ -195,7 +196,7 @@ func TestAll(t *testing.T) {
 		}
 	}
 	for _, w := range []string{"BenchmarkOverhead/enter ", "BenchmarkScripts/poll-slot-found ", "BenchmarkSaturate ", "BenchmarkSemaphore/saturated ",
-		"BenchmarkCompare/sluice/saturated ", "BenchmarkCompare/redis_rate/uncontended ", "BenchmarkQuota ", "BenchmarkPolicyChange/", "BenchmarkTenants/callers=2 ", "BenchmarkOverload ",
+		"BenchmarkCompare/sluice/saturated ", "BenchmarkCompare/redis_rate/uncontended ", "BenchmarkQuota ", "BenchmarkPolicyChange/", "BenchmarkTenants/callers=2 ", "BenchmarkLanes/fair ", "BenchmarkOverload ",
 		"BenchmarkChurn/calm-exit ", " utilization ", " round-trips/op", " retimes "} {
 		if !strings.Contains(bench.String(), w) {
 			t.Errorf("the benchstat lines lack %q:\n%s", w, bench.String())

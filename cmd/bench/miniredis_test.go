@@ -20,7 +20,8 @@ import (
 // representative. The scenarios picked are those that skip and one of
 // each kind that runs: callers in worker processes (saturate), the
 // semaphore's processes, costs of several policies (quota), callers that
-// give up (impatient), short-lived processes (churn). Overhead and
+// give up (impatient), short-lived processes (churn), lanes (whose cost
+// case alone says it cannot run there). Overhead and
 // compare, whose work is fixed, take a minute each on miniredis under
 // -race; they run in the bench, not here.
 func TestMiniredisFallback(t *testing.T) {
@@ -28,13 +29,14 @@ func TestMiniredisFallback(t *testing.T) {
 	startServer = func() (*redistest.Server, error) { return nil, redistest.ErrNoRedisServer }
 	t.Cleanup(func() { startServer = start })
 
-	picked := []string{"scripts", "saturate", "semaphore", "quota", "policy-change", "tenants", "impatient", "churn"}
+	picked := []string{"scripts", "saturate", "semaphore", "quota", "policy-change", "tenants", "lanes", "impatient", "churn"}
 	args := []string{"--scenario", strings.Join(picked, ","), "--duration", "500ms", "--callers", "20", "--procs", "2",
 		"--quota-duration", "500ms", "--quota-callers", "20", "--quota-procs", "1",
 		"--change-phase", "300ms", "--change-callers", "20", "--change-procs", "1",
 		"--tenants-buckets", "20", "--tenants-semaphores", "2", "--tenants-callers", "2", "--tenants-idle", "200ms",
 		"--impatient-duration", "500ms", "--impatient-callers", "20", "--impatient-procs", "1",
-		"--churn-duration", "500ms", "--churn-cases", "calm-exit"}
+		"--churn-duration", "500ms", "--churn-cases", "calm-exit",
+		"--lanes-duration", "500ms", "--lanes-procs", "2", "--lanes-tenants", "100"}
 	var stdout, stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute) // a bound on a hang, not a speed goal
 	defer cancel()

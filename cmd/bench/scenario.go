@@ -47,7 +47,7 @@ func (a about) key() string { return strings.ReplaceAll(a.name, "-", "_") }
 
 // scenarios returns one of each scenario, in the order they run.
 func scenarios() []scenario {
-	return []scenario{&Overhead{}, &Scripts{}, &Saturate{}, &Semaphore{}, &Compare{}, &Scale{}, &Quota{}, &PolicyChange{}, &Upstream{}, &LLM{}, &Tenants{}, &Overload{}, &Impatient{}, &Pods{}, &Churn{}, &Outage{}, &Sidecar{}}
+	return []scenario{&Overhead{}, &Scripts{}, &Saturate{}, &Semaphore{}, &Compare{}, &Scale{}, &Quota{}, &PolicyChange{}, &Upstream{}, &LLM{}, &Tenants{}, &Lanes{}, &Overload{}, &Impatient{}, &Pods{}, &Churn{}, &Outage{}, &Sidecar{}}
 }
 
 // env is what every scenario runs with.
