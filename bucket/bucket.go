@@ -397,44 +397,6 @@ type entered struct {
 	enterdetail.Detail
 }
 
-// Estimate is what a caller would meet if it entered now.
-type Estimate struct {
-	Wait  time.Duration // until its slot: 0 if it would start at once
-	Ahead int           // callers queued ahead of it, in every process
-}
-
-// Estimate says, without taking anything, how long a caller of cost c
-// would wait if it entered now, counting the callers already queued in
-// every process and their costs. The wait is exact unless callers ahead
-// give up (then it is shorter) or the caller would be refused (MaxQueue,
-// MaxWait). A cost is checked as EnterCost checks it; nil is Enter's
-// (1 call; an error on a bucket none of whose policies counts calls).
-// One round trip.
-func (b *Bucket) Estimate(ctx context.Context, c Cost) (Estimate, error) {
-	for settled := 0; ; settled++ {
-		costs, stop, err := b.costsOf(ctx, c) // nil: Enter's
-		// stop: a bad cost, or one that takes nothing (it would not wait).
-		if stop {
-			return Estimate{}, err
-		}
-		sfx, err := b.laneOf(ctx)
-		if err != nil {
-			return Estimate{}, err
-		}
-		wait, ahead, err := b.q.Estimate(ctx, sfx, costs)
-		retry, serr := b.followInForce(ctx, err, settled)
-		switch {
-		case retry:
-			continue
-		case serr != nil:
-			return Estimate{}, serr
-		case err != nil:
-			return Estimate{}, b.redisErr(ctx, err)
-		}
-		return Estimate{Wait: wait, Ahead: ahead}, nil
-	}
-}
-
 // EnterReport is Enter that also reports what happened; with a cost, it
 // is EnterCost (at most one cost).
 func (b *Bucket) EnterReport(ctx context.Context, cost ...Cost) (Report, error) {

@@ -87,8 +87,11 @@ type Config struct {
 	// Lookahead is how far ahead slots are handed out: a caller whose token
 	// is due within it gets it without queueing, and the scheduler assigns
 	// slots this far ahead. A caller that cancels after its slot was
-	// assigned passes its token on (see Enter). 0 means 20 ms; otherwise
-	// at least 1 ms and at most LockTTL/2.
+	// assigned passes its token on (see Enter). 0 means 20 ms, or, when a
+	// lane has a Priority, one refill of the fastest policy (the time it
+	// adds one token; 1 to 20 ms): a caller of a higher priority then
+	// finds at most that much handed out to lower lanes ahead of it.
+	// Otherwise at least 1 ms and at most LockTTL/2.
 	Lookahead time.Duration
 	// Adopt makes this process enforce the policies in force in Redis when
 	// they differ from its own, instead of failing with
@@ -244,7 +247,7 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	switch {
 	case c.Lookahead == 0:
-		c.Lookahead = min(defaultLookahead, c.LockTTL/2)
+		c.Lookahead = min(c.defaultLookahead(), c.LockTTL/2)
 	case c.Lookahead < time.Millisecond || c.Lookahead > c.LockTTL/2:
 		return bad("Lookahead %v, want 0 (default) or between 1ms and LockTTL/2 (%v)", c.Lookahead, c.LockTTL/2)
 	}

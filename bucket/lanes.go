@@ -3,6 +3,8 @@ package bucket
 import (
 	"context"
 	"fmt"
+	"slices"
+	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/configerr"
@@ -72,4 +74,26 @@ func (b *Bucket) laneOf(ctx context.Context) (string, error) {
 		s = laneSpec{weight: 1}
 	}
 	return protocol.LaneID(name, s.weight, s.priority), nil
+}
+
+// defaultLookahead is Lookahead's default: 20 ms, or, when a lane has a
+// priority, the time the fastest policy takes to add one token, within
+// 1 ms and 20 ms. The slots a step hands out go up to a lookahead ahead,
+// so that is how long a caller of a higher priority may find them given
+// to lower lanes before its own (docs/lanes.md).
+func (c Config) defaultLookahead() time.Duration {
+	if !slices.ContainsFunc(c.Lanes, func(l Lane) bool { return l.Priority > 0 }) {
+		return defaultLookahead
+	}
+	d := defaultLookahead
+	ps := c.Policies
+	if c.RefillAmount > 0 {
+		ps = append([]Policy{{RefillAmount: c.RefillAmount, RefillFrequency: c.RefillFrequency}}, ps...)
+	}
+	for _, p := range ps {
+		if p.RefillAmount > 0 {
+			d = min(d, p.RefillFrequency/time.Duration(p.RefillAmount))
+		}
+	}
+	return max(d, time.Millisecond)
 }

@@ -192,8 +192,9 @@ func TestLanesPriorityFloor(t *testing.T) {
 // the slots, Redis clock), while the batch gets the rest of the rate.
 func TestLanesInteractive(t *testing.T) {
 	srv := redistest.New(t)
+	// Lookahead's default, with a lane of a priority: one refill (5 ms).
 	cfg := bucket.Config{Capacity: 20, RefillAmount: 1, RefillFrequency: 5 * time.Millisecond,
-		Lookahead: 20 * time.Millisecond, Lanes: []bucket.Lane{{Name: "interactive", Priority: 1}}}
+		Lanes: []bucket.Lane{{Name: "interactive", Priority: 1}}}
 	b := newBucket(t, srv.Client(), cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -217,7 +218,7 @@ func TestLanesInteractive(t *testing.T) {
 	}
 	<-done
 	batchSlots := slotOrder(batch)
-	perPeriod := int(cfg.Lookahead / cfg.RefillFrequency)
+	perPeriod := 1 // the default Lookahead's slots: one refill
 	for i, c := range calls[2:] { // the batch saturates by then
 		ahead := 0
 		for _, g := range batchSlots {

@@ -106,6 +106,17 @@ end
 local first = done + dlen + 1
 local out, n = {now, 0, first}, 3
 local lens, pushed, order = {[''] = dlen}, {}, {}
+-- above says whether priority p is above every class with callers: a
+-- caller of it whose lane is empty is the one a step would serve next.
+local top
+local function above(p)
+  if p == 0 then return false end
+  if not top then
+    local t = redis.call('ZRANGE', lk.classes, 0, 0)
+    top = t[1] and tonumber(t[1]) or -1
+  end
+  return p > top
+end
 local queued = false -- a caller of this batch queued: nobody after it is alone
 -- Each caller's reply is written in place (no table per caller, no
 -- function call, no # operator, unless it has costs of its own, waits
@@ -130,8 +141,10 @@ for c = 1, m do
   else
     slot = slot_k(st, ps, now, ahead_k(st, ps, qlen, costs))
   end
-  if qlen == 0 and not queued and dlen == 0 and not named() and slot - now <= lookahead then
-    -- Nobody waits: a slot due within the lookahead is this caller's at once.
+  if qlen == 0 and (not queued and dlen == 0 and not named() or above(p)) and slot - now <= lookahead then
+    -- Nobody waits (or only lower priorities' callers do, whom a step
+    -- would serve after it): a slot due within the lookahead is this
+    -- caller's at once.
     if limit > 0 and slot - now > limit then
       out[n + 1], out[n + 2], out[n + 3], n = 4, slot - now, 0, n + 3
     else
