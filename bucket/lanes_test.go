@@ -218,7 +218,7 @@ func TestLanesInteractive(t *testing.T) {
 	}
 	<-done
 	batchSlots := slotOrder(batch)
-	perPeriod := 1 // the default Lookahead's slots: one refill
+	perPeriod := 1                // the default Lookahead's slots: one refill
 	for i, c := range calls[2:] { // the batch saturates by then
 		ahead := 0
 		for _, g := range batchSlots {
