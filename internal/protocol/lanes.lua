@@ -110,6 +110,31 @@ local function lane_classes(lk, dlen)
   return out
 end
 
+-- next_slot is the slot caller entry e would have next, no earlier than
+-- last, with its costs (nil: each policy's call) and what it takes of
+-- each policy (schedule.lua's pops and lanes_pop).
+local function next_slot(st, ps, e, last, now)
+  local _, _, costs = entry_parts(e)
+  local ks = {}
+  for k = 1, #ps do ks[k] = costs and costs[k] or ps[k].call end
+  return math.max(last, slot_k(st, ps, now, ks)), costs, ks
+end
+
+-- give_slot gives caller entry e its slot (next_slot's, with its costs and
+-- ks): its tokens taken at the slot, its grant logged in the windows, its
+-- costs off the state's extras, and e, its slot and its anchors (take_at's)
+-- added to ids, slots and anchors.
+local function give_slot(st, ps, e, slot, costs, ks, now, ids, slots, anchors)
+  ids[#ids + 1] = e
+  slots[#ids] = slot
+  anchors[#ids] = take_at(st, ps, slot, ks, now)
+  window_record(st, ps, slot, ks)
+  if costs then
+    st.costed = st.costed - 1
+    for j = 1, #ps do st[j].extra = st[j].extra - (costs[j] - ps[j].call) end
+  end
+end
+
 -- lanes_pop is schedule.lua's pop when named lanes have callers: one
 -- caller at a time, the next as the rules above choose, until batch
 -- callers or a slot beyond the lookahead; each caller's slot follows from
@@ -170,24 +195,15 @@ local function lanes_pop(lk, st, ps, now, lookahead, batch, last, ids, slots, an
         end
       end
     else
-      local _, _, costs = entry_parts(e)
-      local ks = {}
-      for k = 1, #ps do ks[k] = costs and costs[k] or ps[k].call end
-      local slot = math.max(last, slot_k(st, ps, now, ks))
+      local slot, costs, ks = next_slot(st, ps, e, last, now)
       if slot - now > lookahead then
         blocked = slot
         break
       end
       local qk = lane_list(lk, name)
       redis.call('LPOP', qk)
-      ids[#ids + 1] = e
-      slots[#ids], last = slot, slot
-      anchors[#ids] = take_at(st, ps, slot, ks, now)
-      window_record(st, ps, slot, ks)
-      if costs then
-        st.costed = st.costed - 1
-        for j = 1, #ps do st[j].extra = st[j].extra - (costs[j] - ps[j].call) end
-      end
+      give_slot(st, ps, e, slot, costs, ks, now, ids, slots, anchors)
+      last = slot
       -- Its lane's tags, and the classes' floors.
       local _, w = lane_of(e)
       set('v' .. p, f)

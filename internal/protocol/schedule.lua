@@ -72,22 +72,13 @@ local function schedule(keys, now, lookahead, batch, grace, lead, channel, ps, u
       local chunk = redis.call('LRANGE', keys.queue, from, from + math.min(batch - #ids, 32) - 1)
       if #chunk == 0 then break end
       for _, e in ipairs(chunk) do
-        local _, _, costs = entry_parts(e)
-        local ks = {}
-        for k = 1, #ps do ks[k] = costs and costs[k] or ps[k].call end
-        local slot = math.max(last, slot_k(st, ps, now, ks))
+        local slot, costs, ks = next_slot(st, ps, e, last, now)
         if slot - now > lookahead or #ids >= batch then
           blocked, stop = slot, true
           break
         end
-        ids[#ids + 1] = e
-        slots[#ids], last = slot, slot
-        anchors[#ids] = take_at(st, ps, slot, ks, now)
-        window_record(st, ps, slot, ks)
-        if costs then
-          st.costed = st.costed - 1
-          for j = 1, #ps do st[j].extra = st[j].extra - (costs[j] - ps[j].call) end
-        end
+        give_slot(st, ps, e, slot, costs, ks, now, ids, slots, anchors)
+        last = slot
       end
       from = from + #chunk
     end
