@@ -8,11 +8,9 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/signal"
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -117,7 +115,7 @@ func (im *Impatient) run(ctx context.Context, e *env) error {
 		begin := time.Now().Add(workerStart)
 		specs := make([]callersSpec, im.Procs)
 		for p := range specs {
-			specs[p] = callersSpec{Proc: p, Addr: e.opt.Addr, URL: e.url, Name: fmt.Sprintf("%s-%d", e.name, i), Limiters: lims,
+			specs[p] = callersSpec{Proc: p, workerTarget: e.workers(), Name: fmt.Sprintf("%s-%d", e.name, i), Limiters: lims,
 				Rate: im.Rate, Burst: im.Burst, Callers: share(im.Callers, im.Procs, p), Deadline: im.Deadline, Backoff: im.Backoff,
 				Begin: begin.UnixNano(), Until: begin.Add(im.Duration).UnixNano()}
 		}
@@ -376,10 +374,9 @@ func init() { workers.Serve(callersEnv, "callers worker", callersWorker) }
 // callersSpec is one worker process's callers: for each limiter named,
 // Callers goroutines that call it in a loop, on a key of its own.
 type callersSpec struct {
-	Proc     int      `json:"proc"`
-	Addr     string   `json:"addr"`
-	URL      string   `json:"url,omitempty"` // --redis, when given: wins over Addr
-	Name     string   `json:"name"`          // the keys: Name-<limiter>
+	Proc int `json:"proc"`
+	workerTarget
+	Name     string   `json:"name"` // the keys: Name-<limiter>
 	Limiters []string `json:"limiters"`
 	Rate     int      `json:"rate"` // a second
 	Burst    int      `json:"burst"`
@@ -434,15 +431,11 @@ type callFunc func(ctx context.Context, deadline time.Time, rec *callRecord) err
 // writes a callersResult to stdout.
 func callersWorker(raw string) error {
 	var spec callersSpec
-	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	opt, err := loadgen.RedisOptions(spec.Addr, spec.URL)
+	ctx, stop, opt, err := openWorker(raw, &spec)
 	if err != nil {
 		return err
 	}
+	defer stop()
 	res := callersResult{GOMAXPROCS: runtime.GOMAXPROCS(0), Calls: map[string][]callRecord{}, CutOff: map[string]int{}, RoundTrips: map[string]int64{}}
 	p := bucket.Rate(spec.Rate, time.Second, spec.Burst)
 	calls := map[string]callFunc{}

@@ -5,11 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/signal"
 	"slices"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
@@ -27,8 +25,7 @@ func init() { workers.Serve(lanesEnv, "lanes worker", lanesWorker) }
 
 // lanesSpec is one worker process's callers in a case.
 type lanesSpec struct {
-	Addr   string        `json:"addr"`
-	URL    string        `json:"url,omitempty"` // --redis, when given: wins over Addr
+	workerTarget
 	Bucket bucket.Config `json:"bucket"`
 	Begin  int64         `json:"begin_unix_ns"` // the groups' times count from then
 	End    int64         `json:"end_unix_ns"`   // the Enters still waiting are cancelled then
@@ -80,7 +77,7 @@ func runLanes(ctx context.Context, e *env, cfg bucket.Config, procs [][]lanesGro
 	begin := time.Now().Add(lanesStartup)
 	specs := make([]lanesSpec, len(procs))
 	for i, gs := range procs {
-		specs[i] = lanesSpec{Addr: e.opt.Addr, URL: e.url, Bucket: cfg, Begin: begin.UnixNano(), End: begin.Add(end).UnixNano(), Groups: gs}
+		specs[i] = lanesSpec{workerTarget: e.workers(), Bucket: cfg, Begin: begin.UnixNano(), End: begin.Add(end).UnixNano(), Groups: gs}
 	}
 	var wg sync.WaitGroup
 	dctx, stop := context.WithCancel(ctx)
@@ -114,15 +111,11 @@ func runLanes(ctx context.Context, e *env, cfg bucket.Config, procs [][]lanesGro
 // a lanesResult to stdout.
 func lanesWorker(raw string) error {
 	var spec lanesSpec
-	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	opt, err := loadgen.RedisOptions(spec.Addr, spec.URL)
+	ctx, stop, opt, err := openWorker(raw, &spec)
 	if err != nil {
 		return err
 	}
+	defer stop()
 	callers := 0
 	for _, g := range spec.Groups {
 		callers += g.Callers

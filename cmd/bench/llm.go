@@ -9,14 +9,11 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/signal"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/bench/loadgen"
 	"github.com/sluicehq/sluice/internal/bench/workers"
 	"github.com/sluicehq/sluice/internal/testing/upstreamtest"
 	"github.com/sluicehq/sluice/transport"
@@ -174,7 +171,7 @@ func (l *LLM) runOnce(ctx context.Context, e *env, charge string) (LLMRow, error
 	begin := time.Now().Add(time.Second)
 	specs := make([]llmSpec, l.Procs)
 	for i := range specs {
-		specs[i] = llmSpec{Proc: i, Addr: e.opt.Addr, URL: e.url, Bucket: cfg, Upstream: up.URL(), Callers: share(l.Callers, l.Procs, i),
+		specs[i] = llmSpec{Proc: i, workerTarget: e.workers(), Bucket: cfg, Upstream: up.URL(), Callers: share(l.Callers, l.Procs, i),
 			Settle: charge != llmEstimate, Cold: charge == llmExactCold, Begin: begin.UnixNano(), Until: begin.Add(l.Duration).UnixNano()}
 	}
 	results, err := workers.Run[llmSpec, llmResult](ctx, llmEnv, specs)
@@ -204,9 +201,8 @@ func (l *LLM) runOnce(ctx context.Context, e *env, charge string) (LLMRow, error
 
 // llmSpec is one worker process's share of a run.
 type llmSpec struct {
-	Proc     int           `json:"proc"` // seeds its calls' sizes
-	Addr     string        `json:"addr"`
-	URL      string        `json:"url,omitempty"` // --redis, when given: wins over Addr
+	Proc int `json:"proc"` // seeds its calls' sizes
+	workerTarget
 	Bucket   bucket.Config `json:"bucket"`
 	Upstream string        `json:"upstream"`
 	Callers  int           `json:"callers"`
@@ -254,15 +250,11 @@ func llmCost(req *http.Request) bucket.Cost {
 // stdout.
 func llmWorker(raw string) error {
 	var spec llmSpec
-	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	opt, err := loadgen.RedisOptions(spec.Addr, spec.URL)
+	ctx, stop, opt, err := openWorker(raw, &spec)
 	if err != nil {
 		return err
 	}
+	defer stop()
 	rdb := client(opt, spec.Callers)
 	defer rdb.Close()
 	if !spec.Cold {

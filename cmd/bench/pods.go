@@ -150,7 +150,7 @@ func (p *Pods) run(ctx context.Context, e *env) error {
 		until := begin.Add(p.Duration)
 		specs := make([]callersSpec, p.Pods)
 		for k := range specs {
-			specs[k] = callersSpec{Proc: k, Addr: e.opt.Addr, URL: e.url, Name: fmt.Sprintf("%s-%d", e.name, i), Limiters: []string{lim},
+			specs[k] = callersSpec{Proc: k, workerTarget: e.workers(), Name: fmt.Sprintf("%s-%d", e.name, i), Limiters: []string{lim},
 				Rate: p.Rate, Burst: p.Burst, Callers: share(p.Callers, p.Pods, k), Spin: rounds, Hog: p.Hog,
 				Begin: begin.UnixNano(), Until: until.UnixNano()}
 		}

@@ -9,16 +9,13 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/bench/loadgen"
 	"github.com/sluicehq/sluice/internal/bench/workers"
 	"github.com/sluicehq/sluice/internal/testing/guarantee"
 	"github.com/sluicehq/sluice/internal/testing/upstreamtest"
@@ -282,7 +279,7 @@ func (u *Upstream) runCase(ctx context.Context, e *env, c upstreamCase, feedback
 	begin := time.Now().Add(time.Second)
 	specs := make([]upstreamSpec, u.Procs)
 	for i := range specs {
-		specs[i] = upstreamSpec{Addr: e.opt.Addr, URL: e.url, Bucket: cfg, Upstream: srv.URL(), OpenAI: c.openai, Callers: share(u.Callers, u.Procs, i),
+		specs[i] = upstreamSpec{workerTarget: e.workers(), Bucket: cfg, Upstream: srv.URL(), OpenAI: c.openai, Callers: share(u.Callers, u.Procs, i),
 			Feedback: feedback != fbOff, Cold: c.cold, Begin: begin.UnixNano(), Until: begin.Add(c.duration).UnixNano()}
 	}
 	if c.outageAt > 0 {
@@ -381,8 +378,7 @@ func judgeOutage(arrivals []upstreamtest.Arrival, hold time.Duration, lim guaran
 
 // upstreamSpec is one worker process's share of a case.
 type upstreamSpec struct {
-	Addr     string        `json:"addr"`
-	URL      string        `json:"url,omitempty"` // --redis, when given: wins over Addr
+	workerTarget
 	Bucket   bucket.Config `json:"bucket"`
 	Upstream string        `json:"upstream"`
 	OpenAI   bool          `json:"openai,omitempty"` // read the answers with upstream.OpenAI
@@ -412,15 +408,11 @@ func runEnds(err error) bool {
 
 func upstreamWorker(raw string) error {
 	var spec upstreamSpec
-	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	opt, err := loadgen.RedisOptions(spec.Addr, spec.URL)
+	ctx, stop, opt, err := openWorker(raw, &spec)
 	if err != nil {
 		return err
 	}
+	defer stop()
 	rdb := client(opt, spec.Callers)
 	defer rdb.Close()
 	if !spec.Cold {
