@@ -23,11 +23,20 @@ type Inspection struct {
 	// Levels are each policy's tokens, refilled to Now (during a hold, a
 	// held policy's tokens at the hold's end).
 	Levels []Level
-	// Queued is the callers waiting in the queue, in every process.
+	// Queued is the callers waiting in the queue, in every process and
+	// every lane.
 	Queued int
-	// Wait is how long a new caller of Enter's cost would wait for its
-	// slot (Estimate's answer for it).
+	// Wait is how long a new caller of Enter's cost in the default lane
+	// would wait for its slot (Estimate's answer for it).
 	Wait time.Duration
+	// Lanes are the lanes with callers (WithLane) while any named lane
+	// has callers, the default lane among them when it has callers: at
+	// most 20, those with the most callers first (then the higher
+	// priority, then the name). OtherLanes is how many more lanes have
+	// callers, and OtherQueued how many callers wait in them. All three
+	// are empty while no named lane has callers.
+	Lanes                   []LaneInspection
+	OtherLanes, OtherQueued int
 	// Scheduler names the process running the scheduler ("host:pid"),
 	// "" when none runs; SchedulerTTL is how long its lock lasts unless
 	// renewed.
@@ -49,6 +58,22 @@ type Inspection struct {
 	LocalShare int
 }
 
+// LaneInspection is one lane with callers at an Inspection.
+type LaneInspection struct {
+	// Name is the lane's name, "" for the default lane.
+	Name string
+	// Priority is the lane's priority (Lane.Priority) as its callers
+	// were queued; 0 for the default lane.
+	Priority int
+	// Queued is the callers waiting in the lane, in every process.
+	Queued int
+	// Wait is how long a new caller of Enter's cost in the lane would
+	// wait for its slot (Estimate's answer for it): the lane's callers
+	// ahead of it, each served once in every turn of the lanes of its
+	// priority that have callers, at the bucket's full rate.
+	Wait time.Duration
+}
+
 // Level is one policy's tokens at an Inspection.
 type Level struct {
 	// Tokens are free now; negative: owed to slots already handed out.
@@ -60,10 +85,14 @@ type Level struct {
 
 // Inspect reads the bucket's state across every process: the policies in
 // force and each one's tokens, the callers queued, the wait a new caller
-// would have, and which process runs the scheduler. One round trip of
-// plain reads; it changes nothing and never fails for a configuration
-// this process does not follow. It also says whether this process runs
-// on its local share (Config.Fallback), even when Redis cannot be read.
+// would have, the lanes with callers, and which process runs the
+// scheduler. One round trip of plain reads, and while named lanes have
+// callers a second, a script that reads the lanes at once (its work grows
+// with the lanes that have callers, not with the idle ones); it changes
+// nothing and never fails for a configuration this process does not
+// follow. It also says whether this process runs on its local share
+// (Config.Fallback), even when Redis cannot be read. It is safe for
+// concurrent use.
 func (b *Bucket) Inspect(ctx context.Context) (Inspection, error) {
 	var local Inspection
 	local.Local, local.LocalSince, local.LocalShare = b.fb.state()
@@ -76,13 +105,15 @@ func (b *Bucket) Inspect(ctx context.Context) (Inspection, error) {
 		qps = b.q.Options().Policies
 	}
 	in := Inspection{
-		Now:       time.UnixMicro(s.Now),
-		Policies:  fromQueue(qps),
-		Stored:    s.Stored,
-		Queued:    int(s.Queued),
-		Scheduler: protocol.LockHolder(s.Lock),
-		Format:    int(s.State.Format),
-		Local:     local.Local, LocalSince: local.LocalSince, LocalShare: local.LocalShare,
+		Now:         time.UnixMicro(s.Now),
+		Policies:    fromQueue(qps),
+		Stored:      s.Stored,
+		Queued:      int(s.Queued),
+		Scheduler:   protocol.LockHolder(s.Lock),
+		Format:      int(s.State.Format),
+		OtherLanes:  int(s.OtherLanes),
+		OtherQueued: int(s.OtherQueued),
+		Local:       local.Local, LocalSince: local.LocalSince, LocalShare: local.LocalShare,
 	}
 	if len(s.Config.Base) > 0 && s.Config.Factor > 0 && s.Config.Factor < 1 {
 		in.Adapting = s.Config.Factor
@@ -90,54 +121,79 @@ func (b *Bucket) Inspect(ctx context.Context) (Inspection, error) {
 	if s.LockTTL > 0 {
 		in.SchedulerTTL = s.LockTTL
 	}
-	slot := s.Now
+	ats := make([]policyAt, len(qps))
 	for i, p := range qps {
 		var lv Level
-		lv, slot = inspectLevel(s, i, p, slot)
+		lv, ats[i] = inspectPolicy(s, i, p)
 		in.Levels = append(in.Levels, lv)
 	}
 	if s.State.Hold > s.Now {
 		in.HeldUntil = time.UnixMicro(s.State.Hold)
 	}
-	in.Wait = time.Duration(slot-s.Now) * time.Microsecond
+	in.Wait = inspectWait(s, qps, ats, s.DefaultQueued, s.DefaultLanes)
+	for _, l := range s.Lanes {
+		in.Lanes = append(in.Lanes, LaneInspection{Name: l.Name, Priority: l.Priority, Queued: int(l.Queued),
+			Wait: inspectWait(s, qps, ats, l.Queued, l.ClassLanes)})
+	}
 	return in, nil
 }
 
-// inspectLevel is Inspect's figures for policy i, p, of the snapshot s:
-// its level, and slot raised to the slot a new caller would have under
-// it.
-func inspectLevel(s queueio.Snapshot, i int, p protocol.Policy, slot int64) (Level, int64) {
-	level, anchor := p.Capacity, s.Now
-	var extra int64
-	var log []protocol.WindowEntry
+// policyAt is what a new caller's slot under one policy follows from, at
+// an Inspection: the policy's level and its anchor (or its rolling
+// window's log) refilled to then, and the extra tokens the callers queued
+// with costs of their own take beyond a call's.
+type policyAt struct {
+	level, anchor, extra int64
+	log                  []protocol.WindowEntry
+}
+
+// inspectPolicy is Inspect's figures for policy i, p, of the snapshot s:
+// its level, and what a new caller's slot under it follows from.
+func inspectPolicy(s queueio.Snapshot, i int, p protocol.Policy) (Level, policyAt) {
+	a := policyAt{level: p.Capacity, anchor: s.Now}
 	if s.HasState && i < len(s.State.Levels) {
 		l := s.State.Levels[i]
-		level, anchor = protocol.Refill(l.Level, l.Anchor, s.Now, p)
+		a.level, a.anchor = protocol.Refill(l.Level, l.Anchor, s.Now, p)
 		if p.Kind == protocol.Rolling && i < len(s.Windows) {
-			level, log = protocol.WindowRefill(l.Level, s.Windows[i], s.Now, p)
+			a.level, a.log = protocol.WindowRefill(l.Level, s.Windows[i], s.Now, p)
 		}
 		if s.Queued > 0 && i < len(s.State.Extra) {
-			extra = s.State.Extra[i]
+			a.extra = s.State.Extra[i]
 		}
 	}
-	lv := Level{Tokens: level}
+	lv := Level{Tokens: a.level}
 	switch {
-	case level >= p.Capacity:
-	case p.Kind == protocol.Rolling && len(log) > 0:
-		lv.NextRefill = time.Duration(log[0].Slot+protocol.WindowSpan(p)+1-s.Now) * time.Microsecond
+	case a.level >= p.Capacity:
+	case p.Kind == protocol.Rolling && len(a.log) > 0:
+		lv.NextRefill = time.Duration(a.log[0].Slot+protocol.WindowSpan(p)+1-s.Now) * time.Microsecond
 	case p.Kind != protocol.Rolling:
-		lv.NextRefill = time.Duration(anchor+p.RefillFrequency.Microseconds()-s.Now) * time.Microsecond
+		lv.NextRefill = time.Duration(a.anchor+p.RefillFrequency.Microseconds()-s.Now) * time.Microsecond
 	}
-	k := s.Queued*p.Call() + extra + p.Call()
-	if p.Kind == protocol.Rolling {
-		slot = max(slot, protocol.WindowSlot(level, log, s.Now, k, p))
-	} else {
-		slot = max(slot, protocol.SlotFor(level, anchor, s.Now, k, p))
+	return lv, a
+}
+
+// inspectWait is the wait for its slot of a new caller of Enter's cost in
+// a lane of queued callers that shares its priority with lanes-1 other
+// lanes with callers (lanes 1: no named lane has callers), under the
+// policies qps at ats: as queue/lua/estimate.lua counts it, the lane's
+// callers and the caller itself served once in every turn of the lanes,
+// (queued+1)×lanes−1 callers ahead of it.
+func inspectWait(s queueio.Snapshot, qps []protocol.Policy, ats []policyAt, queued, lanes int64) time.Duration {
+	ahead := (queued+1)*max(lanes, 1) - 1
+	slot := s.Now
+	for i, p := range qps {
+		a := ats[i]
+		k := ahead*p.Call() + a.extra + p.Call()
+		if p.Kind == protocol.Rolling {
+			slot = max(slot, protocol.WindowSlot(a.level, a.log, s.Now, k, p))
+		} else {
+			slot = max(slot, protocol.SlotFor(a.level, a.anchor, s.Now, k, p))
+		}
+		if k > 0 && s.State.Holds(i, s.Now) { // tokens.lua's slot_k: held back to the hold
+			slot = max(slot, s.State.Hold)
+		}
 	}
-	if k > 0 && s.State.Holds(i, s.Now) { // tokens.lua's slot_k: held back to the hold
-		slot = max(slot, s.State.Hold)
-	}
-	return lv, slot
+	return time.Duration(slot-s.Now) * time.Microsecond
 }
 
 // Estimate is what a caller would meet if it entered now.

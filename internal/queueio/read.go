@@ -37,21 +37,33 @@ type Snapshot struct {
 	Stored   bool            // a configuration is stored
 	State    protocol.BucketState
 	HasState bool  // the state key exists (else the bucket is full and idle)
-	Queued   int64 // callers queued, in every process
+	Queued   int64 // callers queued, in every process and every lane
 	Lock     string
 	LockTTL  time.Duration // < 0: no lock
 	// Windows holds each rolling policy's log, by the index of its
 	// policy (nil for the others).
 	Windows [][]protocol.WindowEntry
+	// DefaultQueued is the default lane's callers; DefaultLanes the lanes
+	// with callers a new caller of the default lane would share class 0
+	// with, its own counted (1 without named lanes: LaneQueue.ClassLanes).
+	DefaultQueued, DefaultLanes int64
+	// Lanes are the lanes with callers while a named lane has some (the
+	// default lane among them when it has callers), at most MaxLaneRows,
+	// the most callers first; OtherLanes is how many more lanes have
+	// callers, and OtherQueued their callers. They were read together,
+	// by one script, just after the rest.
+	Lanes                   []LaneQueue
+	OtherLanes, OtherQueued int64
 }
 
 // Inspect reads the configuration, state, queue length and scheduler lock
 // of the bucket of keys in one round trip (a pipeline of plain reads; on
 // Cluster TIME may come from another node than the bucket's, good to a
-// few ms). mine are the policies this process runs under (a Queue's
-// Options().Policies): their rolling windows' logs are read in the same
-// round trip, and their number reads a state when no configuration is
-// stored. It changes nothing.
+// few ms), and, while named lanes have callers, the lanes in a second
+// (lanes.lua, a script that only reads). mine are the policies this
+// process runs under (a Queue's Options().Policies): their rolling
+// windows' logs are read in the same round trip, and their number reads a
+// state when no configuration is stored. It changes nothing.
 func Inspect(ctx context.Context, rdb Client, keys Keys, mine []protocol.Policy) (Snapshot, error) {
 	// The rolling windows' logs of the policies this process knows; of
 	// another configuration in force, read again below.
@@ -70,6 +82,15 @@ func Inspect(ctx context.Context, rdb Client, keys Keys, mine []protocol.Policy)
 	if s.Windows, err = readWindows(ctx, rdb, keys, ps, c.logs); err != nil {
 		return Snapshot{}, err
 	}
+	if c.lanes.Val() == 0 {
+		return s, nil
+	}
+	l, err := readLanes(ctx, rdb, keys, MaxLaneRows)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	s.Queued, s.DefaultQueued, s.DefaultLanes = l.defaultQueued+l.named, l.defaultQueued, l.defaultLanes
+	s.Lanes, s.OtherLanes, s.OtherQueued = l.rows, l.others, l.othersQueued
 	return s, nil
 }
 
@@ -79,13 +100,14 @@ type snapshotReads struct {
 	state, cfg *redis.StringCmd
 	lock       *redis.StringCmd
 	qlen       *redis.IntCmd
+	lanes      *redis.IntCmd // named lanes have callers: 1
 	ttl        *redis.DurationCmd
 	logs       map[int]*redis.StringSliceCmd // by policy index, for the rolling policies of mine
 }
 
 // readSnapshot sends Inspect's round trip: the Redis clock, the
-// configuration, the state, the queue's length, the lock and its TTL, and
-// the logs of mine's rolling windows.
+// configuration, the state, the queue's length, whether named lanes have
+// callers, the lock and its TTL, and the logs of mine's rolling windows.
 func readSnapshot(ctx context.Context, rdb Client, keys Keys, mine []protocol.Policy) (snapshotReads, error) {
 	c := snapshotReads{logs: map[int]*redis.StringSliceCmd{}}
 	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -93,6 +115,7 @@ func readSnapshot(ctx context.Context, rdb Client, keys Keys, mine []protocol.Po
 		c.cfg = p.Get(ctx, keys.Config)
 		c.state = p.Get(ctx, keys.State)
 		c.qlen = p.LLen(ctx, keys.Queue)
+		c.lanes = p.Exists(ctx, keys.Classes)
 		c.lock = p.Get(ctx, keys.Lock)
 		c.ttl = p.PTTL(ctx, keys.Lock)
 		for i, pol := range mine {
@@ -109,7 +132,7 @@ func readSnapshot(ctx context.Context, rdb Client, keys Keys, mine []protocol.Po
 // many policies this process knows, for a state when no configuration is
 // stored.
 func parseSnapshot(c snapshotReads, known int) (Snapshot, error) {
-	s := Snapshot{Now: c.now.Val().UnixMicro(), Queued: c.qlen.Val(), Lock: c.lock.Val(), LockTTL: -1}
+	s := Snapshot{Now: c.now.Val().UnixMicro(), Queued: c.qlen.Val(), DefaultQueued: c.qlen.Val(), DefaultLanes: 1, Lock: c.lock.Val(), LockTTL: -1}
 	if c.ttl.Val() > 0 {
 		s.LockTTL = c.ttl.Val()
 	}
