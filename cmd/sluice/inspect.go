@@ -106,13 +106,27 @@ type report struct {
 	// then the slowed ones.
 	Adapting float64 `json:"adapting"`
 	Queued   int     `json:"queued"`
-	WaitUS   int64   `json:"wait_us"` // a new caller's wait for its slot
+	WaitUS   int64   `json:"wait_us"` // a new caller's wait for its slot, in the default lane
+	// Lanes are the lanes with callers while named lanes have some, the
+	// most callers first (at most 20); OtherLanes is how many more lanes
+	// have callers, and OtherQueued their callers.
+	Lanes       []laneReport `json:"lanes"`
+	OtherLanes  int          `json:"other_lanes"`
+	OtherQueued int          `json:"other_queued"`
 	// Scheduler is the process ("host:pid") holding the scheduler lock,
 	// "" when none does; SchedulerTTLUS is how long the lock lasts unless
 	// renewed.
 	Scheduler      string `json:"scheduler"`
 	SchedulerTTLUS int64  `json:"scheduler_ttl_us"`
 	Format         int    `json:"format"` // the state's format; 0: no state (full and idle)
+}
+
+// laneReport is one lane with callers.
+type laneReport struct {
+	Name     string `json:"name"` // "" for the default lane
+	Priority int    `json:"priority"`
+	Queued   int    `json:"queued"`
+	WaitUS   int64  `json:"wait_us"` // a new caller's wait for its slot, in this lane
 }
 
 // levelReport is one policy in force and its level.
@@ -133,6 +147,9 @@ func newReport(name, prefix string, in bucket.Inspection) report {
 		Policies:       []levelReport{},
 		Adapting:       in.Adapting,
 		Queued:         in.Queued,
+		Lanes:          []laneReport{},
+		OtherLanes:     in.OtherLanes,
+		OtherQueued:    in.OtherQueued,
 		Scheduler:      in.Scheduler,
 		SchedulerTTLUS: in.SchedulerTTL.Microseconds(),
 		Format:         in.Format,
@@ -141,6 +158,9 @@ func newReport(name, prefix string, in bucket.Inspection) report {
 		return r // in's policies are this handle's placeholder, not the bucket's
 	}
 	r.WaitUS = in.Wait.Microseconds()
+	for _, l := range in.Lanes {
+		r.Lanes = append(r.Lanes, laneReport{Name: l.Name, Priority: l.Priority, Queued: l.Queued, WaitUS: l.Wait.Microseconds()})
+	}
 	for i, p := range in.Policies {
 		l := levelReport{policyJSON: toJSON(p)}
 		if i < len(in.Levels) {
@@ -183,6 +203,7 @@ func (r report) write(w io.Writer) error {
 	if r.Stored {
 		fmt.Fprintf(tw, "new caller:\twould wait %v for its slot\n", round(us(r.WaitUS)))
 	}
+
 	if r.Scheduler == "" {
 		fmt.Fprintln(tw, "scheduler:\tnone running (a waiting caller starts one)")
 	} else {
@@ -201,8 +222,30 @@ func (r report) write(w io.Writer) error {
 		fmt.Fprintf(tw, "state:\tformat %d\n", r.Format)
 	}
 	tw.Flush()
+	r.writeLanes(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeLanes shows the lanes with callers, when named lanes have some.
+func (r report) writeLanes(b *strings.Builder) {
+	if len(r.Lanes) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "lanes with callers, the most first:\n")
+	fmt.Fprintln(tw, "  lane\tpriority\tqueued\ta new caller would wait")
+	for _, l := range r.Lanes {
+		name := l.Name
+		if name == "" {
+			name = "(default)"
+		}
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%v\n", name, l.Priority, l.Queued, round(us(l.WaitUS)))
+	}
+	if r.OtherLanes > 0 {
+		fmt.Fprintf(tw, "  %s\t\t%d\n", plural(r.OtherLanes, "other lane", "other lanes"), r.OtherQueued)
+	}
+	tw.Flush()
 }
 
 // round keeps the digits of d a person reads: µs below 10 ms, ms above.

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/testing/buckettest"
 	"github.com/sluicehq/sluice/upstream"
 )
 
@@ -139,6 +140,78 @@ func TestInspectMatchesInspect(t *testing.T) {
 		}
 	}
 	t.Logf("inspect:\n%s", out)
+}
+
+// TestInspectLanes: with callers in named lanes, inspect lists the lanes
+// with callers as bucket.Inspect does (the most first, the default lane
+// among them), and sums the ones past 20 on an "other lanes" row; with
+// none, it shows no lanes.
+func TestInspectLanes(t *testing.T) {
+	url, rdb := server(t)
+	cfg := bucket.Config{Name: t.Name(), Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour,
+		Lanes: []bucket.Lane{{Name: "urgent", Priority: 1}}}
+	b := newBucket(t, rdb, cfg)
+	if err := b.Enter(context.Background()); err != nil { // the one token: every caller below queues
+		t.Fatal(err)
+	}
+	buckettest.Queue(t, b, map[string]int{"": 1})
+	if out := sluice(t, "inspect", "--redis", url, cfg.Name).ok(t).stdout; strings.Contains(out, "lanes") {
+		t.Errorf("inspect with the default lane alone shows lanes:\n%s", out)
+	}
+	if r := decodeReport(t, sluice(t, "inspect", "--json", "--redis", url, cfg.Name).ok(t).stdout); r.Lanes == nil || len(r.Lanes) != 0 {
+		t.Errorf("inspect --json with the default lane alone: lanes %#v, want []", r.Lanes)
+	}
+
+	lanes := map[string]int{"a": 3, "urgent": 2}
+	for i := range 20 {
+		lanes[fmt.Sprintf("t%02d", i)] = 1
+	}
+	buckettest.Queue(t, b, lanes)
+	r := decodeReport(t, sluice(t, "inspect", "--json", "--redis", url, cfg.Name).ok(t).stdout)
+	in, err := b.Inspect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Queued != 26 || len(r.Lanes) != 20 || r.OtherLanes != 3 || r.OtherQueued != 3 {
+		t.Fatalf("inspect --json: %d queued, %d lanes, other %d lanes of %d callers; want 26, 20, 3 of 3", r.Queued, len(r.Lanes), r.OtherLanes, r.OtherQueued)
+	}
+	for i, l := range in.Lanes {
+		got := r.Lanes[i]
+		// The waits are on an hour's refills: a few ms apart at most.
+		if got.Name != l.Name || got.Priority != l.Priority || got.Queued != l.Queued || got.WaitUS < l.Wait.Microseconds() || got.WaitUS > l.Wait.Microseconds()+1e6 {
+			t.Errorf("lanes[%d] = %+v, Inspect has %+v", i, got, l)
+		}
+	}
+	if l := r.Lanes[1]; l.Name != "urgent" || l.Priority != 1 || l.Queued != 2 {
+		t.Errorf("lanes[1] = %+v, want urgent, priority 1, 2 callers", l)
+	}
+
+	out := sluice(t, "inspect", "--redis", url, cfg.Name).ok(t).stdout
+	if !strings.Contains(out, "26 callers waiting") || !strings.Contains(out, "lanes with callers, the most first:") {
+		t.Errorf("inspect output lacks the callers or the lanes:\n%s", out)
+	}
+	// Lane a shares class 0 with 21 lanes: 4 turns of 22, 88 refills of
+	// an hour off, less the time since the first Enter; urgent is alone
+	// in class 1: 3.
+	for _, want := range []struct {
+		row  string
+		wait time.Duration
+	}{{"lane priority queued a new caller would wait", 0}, {"a 0 3", 88 * time.Hour}, {"urgent 1 2", 3 * time.Hour}, {"(default) 0 1", 44 * time.Hour}, {"3 other lanes 3", 0}} {
+		if !slices.ContainsFunc(strings.Split(out, "\n"), func(line string) bool {
+			f := strings.Fields(line)
+			if want.wait == 0 {
+				return strings.Join(f, " ") == want.row
+			}
+			if len(f) < 2 || strings.Join(f[:len(f)-1], " ") != want.row {
+				return false
+			}
+			d, err := time.ParseDuration(f[len(f)-1])
+			return err == nil && d <= want.wait && d > want.wait-time.Minute
+		}) {
+			t.Errorf("inspect output lacks the line %q (a wait of %v):\n%s", want.row, want.wait, out)
+		}
+	}
+	t.Logf("inspect with lanes:\n%s", out)
 }
 
 // TestInspectSaturated: with callers queued behind a saturated bucket,
