@@ -25,7 +25,13 @@ type Event struct {
 	Limiter string
 	// Name is the limiter's name (Config.Name of a bucket or semaphore),
 	// "" for the in-process limiters.
-	Name   string
+	Name string
+	// Lane is the caller's lane (bucket.WithLane), "" for the default
+	// lane, for a limiter that serves no lanes, and for a lane name the
+	// limiter refused (the call failed with ErrConfig). The metrics
+	// packages label each lane apart up to a bound, and the rest as
+	// "other".
+	Lane   string
 	Result Result
 	// Reason says why, for a Refused or Failed result: "queue_full",
 	// "wait_too_long", "cost_exceeds_capacity", "timeout", "limited" (another

@@ -83,7 +83,7 @@ func (b *Bucket) enter(ctx context.Context, c Cost) (rep entered, err error) {
 // ctx carries, if any.
 func (b *Bucket) ended(ctx context.Context, start time.Time, rep entered, err error) {
 	res, why := verdict.Classify(ctx, err, reasons...)
-	b.tally.End(sluice.Event{Result: res, Reason: why, Wait: b.now().Sub(start), Queued: rep.Position > 0 && res != sluice.Refused, Late: rep.Late, Reentries: rep.Reentries, Local: rep.Local})
+	b.tally.End(sluice.Event{Lane: eventLane(ctx), Result: res, Reason: why, Wait: b.now().Sub(start), Queued: rep.Position > 0 && res != sluice.Refused, Late: rep.Late, Reentries: rep.Reentries, Local: rep.Local})
 	if d := enterdetail.From(ctx); d != nil {
 		*d = rep.Detail
 	}

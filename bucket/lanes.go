@@ -97,3 +97,14 @@ func (c Config) defaultLookahead() time.Duration {
 	}
 	return max(d, time.Millisecond)
 }
+
+// eventLane is the lane of ctx's caller for its sluice.Event: "" for the
+// default lane and for a bad name (the call failed; a metric label must
+// be a name the bucket accepts).
+func eventLane(ctx context.Context) string {
+	name, ok := lane.From(ctx)
+	if !ok || protocol.CheckLaneName(name) != nil {
+		return ""
+	}
+	return name
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -102,6 +103,35 @@ func TestObserverAndStats(t *testing.T) {
 		if e.Limiter != "bucket" || !strings.HasPrefix(e.Name, t.Name()) {
 			t.Fatalf("event %+v: wrong limiter or name", e)
 		}
+	}
+}
+
+// TestObserverLane: each event carries its caller's lane: the name given
+// to WithLane, "" for the default lane and for a name the bucket refuses.
+func TestObserverLane(t *testing.T) {
+	rdb := redistest.New(t).Client()
+	defer rdb.Close()
+	rec := &recorder{}
+	b := newBucket(t, rdb, bucket.Config{Capacity: 10, RefillAmount: 1, RefillFrequency: time.Second, Observer: rec})
+	ctx := withTimeout(t, 10*time.Second)
+	for _, name := range []string{"tenant-1", "", "tenant-2"} {
+		lctx := ctx
+		if name != "" {
+			lctx = bucket.WithLane(ctx, name)
+		}
+		if err := b.Enter(lctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Enter(bucket.WithLane(ctx, "a b")); !errors.Is(err, sluice.ErrConfig) {
+		t.Fatalf("Enter in lane \"a b\" = %v, want sluice.ErrConfig", err)
+	}
+	var got []string
+	for _, e := range rec.all() {
+		got = append(got, e.Result.String()+":"+e.Lane)
+	}
+	if want := []string{"granted:tenant-1", "granted:", "granted:tenant-2", "failed:"}; !slices.Equal(got, want) {
+		t.Errorf("events' results and lanes %q, want %q", got, want)
 	}
 }
 
