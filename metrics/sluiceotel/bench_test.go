@@ -2,6 +2,7 @@ package sluiceotel_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -125,5 +126,34 @@ func BenchmarkObserve(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		o.Observe(e)
+	}
+}
+
+// BenchmarkObserveLanes is BenchmarkObserve's event in named lanes, from
+// parallel callers: in one lane with a label of its own, and spread over
+// 1,000 lanes (tenants), most of them "other". A lane's event takes its
+// limiter's lock for the lanes.
+func BenchmarkObserveLanes(b *testing.B) {
+	for _, lanes := range []int{1, 1000} {
+		b.Run(fmt.Sprintf("lanes=%d", lanes), func(b *testing.B) {
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+			defer mp.Shutdown(context.Background())
+			o, err := sluiceotel.New(mp)
+			if err != nil {
+				b.Fatal(err)
+			}
+			names := make([]string, lanes)
+			for i := range names {
+				names[i] = fmt.Sprintf("tenant-%d", i)
+			}
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				e := sluice.Event{Limiter: "bucket", Name: "api", Result: sluice.Granted, Queued: true, Wait: 30 * time.Millisecond, Late: 200 * time.Microsecond}
+				for i := 0; pb.Next(); i++ {
+					e.Lane = names[i%lanes]
+					o.Observe(e)
+				}
+			})
+		})
 	}
 }

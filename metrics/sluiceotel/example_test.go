@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
@@ -88,4 +90,64 @@ func Example() {
 	// sluice_queued_requests{sluice_limiter_kind="bucket",sluice_limiter_name="example-metrics"} 0
 	// sluice_requests_total{sluice_limiter_kind="bucket",sluice_limiter_name="example-metrics",sluice_result="granted"} 3
 	// sluice_requests_total{sluice_limiter_kind="bucket",sluice_limiter_name="example-metrics",sluice_reason="wait_too_long",sluice_result="refused"} 1
+}
+
+// ExampleWithTopLanes: a bucket with a lane per tenant records its
+// requests by lane, at most 2 lanes by name here (20 by default): the
+// other tenants count as "other", and the default lane has no sluice.lane.
+func ExampleWithTopLanes() {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	metrics, err := sluiceotel.New(mp, sluiceotel.WithTopLanes(2))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	b, err := bucket.New(rdb, bucket.Config{Name: "example-otel-lanes", Capacity: 1000, RefillAmount: 1000, RefillFrequency: time.Minute, Observer: metrics})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer b.Close()
+
+	ctx := context.Background()
+	for _, tenant := range []string{"acme", "globex", "initech", "umbrella"} {
+		if err := b.Enter(bucket.WithLane(ctx, tenant)); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	if err := b.Enter(ctx); err != nil { // the default lane
+		fmt.Println(err)
+		return
+	}
+
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		fmt.Println(err)
+		return
+	}
+	var lines []string
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != "sluice.requests" {
+				continue
+			}
+			for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				lane, _ := p.Attributes.Value(sluiceotel.LaneKey)
+				lines = append(lines, fmt.Sprintf("lane %q: %d", lane.AsString(), p.Value))
+			}
+		}
+	}
+	slices.Sort(lines)
+	fmt.Println(strings.Join(lines, "\n"))
+	// Output:
+	// lane "": 1
+	// lane "acme": 1
+	// lane "globex": 1
+	// lane "other": 2
 }

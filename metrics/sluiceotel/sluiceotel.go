@@ -8,14 +8,20 @@
 // Three parts fit together:
 //
 //   - An Observer, set as a limiter's Config.Observer, records every call
-//     to enter as it returns: the requests by result, the time queued
-//     callers waited, and how late rate-limited callers started.
+//     to enter as it returns: the requests by result and lane, the time
+//     queued callers waited, and how late rate-limited callers started.
 //   - Track reads a limiter's Stats (no I/O) at each collection: callers
 //     waiting in this process, permits held, the bucket's scheduler steps,
 //     re-entries and lost leases.
 //   - TrackQueue, opt-in, reads a bucket across every process with
 //     bucket.Inspect at each collection: one Redis round trip per
-//     collection.
+//     collection (two while named lanes have callers).
+//
+// A bucket's lanes (bucket.WithLane) are the attribute sluice.lane of the
+// requests and of the time in queue: absent for the default lane, the
+// lane's name for the lanes of a limiter with the most calls lately (at
+// most 20, WithTopLanes), "other" for the rest, so that thousands of
+// tenants make a few series, not thousands.
 //
 // The names and attributes follow OpenTelemetry's semantic conventions for
 // rate limiting (ASP.NET Core's aspnetcore.rate_limiting.*), under the
@@ -25,6 +31,7 @@ package sluiceotel
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,12 +52,15 @@ const ScopeName = "github.com/sluicehq/sluice/metrics/sluiceotel"
 // ("bucket", "semaphore", "local.rate", ...), Name its Config.Name ("" for
 // the in-process limiters), Result how a call ended ("granted", "refused",
 // "canceled", "failed"), Reason why it was refused or failed
-// ("queue_full", "wait_too_long", "redis", ...; absent otherwise).
+// ("queue_full", "wait_too_long", "redis", ...; absent otherwise), Lane
+// the caller's lane (bucket.WithLane: the lane's name, or "other" past
+// WithTopLanes; absent for the default lane).
 const (
 	KindKey   = attribute.Key("sluice.limiter.kind")
 	NameKey   = attribute.Key("sluice.limiter.name")
 	ResultKey = attribute.Key("sluice.result")
 	ReasonKey = attribute.Key("sluice.reason")
+	LaneKey   = attribute.Key("sluice.lane")
 )
 
 // inspectTimeout bounds TrackQueue's read of Redis during a collection,
@@ -78,20 +88,26 @@ type Observer struct {
 	leases    metric.Int64ObservableCounter
 	bQueued   metric.Int64ObservableGauge
 	bWait     metric.Float64ObservableGauge
+	bLaneQ    metric.Int64ObservableGauge
+	bLaneWait metric.Float64ObservableGauge
 	local     metric.Int64ObservableGauge
 	localReqs metric.Int64ObservableCounter
 
-	// sets holds each kind of event's count and attribute options, so that
-	// recording one builds no attribute set: an eventKey holds
-	// *eventAttrs.
+	// sets holds each kind of event's count and attribute options in the
+	// default lane, so that recording one builds no attribute set: an
+	// eventKey holds *eventAttrs. The named lanes' are their limiter's
+	// (lanes).
 	sets       sync.Map
 	shadowSets sync.Map // eventKey → sluice.shadow_wait's options
+	topLanes   int
+	lanes      sync.Map // limiterKey → *limiterLanes
 }
 
 // eventKey is what an event's attributes depend on.
 type eventKey struct {
 	kind, name, reason string
 	result             sluice.Result
+	lane               string // the label: "" (the default lane), a lane's name, or "other"
 }
 
 // eventAttrs are one kind of event's count and its options for each
@@ -101,9 +117,27 @@ type eventAttrs struct {
 	// reported at collection (an observable counter): an atomic add costs
 	// a fraction of a synchronous counter's Add, on every call to enter.
 	count    atomic.Int64
-	requests metric.ObserveOption  // kind, name, result, reason
-	inQueue  []metric.RecordOption // kind, name, result
+	requests metric.ObserveOption  // kind, name, result, reason, lane
+	inQueue  []metric.RecordOption // kind, name, result, lane
 	lateness []metric.RecordOption // kind, name
+}
+
+// Option configures an Observer (New).
+type Option func(*Observer)
+
+// WithTopLanes labels, for each limiter, at most n lanes by their own
+// name: the lanes with the most calls lately (a lane takes the label of
+// the least busy labelled lane once it has seen more than twice its calls
+// in the last minute or two); the others are labelled "other". The
+// default is 20; n ≤ 0 labels every named lane "other". TrackQueue lists
+// at most n lanes too (and at most the 20 bucket.Inspect reads).
+//
+// A lane that loses its label stops being reported in sluice.requests;
+// its sluice.request.time_in_queue series, a synchronous histogram, stays
+// in a cumulative SDK (bounded by its cardinality limit, 2000 series per
+// instrument by default) but no longer grows.
+func WithTopLanes(n int) Option {
+	return func(o *Observer) { o.topLanes = max(n, 0) }
 }
 
 // New makes the instruments on mp's Meter named ScopeName. A nil mp means
@@ -111,19 +145,22 @@ type eventAttrs struct {
 // MeterProvider and share it between limiters: two would report the same
 // series twice. It fails only when the MeterProvider refuses an
 // instrument or a callback.
-func New(mp metric.MeterProvider) (*Observer, error) {
+func New(mp metric.MeterProvider, opts ...Option) (*Observer, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
 	m := mp.Meter(ScopeName)
-	o := &Observer{meter: m}
-	var errs [15]error
+	o := &Observer{meter: m, topLanes: defaultTopLanes}
+	for _, opt := range opts {
+		opt(o)
+	}
+	var errs [17]error
 	o.requests, errs[0] = m.Int64ObservableCounter("sluice.requests",
 		metric.WithUnit("{request}"),
-		metric.WithDescription("Calls that tried to enter a limiter, by result (and reason, when refused or failed)."))
+		metric.WithDescription("Calls that tried to enter a limiter, by result (and reason, when refused or failed) and lane."))
 	o.inQueue, errs[1] = m.Float64Histogram("sluice.request.time_in_queue",
 		metric.WithUnit("s"),
-		metric.WithDescription("Time a call that waited in the queue spent in it, from the call to its return, by result."),
+		metric.WithDescription("Time a call that waited in the queue spent in it, from the call to its return, by result and lane."),
 		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10))
 	o.lateness, errs[2] = m.Float64Histogram("sluice.request.lateness",
 		metric.WithUnit("s"),
@@ -166,6 +203,12 @@ func New(mp metric.MeterProvider) (*Observer, error) {
 	o.localReqs, errs[13] = m.Int64ObservableCounter("sluice.local_requests",
 		metric.WithUnit("{request}"),
 		metric.WithDescription("Calls this process's local share granted while Redis was unreachable (Config.Fallback)."))
+	o.bLaneQ, errs[15] = m.Int64ObservableGauge("sluice.bucket.lane.queued_requests",
+		metric.WithUnit("{request}"),
+		metric.WithDescription("Callers queued in each lane of the bucket in every process, while named lanes have callers, read from Redis (TrackQueue)."))
+	o.bLaneWait, errs[16] = m.Float64ObservableGauge("sluice.bucket.lane.wait",
+		metric.WithUnit("s"),
+		metric.WithDescription("How long a new caller of each lane of the bucket would wait for its slot, while named lanes have callers, read from Redis (TrackQueue)."))
 	for _, err := range errs {
 		if err != nil {
 			return nil, fmt.Errorf("sluiceotel: %w", err)
@@ -179,6 +222,15 @@ func New(mp metric.MeterProvider) (*Observer, error) {
 			ob.ObserveInt64(o.requests, a.count.Load(), a.requests)
 			return true
 		})
+		o.lanes.Range(func(_, v any) bool {
+			l := v.(*limiterLanes)
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			for _, a := range l.sets {
+				ob.ObserveInt64(o.requests, a.count.Load(), a.requests)
+			}
+			return true
+		})
 		return nil
 	}, o.requests); err != nil {
 		return nil, fmt.Errorf("sluiceotel: %w", err)
@@ -188,10 +240,11 @@ func New(mp metric.MeterProvider) (*Observer, error) {
 
 var _ sluice.Observer = (*Observer)(nil)
 
-// Observe records one call to enter: one request under its result, its
-// time in the queue if it waited there (not a refusal), and its lateness
-// if it was granted late; a shadow call (Event.Shadow) only as
-// sluice.shadow_wait. The limiter calls it; it does not block.
+// Observe records one call to enter: one request under its result and
+// lane, its time in the queue if it waited there (not a refusal), and its
+// lateness if it was granted late; a shadow call (Event.Shadow) only as
+// sluice.shadow_wait. The limiter calls it; it does not block (a call in
+// a named lane takes its limiter's lock for the lanes, a map lookup).
 func (o *Observer) Observe(e sluice.Event) {
 	if e.Shadow { // let through: only what the limiter would have done
 		o.shadow.Record(context.Background(), e.Wait.Seconds(), o.shadowAttrs(e)...)
@@ -228,21 +281,33 @@ func (o *Observer) shadowAttrs(e sluice.Event) []metric.RecordOption {
 
 func (o *Observer) attrs(e sluice.Event) *eventAttrs {
 	k := eventKey{kind: e.Limiter, name: e.Name, reason: e.Reason, result: e.Result}
+	if e.Lane != "" {
+		return o.laneAttrs(k, e.Lane)
+	}
 	if a, ok := o.sets.Load(k); ok {
 		return a.(*eventAttrs)
 	}
+	got, _ := o.sets.LoadOrStore(k, newEventAttrs(k))
+	return got.(*eventAttrs)
+}
+
+// newEventAttrs makes the options of the events of k (the lateness is
+// the limiter's, not its lane's).
+func newEventAttrs(k eventKey) *eventAttrs {
 	kind, name, result := KindKey.String(k.kind), NameKey.String(k.name), ResultKey.String(k.result.String())
-	withReason := attribute.NewSet(kind, name, result)
-	if k.reason != "" {
-		withReason = attribute.NewSet(kind, name, result, ReasonKey.String(k.reason))
+	inQueue := []attribute.KeyValue{kind, name, result}
+	if k.lane != "" {
+		inQueue = append(inQueue, LaneKey.String(k.lane))
 	}
-	a := &eventAttrs{
-		requests: metric.WithAttributeSet(withReason),
-		inQueue:  []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(kind, name, result))},
+	withReason := inQueue
+	if k.reason != "" {
+		withReason = append(slices.Clip(inQueue), ReasonKey.String(k.reason))
+	}
+	return &eventAttrs{
+		requests: metric.WithAttributeSet(attribute.NewSet(withReason...)),
+		inQueue:  []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(inQueue...))},
 		lateness: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(kind, name))},
 	}
-	got, _ := o.sets.LoadOrStore(k, a)
-	return got.(*eventAttrs)
 }
 
 // Track reports r's Stats at every collection under the limiter's kind and
@@ -293,10 +358,15 @@ func (o *Observer) Track(kind, name string, r sluice.StatsReader) (stop func() e
 
 // TrackQueue reports, at every collection, the callers queued in b across
 // every process and the wait a new caller would have, both read with
-// b.Inspect. It is opt-in because each collection costs a Redis round
-// trip (bounded by the collection's context and by 1 s); a collection
-// where Redis does not answer reports neither figure and returns the
-// error to the MeterProvider. Call the returned stop before closing b.
+// b.Inspect; and while named lanes have callers, the same for each lane
+// (Inspection.Lanes): the lanes with the most callers under their own
+// name (as many as WithTopLanes allows, at most 20), the default lane
+// without sluice.lane, and the callers of the others summed under "other"
+// (no wait). It is opt-in because each collection costs a Redis round
+// trip, two while named lanes have callers (bounded by the collection's
+// context and by 1 s); a collection where Redis does not answer reports
+// none of the figures and returns the error to the MeterProvider. Call
+// the returned stop before closing b.
 func (o *Observer) TrackQueue(b *bucket.Bucket) (stop func() error, err error) {
 	name := b.Config().Name
 	opt := metric.WithAttributeSet(attribute.NewSet(KindKey.String("bucket"), NameKey.String(name)))
@@ -309,8 +379,9 @@ func (o *Observer) TrackQueue(b *bucket.Bucket) (stop func() error, err error) {
 		}
 		ob.ObserveInt64(o.bQueued, int64(in.Queued), opt)
 		ob.ObserveFloat64(o.bWait, in.Wait.Seconds(), opt)
+		o.observeLanes(ob, name, in)
 		return nil
-	}, o.bQueued, o.bWait)
+	}, o.bQueued, o.bWait, o.bLaneQ, o.bLaneWait)
 	if err != nil {
 		return nil, fmt.Errorf("sluiceotel: track queue of bucket %q: %w", name, err)
 	}
