@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/testing/buckettest"
 	"github.com/sluicehq/sluice/internal/testing/redistest"
 	"github.com/sluicehq/sluice/metrics/sluiceprometheus"
 )
@@ -107,6 +108,14 @@ func exportedFamilies(t *testing.T) map[string]*dto.MetricFamily {
 	if err := b.Enter(ctx); !errors.Is(err, sluice.ErrWaitTooLong) {
 		t.Fatalf("Enter on an empty bucket = %v, want ErrWaitTooLong", err)
 	}
+	// A bucket with callers held in a named lane and the default one, for
+	// the lanes' figures.
+	lb := newBucket(t, srv, bucket.Config{Name: t.Name() + "-lanes", Capacity: 1, RefillAmount: 1, RefillFrequency: time.Hour, Observer: c})
+	t.Cleanup(c.TrackQueue(lb))
+	if err := lb.Enter(bucket.WithLane(ctx, "tenant-1")); err != nil {
+		t.Fatal(err)
+	}
+	buckettest.Queue(t, lb, map[string]int{"tenant-1": 1, "": 1})
 
 	mfs, err := reg.Gather()
 	if err != nil {

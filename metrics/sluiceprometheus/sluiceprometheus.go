@@ -10,13 +10,20 @@
 // sluice.Observer, set as the limiters' Config.Observer:
 //
 //   - Observe records every call to enter as it returns: the requests by
-//     result, the time queued callers waited, and how late rate-limited
-//     callers started.
+//     result and lane, the time queued callers waited, and how late
+//     rate-limited callers started.
 //   - Track reads a limiter's Stats (no I/O) at each scrape: callers
 //     waiting in this process, permits held, the bucket's scheduler steps,
 //     re-entries and lost leases.
 //   - TrackQueue, opt-in, reads a bucket across every process with
-//     bucket.Inspect at each scrape: one Redis round trip per scrape.
+//     bucket.Inspect at each scrape: one Redis round trip per scrape (two
+//     while named lanes have callers).
+//
+// A bucket's lanes (bucket.WithLane) are the label sluice_lane of the
+// requests and of the time in queue: "" for the default lane, the lane's
+// name for the lanes of a limiter with the most calls lately (at most
+// 20, WithTopLanes), "other" for the rest, so that thousands of tenants
+// make a few series, not thousands.
 //
 // The metric and label names are those package sluiceotel's metrics take
 // through OpenTelemetry's Prometheus exporter, so that one dashboard reads
@@ -49,12 +56,15 @@ type Collector struct {
 	inQueue  *prometheus.HistogramVec
 	lateness *prometheus.HistogramVec
 	shadow   *prometheus.HistogramVec
-	// children caches each kind of event's metrics, so that recording one
-	// looks no labels up: an eventKey holds *children.
+	// children caches each kind of event's metrics in the default lane,
+	// so that recording one looks no labels up: an eventKey holds
+	// *children. The named lanes' are their limiter's (lanes).
 	children sync.Map
+	topLanes int
+	lanes    sync.Map // limiterKey → *limiterLanes
 
 	queued, held, steps, fenced, errs, reentries, leases, local, localReqs *prometheus.Desc
-	bQueued, bWait, bErrs                                                  *prometheus.Desc
+	bQueued, bWait, bErrs, bLaneQueued, bLaneWait                          *prometheus.Desc
 
 	mu     sync.Mutex
 	stats  map[*tracked]struct{}
@@ -64,6 +74,7 @@ type Collector struct {
 type eventKey struct {
 	kind, name, reason string
 	result             sluice.Result
+	lane               string // the label: "" (the default lane), a lane's name, or "other"
 }
 
 type children struct {
@@ -87,23 +98,40 @@ type queueTrack struct {
 	failed atomic.Int64
 }
 
+// Option configures a Collector (New).
+type Option func(*Collector)
+
+// WithTopLanes labels, for each limiter, at most n lanes by their own
+// name: the lanes with the most calls lately (a lane takes the label of
+// the least busy labelled lane once it has seen more than twice its calls
+// in the last minute or two); the others are labelled "other". The
+// default is 20; n ≤ 0 labels every named lane "other". TrackQueue lists
+// at most n lanes too (and at most the 20 bucket.Inspect reads).
+func WithTopLanes(n int) Option {
+	return func(c *Collector) { c.topLanes = max(n, 0) }
+}
+
 // New returns a Collector; register it (prometheus.MustRegister(c)) and
 // set it as the limiters' Config.Observer.
-func New() *Collector {
+func New(opts ...Option) *Collector {
 	labels := []string{"sluice_limiter_kind", "sluice_limiter_name"}
 	desc := func(name, help string) *prometheus.Desc {
 		return prometheus.NewDesc(name, help, labels, nil)
 	}
-	return &Collector{
+	laneDesc := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, append(labels, "sluice_lane"), nil)
+	}
+	c := &Collector{
+		topLanes: defaultTopLanes,
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_requests_total",
-			Help: "Calls that tried to enter a limiter, by result (and reason, when refused or failed).",
-		}, []string{"sluice_limiter_kind", "sluice_limiter_name", "sluice_result", "sluice_reason"}),
+			Help: "Calls that tried to enter a limiter, by result (and reason, when refused or failed) and lane.",
+		}, []string{"sluice_limiter_kind", "sluice_limiter_name", "sluice_result", "sluice_reason", "sluice_lane"}),
 		inQueue: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "sluice_request_time_in_queue_seconds",
-			Help:    "Time a call that waited in the queue spent in it, from the call to its return, by result.",
+			Help:    "Time a call that waited in the queue spent in it, from the call to its return, by result and lane.",
 			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10},
-		}, []string{"sluice_limiter_kind", "sluice_limiter_name", "sluice_result"}),
+		}, []string{"sluice_limiter_kind", "sluice_limiter_name", "sluice_result", "sluice_lane"}),
 		lateness: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "sluice_request_lateness_seconds",
 			Help:    "How late after its slot a rate-limited call that was granted returned; only calls that were late.",
@@ -126,9 +154,17 @@ func New() *Collector {
 		local:     desc("sluice_local_share", "1 while the limiter admits from this process's local share, Redis being unreachable (Config.Fallback); 0 otherwise, reported from the first time it did."),
 		localReqs: desc("sluice_local_requests_total", "Calls this process's local share granted while Redis was unreachable (Config.Fallback)."),
 		bErrs:     desc("sluice_bucket_inspect_errors_total", "Scrapes where reading the bucket from Redis failed (TrackQueue); its figures were left out."),
-		stats:     map[*tracked]struct{}{},
-		queues:    map[*queueTrack]struct{}{},
+		bLaneQueued: laneDesc("sluice_bucket_lane_queued_requests",
+			"Callers queued in each lane of the bucket in every process, while named lanes have callers, read from Redis (TrackQueue)."),
+		bLaneWait: laneDesc("sluice_bucket_lane_wait_seconds",
+			"How long a new caller of each lane of the bucket would wait for its slot, while named lanes have callers, read from Redis (TrackQueue)."),
+		stats:  map[*tracked]struct{}{},
+		queues: map[*queueTrack]struct{}{},
 	}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
 }
 
 var (
@@ -136,10 +172,12 @@ var (
 	_ prometheus.Collector = (*Collector)(nil)
 )
 
-// Observe records one call to enter: one request under its result, its
-// time in the queue if it waited there (not a refusal), and its lateness
-// if it was granted late; a shadow call (Event.Shadow) only as
-// sluice_shadow_wait_seconds. The limiter calls it; it does not block.
+// Observe records one call to enter: one request under its result and
+// lane, its time in the queue if it waited there (not a refusal), and
+// its lateness if it was granted late; a shadow call (Event.Shadow) only
+// as sluice_shadow_wait_seconds. The limiter calls it; it does not block
+// (a call in a named lane takes its limiter's lock for the lanes, a map
+// lookup).
 func (c *Collector) Observe(e sluice.Event) {
 	if e.Shadow { // let through: only what the limiter would have done
 		c.shadow.WithLabelValues(e.Limiter, e.Name, e.Result.String(), e.Reason).Observe(e.Wait.Seconds())
@@ -159,21 +197,29 @@ func (c *Collector) Observe(e sluice.Event) {
 
 func (c *Collector) child(e sluice.Event) *children {
 	k := eventKey{kind: e.Limiter, name: e.Name, reason: e.Reason, result: e.Result}
+	if e.Lane != "" {
+		return c.laneChild(k, e.Lane)
+	}
 	if ch, ok := c.children.Load(k); ok {
 		return ch.(*children)
 	}
-	// Only the series an event of this kind can add to: a refusal has no
-	// time in the queue, only a grant has a lateness.
+	got, _ := c.children.LoadOrStore(k, c.newChildren(k))
+	return got.(*children)
+}
+
+// newChildren is the metrics of the events of k: only the series an
+// event of this kind can add to (a refusal has no time in the queue, only
+// a grant has a lateness, which is the limiter's, not its lane's).
+func (c *Collector) newChildren(k eventKey) *children {
 	result := k.result.String()
-	ch := &children{requests: c.requests.WithLabelValues(k.kind, k.name, result, k.reason)}
+	ch := &children{requests: c.requests.WithLabelValues(k.kind, k.name, result, k.reason, k.lane)}
 	if k.result != sluice.Refused {
-		ch.inQueue = c.inQueue.WithLabelValues(k.kind, k.name, result)
+		ch.inQueue = c.inQueue.WithLabelValues(k.kind, k.name, result, k.lane)
 	}
 	if k.result == sluice.Granted {
 		ch.lateness = c.lateness.WithLabelValues(k.kind, k.name)
 	}
-	got, _ := c.children.LoadOrStore(k, ch)
-	return got.(*children)
+	return ch
 }
 
 // Track reports r's Stats at every scrape under the limiter's kind and
@@ -197,10 +243,15 @@ func (c *Collector) Track(kind, name string, r sluice.StatsReader) (stop func())
 
 // TrackQueue reports, at every scrape, the callers queued in b across
 // every process and the wait a new caller would have, both read with
-// b.Inspect. It is opt-in because each scrape costs a Redis round trip
-// (at most 1 s); a scrape where Redis does not answer leaves both figures
-// out and counts the failure in sluice_bucket_inspect_errors_total rather
-// than failing the whole scrape. Call the returned stop before closing b.
+// b.Inspect; and while named lanes have callers, the same for each lane
+// (Inspection.Lanes): the lanes with the most callers under their own
+// name (as many as WithTopLanes allows, at most 20), the default lane
+// under "", and the callers of the others summed under "other" (no wait).
+// It is opt-in because each scrape costs a Redis round trip, two while
+// named lanes have callers (at most 1 s); a scrape where Redis does not
+// answer leaves the figures out and counts the failure in
+// sluice_bucket_inspect_errors_total rather than failing the whole
+// scrape. Call the returned stop before closing b.
 func (c *Collector) TrackQueue(b *bucket.Bucket) (stop func()) {
 	q := &queueTrack{b: b, name: b.Config().Name}
 	c.mu.Lock()
@@ -220,7 +271,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.inQueue.Describe(ch)
 	c.lateness.Describe(ch)
 	c.shadow.Describe(ch)
-	for _, d := range []*prometheus.Desc{c.queued, c.held, c.steps, c.fenced, c.errs, c.reentries, c.leases, c.local, c.localReqs, c.bQueued, c.bWait, c.bErrs} {
+	for _, d := range []*prometheus.Desc{c.queued, c.held, c.steps, c.fenced, c.errs, c.reentries, c.leases, c.local, c.localReqs, c.bQueued, c.bWait, c.bErrs, c.bLaneQueued, c.bLaneWait} {
 		ch <- d
 	}
 }
@@ -290,6 +341,7 @@ func (c *Collector) collectQueue(ch chan<- prometheus.Metric, q *queueTrack) {
 	} else {
 		ch <- prometheus.MustNewConstMetric(c.bQueued, prometheus.GaugeValue, float64(in.Queued), "bucket", q.name)
 		ch <- prometheus.MustNewConstMetric(c.bWait, prometheus.GaugeValue, in.Wait.Seconds(), "bucket", q.name)
+		c.collectLanes(ch, q.name, in)
 	}
 	ch <- prometheus.MustNewConstMetric(c.bErrs, prometheus.CounterValue, float64(q.failed.Load()), "bucket", q.name)
 }

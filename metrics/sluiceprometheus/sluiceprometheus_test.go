@@ -137,10 +137,10 @@ func TestBucketMetrics(t *testing.T) {
 		}
 	}
 	want := fmt.Sprintf(`
-# HELP sluice_requests_total Calls that tried to enter a limiter, by result (and reason, when refused or failed).
+# HELP sluice_requests_total Calls that tried to enter a limiter, by result (and reason, when refused or failed) and lane.
 # TYPE sluice_requests_total counter
-sluice_requests_total{sluice_limiter_kind="bucket",sluice_limiter_name=%[1]q,sluice_reason="",sluice_result="granted"} 5
-sluice_requests_total{sluice_limiter_kind="bucket",sluice_limiter_name=%[1]q,sluice_reason="queue_full",sluice_result="refused"} 3
+sluice_requests_total{sluice_lane="",sluice_limiter_kind="bucket",sluice_limiter_name=%[1]q,sluice_reason="",sluice_result="granted"} 5
+sluice_requests_total{sluice_lane="",sluice_limiter_kind="bucket",sluice_limiter_name=%[1]q,sluice_reason="queue_full",sluice_result="refused"} 3
 # HELP sluice_queued_requests Calls waiting to enter the limiter in this process now.
 # TYPE sluice_queued_requests gauge
 sluice_queued_requests{sluice_limiter_kind="bucket",sluice_limiter_name=%[1]q} 2
@@ -170,14 +170,14 @@ sluice_bucket_inspect_errors_total{sluice_limiter_kind="bucket",sluice_limiter_n
 		in, err := b.Inspect(ctx)
 		return err == nil && in.Queued == 0
 	})
-	canceled := map[string]string{"sluice_limiter_kind": "bucket", "sluice_limiter_name": name, "sluice_result": "canceled"}
-	if m := point(t, reg, "sluice_requests_total", map[string]string{"sluice_limiter_kind": "bucket", "sluice_limiter_name": name, "sluice_result": "canceled", "sluice_reason": ""}); m.GetCounter().GetValue() != 2 {
+	canceled := map[string]string{"sluice_limiter_kind": "bucket", "sluice_limiter_name": name, "sluice_result": "canceled", "sluice_lane": ""}
+	if m := point(t, reg, "sluice_requests_total", map[string]string{"sluice_limiter_kind": "bucket", "sluice_limiter_name": name, "sluice_result": "canceled", "sluice_reason": "", "sluice_lane": ""}); m.GetCounter().GetValue() != 2 {
 		t.Errorf("canceled requests %v, want 2", m)
 	}
 	if m := point(t, reg, "sluice_request_time_in_queue_seconds", canceled); m.GetHistogram().GetSampleCount() != 2 {
 		t.Errorf("time in queue of canceled callers %v, want 2 samples", m)
 	}
-	if m := point(t, reg, "sluice_request_time_in_queue_seconds", map[string]string{"sluice_limiter_kind": "bucket", "sluice_limiter_name": name, "sluice_result": "refused"}); m != nil {
+	if m := point(t, reg, "sluice_request_time_in_queue_seconds", map[string]string{"sluice_limiter_kind": "bucket", "sluice_limiter_name": name, "sluice_result": "refused", "sluice_lane": ""}); m != nil {
 		t.Errorf("time in queue recorded for refusals, which never waited: %v", m)
 	}
 	for _, n := range []string{"sluice_queued_requests", "sluice_bucket_queued_requests"} {
@@ -214,7 +214,7 @@ sluice_bucket_inspect_errors_total{sluice_limiter_kind="bucket",sluice_limiter_n
 		t.Errorf("%d of 6 callers queued, want at least 4 with a token per 50 ms", queued)
 	}
 	pl := map[string]string{"sluice_limiter_kind": "bucket", "sluice_limiter_name": paced}
-	pg := map[string]string{"sluice_limiter_kind": "bucket", "sluice_limiter_name": paced, "sluice_result": "granted"}
+	pg := map[string]string{"sluice_limiter_kind": "bucket", "sluice_limiter_name": paced, "sluice_result": "granted", "sluice_lane": ""}
 	if m := point(t, reg, "sluice_request_time_in_queue_seconds", pg); m.GetHistogram().GetSampleCount() != queued {
 		t.Errorf("time in queue %v, want %d samples", m, queued)
 	}
@@ -320,10 +320,10 @@ func TestObserveAttributes(t *testing.T) {
 	c.Observe(sluice.Event{Limiter: "local.rate", Result: sluice.Failed, Reason: "closed"})
 	c.Observe(sluice.Event{Limiter: "local.rate", Result: sluice.Granted, Queued: true, Wait: 30 * time.Millisecond, Late: 2 * time.Millisecond})
 	if err := testutil.CollectAndCompare(c, strings.NewReader(`
-# HELP sluice_requests_total Calls that tried to enter a limiter, by result (and reason, when refused or failed).
+# HELP sluice_requests_total Calls that tried to enter a limiter, by result (and reason, when refused or failed) and lane.
 # TYPE sluice_requests_total counter
-sluice_requests_total{sluice_limiter_kind="local.rate",sluice_limiter_name="",sluice_reason="",sluice_result="granted"} 2
-sluice_requests_total{sluice_limiter_kind="local.rate",sluice_limiter_name="",sluice_reason="closed",sluice_result="failed"} 1
+sluice_requests_total{sluice_lane="",sluice_limiter_kind="local.rate",sluice_limiter_name="",sluice_reason="",sluice_result="granted"} 2
+sluice_requests_total{sluice_lane="",sluice_limiter_kind="local.rate",sluice_limiter_name="",sluice_reason="closed",sluice_result="failed"} 1
 `), "sluice_requests_total"); err != nil {
 		t.Error(err)
 	}
@@ -334,8 +334,8 @@ sluice_requests_total{sluice_limiter_kind="local.rate",sluice_limiter_name="",sl
 		labels map[string]string
 		want   uint64
 	}{
-		{"sluice_request_time_in_queue_seconds", map[string]string{"sluice_limiter_kind": "local.rate", "sluice_limiter_name": "", "sluice_result": "granted"}, 1},
-		{"sluice_request_time_in_queue_seconds", map[string]string{"sluice_limiter_kind": "local.rate", "sluice_limiter_name": "", "sluice_result": "failed"}, 0},
+		{"sluice_request_time_in_queue_seconds", map[string]string{"sluice_limiter_kind": "local.rate", "sluice_limiter_name": "", "sluice_result": "granted", "sluice_lane": ""}, 1},
+		{"sluice_request_time_in_queue_seconds", map[string]string{"sluice_limiter_kind": "local.rate", "sluice_limiter_name": "", "sluice_result": "failed", "sluice_lane": ""}, 0},
 		{"sluice_request_lateness_seconds", map[string]string{"sluice_limiter_kind": "local.rate", "sluice_limiter_name": ""}, 1},
 	} {
 		if m := point(t, reg, h.name, h.labels); m.GetHistogram().GetSampleCount() != h.want {
