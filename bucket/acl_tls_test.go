@@ -49,13 +49,14 @@ const scriptCommands = "+time +get +set +getrange +del +exists +pexpire +pttl +p
 	"+llen +rpush +lpop +lpos +lrem +lrange +ltrim +lset +lindex +zadd +zremrangebyscore +zcard +zrem +zrangebyscore +zrange +zscore +hget +hmget +hset +hdel"
 
 // TestACLCoversScripts reads every redis.call in the scripts and the
-// code they share (queue/lua, scheduler/lua, internal/protocol) and fails
+// code they share (queue/lua, scheduler/lua, internal/protocol, and
+// internal/queueio's Inspect of the lanes) and fails
 // when one is missing from the ACL line, so that a new command in a
 // script cannot silently break restricted users. (It read queue/lua
 // only, and missed the scheduler's LTRIM of callers with costs.)
 func TestACLCoversScripts(t *testing.T) {
 	var files []string
-	for _, dir := range []string{"../queue/lua", "../scheduler/lua", "../internal/protocol", "../internal/presence"} {
+	for _, dir := range []string{"../queue/lua", "../scheduler/lua", "../internal/protocol", "../internal/presence", "../internal/queueio"} {
 		fs, err := filepath.Glob(dir + "/*.lua")
 		if err != nil || len(fs) == 0 {
 			t.Fatalf("no Lua scripts found in %s: %v", dir, err)
