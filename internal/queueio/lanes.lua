@@ -58,10 +58,10 @@ end
 if lanes_on(lk) then
   out[2] = lane_count(lk, '', 0, dlen)
   for _, p in ipairs(lane_classes(lk, dlen)) do
-    -- A lane whose callers all left stays in its class until a step
-    -- finds it empty: it has no row, and lane_count counts it, as
-    -- estimate.lua does. lane_count is the same for every lane of the
-    -- class (each is a member of it): counted once.
+    -- A lane of the class whose list is empty (it expired) has no row,
+    -- and lane_count counts it until a step forgets it, as estimate.lua
+    -- does. lane_count is the same for every lane of the class (each is
+    -- a member of it): counted once.
     local count
     for _, name in ipairs(redis.call('ZRANGE', lk.class .. p, 0, -1)) do
       local n = redis.call('LLEN', lane_list(lk, name))

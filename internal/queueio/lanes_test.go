@@ -16,8 +16,8 @@ import (
 // TestReadLanes holds lanes.lua against the lanes' layout written by
 // hand (internal/protocol/lanes.lua writes the same): the lanes with
 // callers, the most first, the default lane among them, a lane whose list
-// is empty left out but counted in its class as estimate.lua counts it,
-// and the lanes past top summed.
+// is empty (expired) left out but counted in its class as estimate.lua
+// counts it, and the lanes past top summed.
 func TestReadLanes(t *testing.T) {
 	rdb := redistest.New(t).Client()
 	t.Cleanup(func() { rdb.Close() })
@@ -38,7 +38,7 @@ func TestReadLanes(t *testing.T) {
 		}
 	}
 	push(k.Queue, 2)
-	// Class 0: a (3 callers), b (1), gone (its callers left); class 5: u (2).
+	// Class 0: a (3 callers), b (1), gone (its list expired); class 5: u (2).
 	push(k.LaneQueue+"a", 3)
 	push(k.LaneQueue+"b", 1)
 	push(k.LaneQueue+"u", 2)
