@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/configerr"
+	"github.com/sluicehq/sluice/internal/lane"
 	"github.com/sluicehq/sluice/internal/rediskey"
 )
 
@@ -77,7 +78,7 @@ type Config struct {
 	// list the same lanes: each caller's lane goes to Redis with the
 	// weight and priority its own process gives it.
 	Lanes []Lane
-	lanes map[string]laneSpec // Lanes by name (withDefaults)
+	lanes map[string]lane.Spec // Lanes by name (withDefaults)
 	// MaxWait refuses Enter with sluice.ErrWaitTooLong when the estimated wait is
 	// longer; the estimate counts the costs of the callers ahead and the
 	// caller's own. 0 means unbounded; otherwise at least 1 µs. Whatever MaxWait, a caller whose ctx
@@ -390,6 +391,6 @@ func (c *Config) checkQueueing() (err error) {
 	if c.MaxQueue < 0 {
 		return configerr.Invalid(errConfig, "MaxQueue %d, want ≥ 0", c.MaxQueue)
 	}
-	c.lanes, err = checkLanes(c.Lanes)
+	c.lanes, err = lane.Check(errConfig, c.Lanes)
 	return err
 }
