@@ -23,7 +23,9 @@ import (
 // Acquire returns an error matching ctx.Err() when ctx ends first, and then
 // gives its place in the queue up; while Redis is unreachable that error
 // also matches, and names, Redis's last error ("connection refused"). It
-// returns sluice.ErrQueueFull when Config.MaxQueue callers already wait,
+// returns sluice.ErrQueueFull when Config.MaxQueue callers already wait
+// in its lane, an error matching sluice.ErrConfig, before anything is
+// queued, when ctx names a bad lane (WithLane),
 // sluice.ErrClosed after Close, sluice.ErrConfigMismatch when Config.Capacity differs
 // from the capacity in force (see Config.Adopt), and an error wrapping
 // Redis's when its arrival cannot be recorded.
@@ -60,8 +62,11 @@ func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
 // Waiters are served in arrival order whatever their weights: a waiter at
 // the head of the queue waits until its n are free, and those behind it
 // wait too, even a lighter one that would fit (no overtaking, so a heavy
-// waiter is never starved). Giving up (ctx ends) frees its place and those
-// behind move up. MaxQueue counts waiters, not weights.
+// waiter is never starved). With lanes (WithLane) the waiter served next
+// is the head of the lane chosen by weight and priority, and it is
+// likewise not overtaken while it waits for its n. Giving up (ctx ends)
+// frees its place and those behind move up. MaxQueue counts waiters, not
+// weights.
 //
 // A weight above the capacity could never be granted: AcquireN refuses it
 // with an error matching sluice.ErrCostExceedsCapacity, at once and without
@@ -108,11 +113,15 @@ var reasons = []verdict.Reason{
 // local that it was served, or failed, by the local share
 // (Config.Fallback).
 func (s *Semaphore) acquire(ctx context.Context, n int) (_ *Permit, queued, local bool, _ error) {
+	lane, err := s.laneOf(ctx)
+	if err != nil {
+		return nil, false, false, err // nothing queued
+	}
 	if err := s.checkArrival(ctx, n); err != nil {
 		return nil, false, false, err
 	}
 	seq := s.nextID.Add(1)
-	w := &waiter{id: s.idOf(seq, n), weight: n, seq: seq, ch: make(chan struct{})}
+	w := &waiter{id: s.idOf(seq, n, lane), weight: n, lane: lane, seq: seq, ch: make(chan struct{})}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -236,18 +245,19 @@ func (s *Semaphore) await(ctx context.Context, w *waiter) (_ *Permit, queued, lo
 	return nil, queued, local, ctx.Err()
 }
 
-// idOf is the id of arrival seq of weight n. The weight travels in the id
-// (see sync.lua), so any process can grant it; weight 1 keeps the plain id.
-func (s *Semaphore) idOf(seq uint64, n int) string {
+// idOf is the id of arrival seq of weight n in lane (laneOf's suffix).
+// The weight and lane travel in the id (see sync.lua), so any process can
+// grant it; weight 1 in the default lane keeps the plain id.
+func (s *Semaphore) idOf(seq uint64, n int, lane string) string {
 	id := s.proc + ":" + strconv.FormatUint(seq, 10)
 	if n > 1 {
 		id += ":" + strconv.Itoa(n)
 	}
-	return id
+	return id + lane
 }
 
-// newID is a fresh id of weight n.
-func (s *Semaphore) newID(n int) string { return s.idOf(s.nextID.Add(1), n) }
+// newID is a fresh id of weight n in lane.
+func (s *Semaphore) newID(n int, lane string) string { return s.idOf(s.nextID.Add(1), n, lane) }
 
 // Do acquires a permit, runs fn, and releases the permit after fn returns,
 // even if fn panics. fn's context is cancelled, with cause ErrLeaseLost,

@@ -6,6 +6,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/configerr"
+	"github.com/sluicehq/sluice/internal/lane"
 	"github.com/sluicehq/sluice/internal/rediskey"
 )
 
@@ -65,10 +66,21 @@ type Config struct {
 	// means DefaultQueueTTL; otherwise between 10ms and 24h.
 	QueueTTL time.Duration
 
-	// MaxQueue bounds the number of waiters across all processes; an
-	// Acquire that would exceed it fails with sluice.ErrQueueFull. Zero means no
-	// bound.
+	// MaxQueue bounds the number of waiters across all processes, in each
+	// lane (WithLane); an Acquire that would exceed it fails with
+	// sluice.ErrQueueFull. Zero means no bound.
 	MaxQueue int
+
+	// Lanes lists the lanes whose waiters are served differently from the
+	// default (WithLane): by weight, counted in permits, and by priority
+	// (sluice.Lane). A lane not listed has weight 1 and priority 0, as the
+	// waiters that name none. Every process should list the same lanes:
+	// each waiter carries its own process's weight and priority. New
+	// refuses a name that is empty, over 128 bytes or holds a space, a
+	// control character or '|', a name listed twice, and a negative
+	// Weight or Priority (or one above 1,000,000 or 1000). nil: every
+	// lane named is of weight 1 and priority 0.
+	Lanes []sluice.Lane
 
 	// KeyPrefix starts every key, "<KeyPrefix>:{<name>}:<suffix>". Empty
 	// means "sluice". It must not contain '{' or '}'.
@@ -100,6 +112,8 @@ type Config struct {
 	// more (a licence count, a single writer). Any other value is refused
 	// by New. See docs/semaphore.md, "When Redis is unreachable".
 	Fallback Fallback
+
+	lanes map[string]lane.Spec // Lanes by name (withDefaults)
 }
 
 // Fallback is what a Semaphore does while Redis cannot be reached
@@ -152,6 +166,10 @@ func (c Config) withDefaults() (Config, error) {
 		if d.v < minTTL || d.v > maxTTL {
 			return c, configerr.Invalid(errConfig, "%s %v, want 0 (default) or between %v and %v", d.name, d.v, minTTL, maxTTL)
 		}
+	}
+	var err error
+	if c.lanes, err = lane.Check(errConfig, c.Lanes); err != nil {
+		return c, err
 	}
 	if c.Fallback != 0 && c.Fallback != LocalShare {
 		return c, configerr.Invalid(errConfig, "Fallback %d, want 0 (fail while Redis is unreachable) or LocalShare", c.Fallback)

@@ -3,6 +3,22 @@
 // and waiters are served first come, first served by their arrival at
 // Redis.
 //
+// Lanes decide who goes first when waiters of several kinds share one
+// semaphore: WithLane(ctx, "tenant-42") (the same ctx key as
+// bucket.WithLane) puts Acquire, AcquireN and Do in a lane, and
+// Config.Lanes gives the lanes that differ a Weight and a Priority
+// (sluice.Lane). Within a lane waiters are served in their arrival order;
+// among the lanes of one priority with waiters, each gets at least its
+// weight's share of the permits granted, counted in permits (a waiter of
+// weight 3 counts 3), and a lane with nobody waiting lends its share at
+// once; a higher priority is served first, but each priority below one
+// with waiters keeps a floor of 1 permit in 16. The choice is made in the
+// script that grants, by the same rules as a bucket's (docs/lanes.md).
+// Waiters that name no lane are the default lane, of weight 1 and
+// priority 0: a semaphore whose callers never name a lane runs as it did
+// without lanes. The local share (Config.Fallback) serves its waiters in
+// their arrival order, lanes aside.
+//
 // Permits may be weighted: AcquireN takes one worth n of Capacity, and the
 // weights held never sum above it. Waiters keep their arrival order
 // whatever their weights: a heavy waiter at the head holds back lighter

@@ -190,3 +190,51 @@ func ExampleConfig_fallback() {
 	// Output:
 	// on Redis: 1 of 40 held
 }
+
+func ExampleWithLane() {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	defer rdb.Close()
+
+	// One database writer at a time, shared by a nightly batch and the
+	// requests a person waits on: those go first.
+	sem, err := semaphore.New(rdb, semaphore.Config{Name: "db-writer", Capacity: 1,
+		Lanes: []sluice.Lane{{Name: "interactive", Priority: 1}}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer sem.Close()
+	ctx := context.Background()
+
+	held, err := sem.Acquire(ctx) // the batch's current write
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	served := make(chan string, 2)
+	for i, lane := range []string{"batch", "interactive"} {
+		go func() {
+			p, err := sem.Acquire(semaphore.WithLane(ctx, lane))
+			if err != nil {
+				fmt.Println(err)
+				return
+			}
+			served <- lane
+			p.Release(ctx)
+		}()
+		waitQueued(ctx, sem, i+1) // the batch's waiter arrives first
+	}
+	held.Release(ctx)
+	fmt.Println(<-served, "first, then", <-served)
+	// Output: interactive first, then batch
+}
+
+// waitQueued returns once n callers wait for sem.
+func waitQueued(ctx context.Context, sem *semaphore.Semaphore, n int) {
+	for {
+		if in, err := sem.Inspect(ctx); err != nil || in.Queued >= n {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

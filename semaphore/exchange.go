@@ -47,7 +47,7 @@ func (s *Semaphore) runSync(ctx context.Context, args []interface{}) (interface{
 	if s.trace != nil && s.trace.Count() > 0 {
 		return s.runAway(ctx, args)
 	}
-	return syncScript.Run(ctx, s.scripts, s.keys, args...).Result()
+	return syncScript.Run(ctx, s.scripts, s.syncKeys, args...).Result()
 }
 
 // applyRefusal handles r when it is a refusal rather than a reply (Redis
@@ -91,7 +91,7 @@ func (s *Semaphore) runAway(ctx context.Context, args []interface{}) (interface{
 	}
 	done := make(chan result, 1)
 	run := func(context.Context) {
-		v, err := syncScript.Run(ctx, s.scripts, s.keys, args...).Result()
+		v, err := syncScript.Run(ctx, s.scripts, s.syncKeys, args...).Result()
 		done <- result{v, err}
 	}
 	if !s.bg.Go(run) {

@@ -261,7 +261,7 @@ func (s *Semaphore) moveLocalLocked() {
 			// id, so a late notification or that leave cannot touch it.
 			s.retryLeave = append(s.retryLeave, leaveOp{id: w.id, until: w.deadline})
 			delete(s.waiters, w.id)
-			w.id = s.newID(w.weight)
+			w.id = s.newID(w.weight, w.lane)
 			s.waiters[w.id] = w
 			w.sent = false
 		}
@@ -288,7 +288,7 @@ func (s *Semaphore) serveLocalLocked() {
 		case int(s.held.Load())+w.weight > s.share:
 			return
 		default:
-			p := &Permit{s: s, id: s.newID(w.weight), weight: w.weight, lost: make(chan struct{}), local: true, unregistered: true}
+			p := &Permit{s: s, id: s.newID(w.weight, w.lane), weight: w.weight, lost: make(chan struct{}), local: true, unregistered: true}
 			s.holders[p.id] = p
 			s.held.Add(int64(p.weight))
 			w.permit = p

@@ -45,9 +45,12 @@ type Inspection struct {
 	// permits that hold it. Held may be above Capacity for a while after
 	// SetCapacity lowered it: it revokes nothing.
 	Held, Holders int
-	// Queued is the callers waiting, in every process. HeadWeight is the
-	// weight the first of them waits for (0 when none waits): while it is
-	// above Capacity-Held, everyone behind it waits too.
+	// Queued is the callers waiting, in every process and lane.
+	// HeadWeight is the weight the first of them waits for (0 when none
+	// waits): while it is above Capacity-Held, everyone behind it waits
+	// too. With lanes (WithLane) the first is the head of the lane that
+	// comes first by priority and finish tag (its floor aside: a lower
+	// priority whose floor is due goes first).
 	Queued, HeadWeight int
 	// Expired counts leases, held or waiting, that ended without a
 	// release and that no call has cleared yet: a process died or stalled.
@@ -100,7 +103,7 @@ func (s *Semaphore) inspect(ctx context.Context) (Inspection, error) {
 	if err := s.flush(ctx); err != nil {
 		return Inspection{}, err
 	}
-	keys := []string{s.keys[0], s.keys[1], s.keys[3], s.keys[4]}
+	keys := []string{s.keys[0], s.keys[1], s.keys[3], s.keys[4], s.lanes}
 	v, err := inspectScript.Run(ctx, s.rdb, keys).Result()
 	if err != nil {
 		return Inspection{}, rediscall.RedisError(ctx, "semaphore", s.cfg.Name, s.rdb, err, 0)

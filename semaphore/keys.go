@@ -13,6 +13,15 @@ const (
 	suffixConfig  = "config"  // HASH format, capacity in force (stored.go)
 	suffixWake    = "wake"    // pub/sub channel prefix; one channel per process
 	suffixProcs   = "procs"   // ZSET handle -> its last trace (ms, Redis TIME), with Config.Fallback (internal/presence)
+
+	// suffixLanes starts the keys of the lanes (WithLane; lanes.lua),
+	// named as a bucket's, which the scripts make from it:
+	//   lane:<lane>       ZSET a named lane's waiter id -> ticket
+	//   lanes             ZSET the priority classes whose named lanes have waiters
+	//   lanes:<priority>  ZSET the class's lanes with waiters -> head's finish tag
+	//   lanetags          HASH the fair-queueing tags
+	//   lanewaits         ZSET a named lane's waiter id -> lease expiry (µs, Redis TIME)
+	suffixLanes = "lane"
 )
 
 // keyBase is "<prefix>:{<escaped name>}:", the common start of every key and

@@ -3,6 +3,7 @@ package semaphore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -185,5 +186,44 @@ func TestMiniredisRefusals(t *testing.T) {
 	var mismatch *sluice.ConfigMismatchError
 	if !errors.Is(err, sluice.ErrConfigMismatch) || !errors.As(err, &mismatch) || mismatch.Limiter != "semaphore" {
 		t.Errorf("Acquire with capacity 2 where 3 is in force: %v; want a *sluice.ConfigMismatchError", err)
+	}
+}
+
+// TestMiniredisLanes: on miniredis, lanes decide the order: a waiter of
+// a higher priority goes before those of the default priority that came
+// first, and two lanes of equal weight alternate.
+func TestMiniredisLanes(t *testing.T) {
+	mr := miniredis.RunT(t)
+	s := newMiniSem(t, mr, semaphore.Config{Capacity: 1, Lanes: []sluice.Lane{{Name: "interactive", Priority: 1}}})
+	ctx := context.Background()
+	held, err := s.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var order []string
+	var wg sync.WaitGroup
+	for i, who := range []string{"b1", "b2", "a1", "a2", "interactive"} {
+		lane := who
+		if who != "interactive" {
+			lane = who[:1]
+		}
+		wg.Go(func() {
+			p, err := s.Acquire(semaphore.WithLane(ctx, lane))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			order = append(order, who)
+			mu.Unlock()
+			p.Release(ctx)
+		})
+		testkit.WaitFor(t, time.Second, who+" queued", func() bool { return inspect(t, s).Queued == i+1 })
+	}
+	held.Release(ctx)
+	wg.Wait()
+	if want := "[interactive a1 b1 a2 b2]"; fmt.Sprint(order) != want {
+		t.Errorf("served %v, want %s", order, want)
 	}
 }

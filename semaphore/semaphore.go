@@ -48,7 +48,8 @@ var (
 // permits held at any instant, across every process using the same Redis
 // and Config.Name, sum to at most Config.Capacity (Acquire takes a permit
 // of weight 1, AcquireN one of weight n). Waiters are served first come,
-// first served by their arrival at Redis, whatever their weights.
+// first served by their arrival at Redis, whatever their weights, within
+// a lane (WithLane); between lanes, by weight and priority.
 //
 // A Semaphore runs a dispatcher goroutine, which batches every Redis
 // exchange of this process (acquires, releases, renewals) into one script
@@ -78,7 +79,9 @@ type Semaphore struct {
 type setup struct {
 	rdb         redis.UniversalClient
 	cfg         Config
-	keys        []string // leases, queue, seq, weights, config: the KEYS of sync.lua
+	keys        []string // leases, queue, seq, weights, config: sync.lua's first KEYS
+	lanes       string   // the start of the lanes' keys (suffixLanes), sync.lua's last KEYS
+	syncKeys    []string // keys, then lanes
 	chanPrefix  string   // + process id = a process's wake channel
 	fixedArgs   []any    // sync.lua's ARGV[2..6] and ARGV[14..15], boxed once
 	proc        string   // this Semaphore's id, the prefix of its permit ids
@@ -161,6 +164,7 @@ type fallbackState struct {
 type waiter struct {
 	id       string
 	weight   int
+	lane     string    // what its id ends with: its lane, weight and priority (laneOf)
 	seq      uint64    // arrival order in this process
 	local    bool      // in the local queue (Config.Fallback), or granted from it
 	sent     bool      // its arrival has been sent to Redis
@@ -212,6 +216,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 			rdb:         rdb,
 			cfg:         cfg,
 			keys:        []string{base + suffixLeases, base + suffixQueue, base + suffixSeq, base + suffixWeights, base + suffixConfig},
+			lanes:       base + suffixLanes,
 			chanPrefix:  base + suffixWake + ":",
 			proc:        hex.EncodeToString(raw[:]),
 			callTimeout: max(2*cfg.beat(), 100*time.Millisecond),
@@ -220,6 +225,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Semaphore, error) {
 		callers: callers{waiters: make(map[string]*waiter), holders: make(map[string]*Permit)},
 		heard:   heard{capacity: cfg.Capacity, accepted: cfg.Adopt},
 	}
+	s.syncKeys = append(append([]string(nil), s.keys...), s.lanes)
 	s.fixedArgs = []any{scriptreply.Micros(cfg.LeaseTTL), scriptreply.Micros(cfg.QueueTTL), cfg.MaxQueue, s.chanPrefix, s.proc,
 		storeFormat, keepConfig.Milliseconds()}
 	s.tally.Limiter, s.tally.Name, s.tally.Observer = "semaphore", cfg.Name, cfg.Observer

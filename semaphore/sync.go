@@ -12,10 +12,15 @@ import (
 // sync.lua's owner: the batch one exchange carries, the script's ARGV,
 // and its reply.
 
-//go:embed sync.lua
-var syncSource string
+// The script is lanes.lua's functions, then sync.lua's body.
+var (
+	//go:embed sync.lua
+	syncSource string
+	//go:embed lanes.lua
+	lanesSource string
 
-var syncScript = redis.NewScript(syncSource)
+	syncScript = redis.NewScript(lanesSource + syncSource)
+)
 
 // batch is everything one exchange with Redis carries.
 type batch struct {

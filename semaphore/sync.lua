@@ -13,11 +13,14 @@
 --                        weight 1)
 -- KEYS[5] config  HASH   format: the layout of these keys (ARGV[14]);
 --                        capacity: the capacity in force (see stored.go)
+-- KEYS[6] lanes   the start of the lanes' keys (lanes.lua), which it
+--                        makes: L .. ':' .. lane, L .. 's', L .. 's:' ..
+--                        priority, L .. 'tags', L .. 'waits'
 --
 -- ARGV[1]  capacity: the caller's (claim, set) or the last it knew (follow)
 -- ARGV[2]  lease TTL of a permit (µs)
 -- ARGV[3]  lease TTL of a waiter (µs)
--- ARGV[4]  max queue length, 0 for unlimited
+-- ARGV[4]  max queue length of each lane, 0 for unlimited
 -- ARGV[5]  wake channel prefix: grants to waiters of process P are published
 --          on ARGV[5] .. P, payload the space-separated waiter ids
 -- ARGV[6]  calling process id: its grants come back in the reply instead
@@ -47,8 +50,10 @@
 -- has no entry for them (each gets its lease).
 --
 -- Ids are "<process id>:<n>" for weight 1 and "<process id>:<n>:<weight>"
--- above, with no ':' in the process id: a waiter's weight travels in its id,
--- so any process can grant it and a requeued waiter keeps it. The weight
+-- above, with no ':' or '#' in the process id, and end with
+-- "#<weight>,<priority>,<lane>" in a named lane (lanes.lua): a waiter's
+-- weight and lane travel in its id, so any process can grant it and a
+-- requeued waiter keeps them. The weight
 -- held is (holders) + the sum over KEYS[4] of (weight - 1), so a workload of
 -- weight 1 reads one empty hash and writes nothing more.
 --
@@ -102,6 +107,13 @@ local nRefresh, nAcquire = tonumber(ARGV[11]), tonumber(ARGV[12])
 local nRegister = tonumber(ARGV[16])
 
 local leases, queue, seq, weights, config = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+-- The lanes' keys (lanes.lua), made by the first use in a call that meets
+-- a named lane: a call that meets none makes and defines nothing more.
+local lk
+local function lanes()
+  lk = lk or lanes_new(KEYS[6], leases, queue, math.max(3600000, math.floor(3 * queueTTL / 1000)))
+  return lk
+end
 local leaseEndN, waitEndN = now + leaseTTL, now + queueTTL
 local leaseEnd, waitEnd = us(leaseEndN), us(waitEndN)
 -- The latest lease end this call wrote (0: none): key TTLs must cover it.
@@ -112,6 +124,13 @@ local latest = 0
 local function zrem(key, ids, cmd)
   for i = 1, #ids, 1000 do
     redis.call(cmd or 'ZREM', key, unpack(ids, i, math.min(i + 999, #ids)))
+  end
+end
+
+-- ZADD in chunks: pairs is score, member, score, member...
+local function zadd(key, pairs)
+  for j = 1, #pairs, 1000 do
+    redis.call('ZADD', key, unpack(pairs, j, math.min(j + 999, #pairs)))
   end
 end
 
@@ -130,8 +149,11 @@ local function weight(id)
   -- Plain finds: half the cost of a pattern, and ids come by the thousand.
   local a = string.find(id, ':', 1, true)
   local b = a and string.find(id, ':', a + 1, true)
-  if b then return tonumber(string.sub(id, b + 1)) or 1 end
-  return 1
+  if not b then return 1 end
+  -- A lane's name may hold ':': the weight is before its '#'.
+  local h = string.find(id, '#', a + 1, true)
+  if h and h < b then return 1 end
+  return tonumber(string.sub(id, b + 1, (h or 0) - 1)) or 1
 end
 
 -- The capacity in force, before anything is written: a refusal leaves no
@@ -172,6 +194,12 @@ if #dead > 0 then
   end
   zrem(weights, heavyDead, 'HDEL')
 end
+-- The named lanes' waiters (lanes.lua): nq of them, once the expired go.
+local nq = lanes_waiting(KEYS[6])
+local lanesWere = nq > 0
+if nq > 0 then
+  nq = nq - lanes():purge(us(now))
+end
 
 local i = 17
 local released, left, renewed, refreshed = {}, {}, {}, {}
@@ -204,7 +232,11 @@ i = i + nRelease
 for n = 1, nLeave do
   local id = ARGV[i]
   i = i + 1
-  if redis.call('ZREM', queue, id) == 1 then
+  local name = lane_of(id)
+  if name ~= '' and lanes():remove(id, name) == 1 then
+    nq = nq - 1
+    left[n] = 1
+  elseif name == '' and redis.call('ZREM', queue, id) == 1 then
     redis.call('ZREM', leases, id)
     left[n] = 1
   elseif redis.call('ZREM', leases, id) == 1 then
@@ -245,14 +277,25 @@ for n = 1, nRefresh do
   local id, ticket = ARGV[i], tonumber(ARGV[i + 1])
   i = i + 2
   local tooHeavy = weight(id) > capacity
-  if redis.call('ZSCORE', queue, id) then
+  local name, _, p = lane_of(id)
+  if redis.call('ZSCORE', name == '' and queue or lanes().prefix .. name, id) then
     if tooHeavy then
       -- The capacity was lowered below its weight: it can never be granted.
-      redis.call('ZREM', queue, id)
-      redis.call('ZREM', leases, id)
+      if name == '' then
+        redis.call('ZREM', queue, id)
+        redis.call('ZREM', leases, id)
+      else
+        lanes():remove(id, name)
+        nq = nq - 1
+      end
       refreshed[n] = -2
     else
-      redis.call('ZADD', leases, 'XX', waitEnd, id)
+      if name == '' then
+        redis.call('ZADD', leases, 'XX', waitEnd, id)
+      else
+        redis.call('ZADD', lanes().waits, waitEnd, id)
+        lanes():touch(name, p)
+      end
       if latest < waitEndN then latest = waitEndN end
       refreshed[n] = 0
     end
@@ -266,8 +309,13 @@ for n = 1, nRefresh do
   else
     -- Purged as expired although its process is alive (it stalled), or
     -- lost to a restart: back in line at its own ticket.
-    redis.call('ZADD', queue, us(ticket), id)
-    redis.call('ZADD', leases, waitEnd, id)
+    if name == '' then
+      redis.call('ZADD', queue, us(ticket), id)
+      redis.call('ZADD', leases, waitEnd, id)
+    else
+      lanes():add(id, name, p, weight(id), us(ticket), waitEnd)
+      nq = nq + 1
+    end
     requeued = true
     if latest < waitEndN then latest = waitEndN end
     local last = tonumber(redis.call('GET', seq) or '0')
@@ -318,7 +366,7 @@ local function refuse(id)
   redis.call('ZREM', leases, id)
   tell(id, '!' .. id, -1)
 end
-if lowered and queued > 0 then
+if lowered and queued + nq > 0 then
   -- SetCapacity lowered it: every waiter heavier than that leaves now.
   for _, id in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
     if weight(id) > capacity then refuse(id) end
@@ -326,9 +374,31 @@ if lowered and queued > 0 then
   zrem(queue, served)
   queued = queued - #served
   served = {}
+  for _, id in ipairs(nq > 0 and redis.call('ZRANGE', lanes().waits, 0, -1) or {}) do
+    if weight(id) > capacity then
+      lanes():remove(id, lane_of(id))
+      nq = nq - 1
+      tell(id, '!' .. id, -1)
+    end
+  end
 end
-if room > 0 and queued > 0 then
+if room > 0 and queued + nq > 0 then
   local from, blocked, grants = 0, false, {}
+  if nq > 0 then
+    -- Named lanes have waiters: whom to serve is lanes.lua's choice.
+    local g = {room = room, capacity = capacity, dq = queued, nq = nq, weight = weight, waitEnd = waitEndN}
+    g.grant = function(id, w, name)
+      hold(id, w)
+      g.room = room
+      if name == '' then served[#served + 1] = id end
+      grants[#grants + 1] = id
+    end
+    g.refuse = function(id, name)
+      if name == '' then refuse(id) else tell(id, '!' .. id, -1) end
+    end
+    latest = math.max(latest, lanes():grant(g))
+    nq, blocked = g.nq, true
+  end
   while room > 0 and not blocked do
     -- Each weighs at least 1: the next room waiters are enough to look at.
     local heads = redis.call('ZRANGE', queue, from, from + room - 1)
@@ -355,7 +425,7 @@ if room > 0 and queued > 0 then
   end
   zrem(queue, served)
   queued = queued - #served
-  if queued == 0 then
+  if queued + nq == 0 then
     redis.call('DEL', seq)
   end
 end
@@ -373,40 +443,46 @@ for _, list in ipairs({released, left, renewed, refreshed}) do
   for n = 1, #list do out[#out + 1] = list[n] end
 end
 local now_leases, new_queue, new_waits = {}, {}, {}
-local firstTicket
-local queuedBefore = queued -- 0: a queued arrival creates the queue key
+local firstTicket, tickets = nil, 0
+-- 0: a queued arrival creates the queue key (dqBefore: the default
+-- lane's), and seq (queuedBefore)
+local queuedBefore, dqBefore = queued + nq, queued
 for n = 1, nAcquire do
   local id = ARGV[i]
   local w = weight(id)
   i = i + 1
+  local atOnce = queued + nq == 0 and room >= w
+  local name, _, p -- its lane, read only when it queues
+  if w <= capacity and not atOnce then name, _, p = lane_of(id) end
   if w > capacity then
     out[#out + 1] = -2
-  elseif queued == 0 and room >= w then
+  elseif atOnce then
     now_leases[#now_leases + 1] = leaseEnd
     now_leases[#now_leases + 1] = id
     hold(id, w)
     if latest < leaseEndN then latest = leaseEndN end
     out[#out + 1] = 0
-  elseif maxQueue > 0 and queued >= maxQueue then
+  elseif maxQueue > 0 and (name == '' and queued or lanes():len_of(name)) >= maxQueue then
     out[#out + 1] = -1
   else
     if not firstTicket then
       -- Tickets for every remaining arrival at most; unused ones are gaps.
       firstTicket = redis.call('INCRBY', seq, nAcquire - n + 1) - (nAcquire - n)
     end
-    local ticket = firstTicket + #new_queue / 2
-    new_queue[#new_queue + 1] = ticket
-    new_queue[#new_queue + 1] = id
-    new_waits[#new_waits + 1] = waitEnd
-    new_waits[#new_waits + 1] = id
-    queued = queued + 1
+    local ticket = firstTicket + tickets
+    tickets = tickets + 1
+    if name == '' then
+      new_queue[#new_queue + 1] = ticket
+      new_queue[#new_queue + 1] = id
+      new_waits[#new_waits + 1] = waitEnd
+      new_waits[#new_waits + 1] = id
+      queued = queued + 1
+    else
+      lanes():add(id, name, p, w, ticket, waitEnd)
+      nq = nq + 1
+    end
     if latest < waitEndN then latest = waitEndN end
     out[#out + 1] = ticket
-  end
-end
-local function zadd(key, pairs)
-  for j = 1, #pairs, 1000 do
-    redis.call('ZADD', key, unpack(pairs, j, math.min(j + 999, #pairs)))
   end
 end
 zadd(leases, now_leases)
@@ -436,13 +512,15 @@ if latest > 0 or #newHeavy > 0 then
     redis.call('PEXPIRE', leases, ttl)
     if queued > 0 then
       redis.call('PEXPIRE', queue, ttl)
+    end
+    if queued + nq > 0 then
       redis.call('PEXPIRE', seq, ttl)
     end
     if #heavy > 0 or #newHeavy > 0 then
       redis.call('PEXPIRE', weights, ttl)
     end
   elseif ttl > 0 then
-    if requeued or (firstTicket and (firstTicket == 1 or queuedBefore == 0)) then
+    if requeued or (firstTicket and (firstTicket == 1 or queuedBefore == 0)) or (dqBefore == 0 and #new_queue > 0) then
       redis.call('PEXPIRE', queue, ttl)
       redis.call('PEXPIRE', seq, ttl)
     end
@@ -457,12 +535,13 @@ if latest > 0 or #newHeavy > 0 then
   end
 end
 
-if queued == 0 and (nLeave > 0 or #dead > 0 or lowered) then
+if queued + nq == 0 and (nLeave > 0 or #dead > 0 or lowered) then
   redis.call('DEL', seq)
 end
+if lk then lk:finish(lanesWere, nq) end
 
 local wait = -1
-if wantWait and queued > 0 then
+if wantWait and queued + nq > 0 then
   local first = redis.call('ZRANGE', leases, 0, 0, 'WITHSCORES')
   if first[2] then wait = tonumber(first[2]) - now end
 end

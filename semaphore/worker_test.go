@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
 )
 
 // Tests that need separate processes re-execute the test binary with
@@ -37,6 +39,8 @@ type workerConfig struct {
 	Duration   time.Duration // how long to run (saturate mode)
 	Weight     int           // the permit's weight (hold mode); 0 means 1
 	Fallback   bool          // Config.Fallback LocalShare; saturate then runs until stdin closes or Duration
+	Lane       string        // the callers' lane (saturate and wait modes); "" the default one
+	Lanes      []sluice.Lane // Config.Lanes
 }
 
 // event is one line of a worker's output. Times are Unix nanoseconds of
@@ -79,7 +83,7 @@ func runWorker(mode string) int {
 		defer mu.Unlock()
 		_ = enc.Encode(e)
 	}
-	scfg := Config{Name: cfg.Name, Capacity: cfg.Capacity, LeaseTTL: cfg.LeaseTTL, QueueTTL: cfg.QueueTTL}
+	scfg := Config{Name: cfg.Name, Capacity: cfg.Capacity, LeaseTTL: cfg.LeaseTTL, QueueTTL: cfg.QueueTTL, Lanes: cfg.Lanes}
 	if cfg.Fallback {
 		scfg.Fallback = LocalShare
 		scfg.Logger = switchLogger(emit)
@@ -100,15 +104,7 @@ func runWorker(mode string) int {
 	case "hold":
 		hold(s, max(1, cfg.Weight), emit)
 	case "wait":
-		var wg sync.WaitGroup
-		for g := range cfg.Goroutines {
-			wg.Go(func() {
-				if _, err := s.Acquire(context.Background()); err != nil {
-					emit(event{Ev: "error", G: g, Err: err.Error()})
-				}
-			})
-		}
-		wg.Wait()
+		acquireAndKeep(s, cfg, emit)
 	default:
 		fmt.Fprintln(os.Stderr, "unknown worker mode", mode)
 		return 2
@@ -124,6 +120,9 @@ func runWorker(mode string) int {
 func saturate(s *Semaphore, cfg workerConfig, emit func(event)) {
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Duration)
 	defer cancel()
+	if cfg.Lane != "" {
+		ctx = WithLane(ctx, cfg.Lane)
+	}
 	if cfg.Fallback {
 		go func() {
 			_, _ = io.Copy(io.Discard, os.Stdin)
@@ -156,6 +155,24 @@ func saturate(s *Semaphore, cfg workerConfig, emit func(event)) {
 					end = earliest(end, p.validUntil())
 				}
 				emit(event{Ev: "interval", G: g, Start: start.UnixNano(), End: end.UnixNano(), Lost: lost, Local: p.local})
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// acquireAndKeep runs callers that each acquire a permit (in cfg.Lane),
+// keep it, and return.
+func acquireAndKeep(s *Semaphore, cfg workerConfig, emit func(event)) {
+	ctx := context.Background()
+	if cfg.Lane != "" {
+		ctx = WithLane(ctx, cfg.Lane)
+	}
+	var wg sync.WaitGroup
+	for g := range cfg.Goroutines {
+		wg.Go(func() {
+			if _, err := s.Acquire(ctx); err != nil {
+				emit(event{Ev: "error", G: g, Err: err.Error()})
 			}
 		})
 	}
