@@ -63,10 +63,10 @@ end
 -- function defined costs Redis a little on every call.
 local function lanes_new(l, leases, queue, ttl)
   local lk = {prefix = l .. ':', classes = l .. 's', class = l .. 's:', tags = l .. 'tags', waits = l .. 'waits',
-    leases = leases, queue = queue, ttl = ttl, touched = {}, joined = {}, len = {}}
+    leases = leases, queue = queue, ttl = ttl, touched = {}, joined = {}, len = {}, later = {}, laterWaits = {}}
 
-  -- lane_touch notes that lane name of class p was written: its keys'
-  -- TTLs are raised at the end of the call (lanes_expire).
+  -- lane_touch notes that lane name of class p was made or refreshed: its
+  -- keys' TTLs are raised at the end of the call (lanes_end).
   local function lane_touch(lk, name, p)
     lk.touched['l' .. name] = lk.prefix .. name
     lk.touched['c' .. p] = lk.class .. p
@@ -85,20 +85,36 @@ local function lanes_new(l, leases, queue, ttl)
   -- lane_add queues waiter id of lane name and class p, of weight w, at
   -- ticket, its queue lease ending at lease (µs string), and makes the lane
   -- one with waiters if it was not (once a call): its head tagged max(V,
-  -- F_last) + w / the lane's weight.
-  local function lane_add(lk, id, name, p, w, ticket, lease)
-    redis.call('ZADD', lk.prefix .. name, ticket, id)
-    redis.call('ZADD', lk.waits, lease, id)
+  -- F_last) + w / the lane's weight. With later, the waiter is written by
+  -- lanes_flush (arrivals come in batches).
+  local function lane_add(lk, id, name, p, w, ticket, lease, later)
+    if later then
+      local q = lk.later[name]
+      if not q then
+        q = {}
+        lk.later[name] = q
+      end
+      q[#q + 1] = ticket
+      q[#q + 1] = id
+      lk.laterWaits[#lk.laterWaits + 1] = lease
+      lk.laterWaits[#lk.laterWaits + 1] = id
+    else
+      redis.call('ZADD', lk.prefix .. name, ticket, id)
+      redis.call('ZADD', lk.waits, lease, id)
+    end
     if lk.len[name] then lk.len[name] = lk.len[name] + 1 end
-    lane_touch(lk, name, p)
     local key = p .. '|' .. name
     if lk.joined[key] then return end
     lk.joined[key] = true
     if redis.call('ZSCORE', lk.class .. p, name) then return end
+    lane_touch(lk, name, p)
     local t = redis.call('HMGET', lk.tags, 'v' .. p, 'f' .. name)
     local _, lw = lane_of(id)
     redis.call('ZADD', lk.class .. p, math.max(tonumber(t[1]) or 0, tonumber(t[2]) or 0) + w / lw, name)
-    redis.call('ZADD', lk.classes, -p, p)
+    if not lk.joined[p] then -- its class, once a call
+      lk.joined[p] = true
+      redis.call('ZADD', lk.classes, -p, p)
+    end
   end
 
   -- lane_remove takes waiter id of lane name out of its lane (1 if it was
@@ -114,6 +130,16 @@ local function lanes_new(l, leases, queue, ttl)
       if redis.call('EXISTS', lk.class .. p) == 0 then redis.call('ZREM', lk.classes, p) end
     end
     return n
+  end
+
+  -- lanes_flush writes the waiters lane_add kept for later.
+  local function lanes_flush(lk)
+    for name, q in pairs(lk.later) do
+      for j = 1, #q, 1000 do redis.call('ZADD', lk.prefix .. name, unpack(q, j, math.min(j + 999, #q))) end
+    end
+    local ws = lk.laterWaits
+    for j = 1, #ws, 1000 do redis.call('ZADD', lk.waits, unpack(ws, j, math.min(j + 999, #ws))) end
+    lk.later, lk.laterWaits = {}, {}
   end
 
   -- lanes_purge takes the named lanes' waiters whose lease ended by now
@@ -167,9 +193,17 @@ local function lanes_new(l, leases, queue, ttl)
   -- caller to remove; a named lane's leave it here, their leases moving to
   -- lk.leases (lanes_lease, whose latest end it returns).
   local function lanes_grant(lk, g)
-    local moved = {}
+    local moved = {} -- the named lanes' waiters granted
+    local off = {} -- how many each lane's granted, still at its start: removed at the end
     local cls = lane_classes(lk, g.dq)
     local tags, dirty = {}, {}
+    -- The tags it reads, in one call: the classes' and the default lane's.
+    local want = {'h', 'f'}
+    for _, c in ipairs(cls) do
+      want[#want + 1] = 'v' .. c
+      want[#want + 1] = 'd' .. c
+    end
+    for n, v in ipairs(redis.call('HMGET', lk.tags, unpack(want))) do tags[want[n]] = tonumber(v) or false end
     local function tag(f)
       if tags[f] == nil then tags[f] = tonumber(redis.call('HGET', lk.tags, f)) or false end
       return tags[f] or nil
@@ -197,7 +231,10 @@ local function lanes_new(l, leases, queue, ttl)
         end
         if dtwo[1] and (not name or tag('h') <= f) then name, f, two = '', tag('h'), dtwo end
       end
-      if name and not two then two = redis.call('ZRANGE', lk.prefix .. name, 0, 1) end
+      if name and not two then
+        local o = off[name] or 0
+        two = redis.call('ZRANGE', lk.prefix .. name, o, o + 1)
+      end
       local id = two and two[1]
       local w = id and g.weight(id)
       if not id then
@@ -239,10 +276,9 @@ local function lanes_new(l, leases, queue, ttl)
             set('h', false)
           end
         else
-          redis.call('ZREM', lk.prefix .. name, id)
+          off[name] = (off[name] or 0) + 1
           moved[#moved + 1] = id
           g.nq = g.nq - 1
-          lane_touch(lk, name, p)
           if two[2] then
             redis.call('ZADD', lk.class .. p, f + g.weight(two[2]) / select(2, lane_of(two[2])), name)
           else
@@ -254,6 +290,7 @@ local function lanes_new(l, leases, queue, ttl)
         if i < #cls then set('d' .. p, (tag('d' .. p) or owed) + w) end
       end
     end
+    for name, n in pairs(off) do redis.call('ZREMRANGEBYRANK', lk.prefix .. name, 0, n - 1) end
     local latest = lanes_lease(lk, moved, g.waitEnd)
     if g.nq == 0 then return latest end -- lanes_end deletes the tags
     local hset, hdel = {}, {}
@@ -291,7 +328,7 @@ local function lanes_new(l, leases, queue, ttl)
     redis.call('PEXPIRE', lk.tags, lk.ttl)
   end
 
-  lk.touch, lk.len_of, lk.add, lk.remove = lane_touch, lane_len, lane_add, lane_remove
+  lk.touch, lk.len_of, lk.add, lk.remove, lk.flush = lane_touch, lane_len, lane_add, lane_remove, lanes_flush
   lk.purge, lk.grant, lk.finish = lanes_purge, lanes_grant, lanes_end
   return lk
 end

@@ -478,7 +478,7 @@ for n = 1, nAcquire do
       new_waits[#new_waits + 1] = id
       queued = queued + 1
     else
-      lanes():add(id, name, p, w, ticket, waitEnd)
+      lanes():add(id, name, p, w, ticket, waitEnd, true)
       nq = nq + 1
     end
     if latest < waitEndN then latest = waitEndN end
@@ -487,6 +487,7 @@ for n = 1, nAcquire do
 end
 zadd(leases, now_leases)
 zadd(queue, new_queue)
+if lk then lk:flush() end
 zadd(leases, new_waits)
 for j = 1, #newHeavy, 1000 do
   redis.call('HSET', weights, unpack(newHeavy, j, math.min(j + 999, #newHeavy)))
