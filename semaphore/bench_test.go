@@ -193,11 +193,13 @@ func BenchmarkScriptRoundTrip(b *testing.B) {
 // steadier one to compare on a shared machine.
 func BenchmarkGrants(b *testing.B) {
 	for _, capacity := range []int{64, 16} {
-		b.Run(fmt.Sprintf("permits=%d", capacity), func(b *testing.B) { benchGrants(b, capacity) })
+		b.Run(fmt.Sprintf("permits=%d", capacity), func(b *testing.B) { benchGrants(b, capacity, nil) })
 	}
 }
 
-func benchGrants(b *testing.B, capacity int) {
+// benchGrants runs BenchmarkGrants' callers on capacity permits; with
+// lane, the n-th call is in lane(n) (BenchmarkLanes).
+func benchGrants(b *testing.B, capacity int, lane func(n int64) string) {
 	srv := redistest.New(b)
 	h := &roundTrips{}
 	const procs, callers = 4, 64
@@ -214,7 +216,7 @@ func benchGrants(b *testing.B, capacity int) {
 		sems[i] = s
 	}
 	ctx := context.Background()
-	var next atomic.Int64
+	var next, calls atomic.Int64
 	b.SetParallelism((callers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
 	b.ReportAllocs()
 	ctl := srv.Client()
@@ -225,7 +227,11 @@ func benchGrants(b *testing.B, capacity int) {
 	b.RunParallel(func(pb *testing.PB) {
 		s := sems[next.Add(1)%procs]
 		for pb.Next() {
-			p, err := s.Acquire(ctx)
+			lctx := ctx
+			if lane != nil {
+				lctx = WithLane(ctx, lane(calls.Add(1)))
+			}
+			p, err := s.Acquire(lctx)
 			if err != nil {
 				b.Error(err)
 				return
