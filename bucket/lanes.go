@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/lane"
+	"github.com/sluicehq/sluice/internal/protocol"
 )
 
 // Lane describes a lane whose callers are served differently from the
