@@ -8,10 +8,11 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/metrics/lanelabel"
 )
 
 // The metrics of the named lanes: each limiter's lanes are labelled apart
-// as lanes.go ranks them.
+// as lanelabel ranks them.
 
 type limiterKey struct{ kind, name string }
 
@@ -20,7 +21,7 @@ type limiterKey struct{ kind, name string }
 // them.
 type limiterLanes struct {
 	mu    sync.Mutex
-	ranks *laneRanks
+	ranks *lanelabel.Ranks
 	sets  map[eventKey]*eventAttrs
 }
 
@@ -30,13 +31,13 @@ type limiterLanes struct {
 func (o *Observer) laneAttrs(k eventKey, lane string) *eventAttrs {
 	v, ok := o.lanes.Load(limiterKey{k.kind, k.name})
 	if !ok {
-		v, _ = o.lanes.LoadOrStore(limiterKey{k.kind, k.name}, &limiterLanes{ranks: newLaneRanks(o.topLanes), sets: map[eventKey]*eventAttrs{}})
+		v, _ = o.lanes.LoadOrStore(limiterKey{k.kind, k.name}, &limiterLanes{ranks: lanelabel.New(o.topLanes), sets: map[eventKey]*eventAttrs{}})
 	}
 	l := v.(*limiterLanes)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var evicted string
-	k.lane, evicted = l.ranks.label(lane, time.Now())
+	k.lane, evicted = l.ranks.Label(lane, time.Now())
 	if evicted != "" {
 		for ek := range l.sets {
 			if ek.lane == evicted {
@@ -62,7 +63,7 @@ func (o *Observer) observeLanes(ob metric.Observer, name string, in bucket.Inspe
 	kind, bucketName := KindKey.String("bucket"), NameKey.String(name)
 	other, named := int64(in.OtherQueued), 0
 	for _, l := range in.Lanes {
-		if l.Name != "" && (named >= o.topLanes || l.Name == otherLane) {
+		if l.Name != "" && (named >= o.topLanes || l.Name == lanelabel.Other) {
 			other += int64(l.Queued)
 			continue
 		}
@@ -75,6 +76,6 @@ func (o *Observer) observeLanes(ob metric.Observer, name string, in bucket.Inspe
 		ob.ObserveFloat64(o.bLaneWait, l.Wait.Seconds(), metric.WithAttributeSet(set))
 	}
 	if other > 0 {
-		ob.ObserveInt64(o.bLaneQ, other, metric.WithAttributes(kind, bucketName, LaneKey.String(otherLane)))
+		ob.ObserveInt64(o.bLaneQ, other, metric.WithAttributes(kind, bucketName, LaneKey.String(lanelabel.Other)))
 	}
 }

@@ -42,6 +42,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/metrics/lanelabel"
 )
 
 // ScopeName is the instrumentation scope (the Meter's name) of every
@@ -150,7 +151,7 @@ func New(mp metric.MeterProvider, opts ...Option) (*Observer, error) {
 		mp = otel.GetMeterProvider()
 	}
 	m := mp.Meter(ScopeName)
-	o := &Observer{meter: m, topLanes: defaultTopLanes}
+	o := &Observer{meter: m, topLanes: lanelabel.DefaultTop}
 	for _, opt := range opts {
 		opt(o)
 	}

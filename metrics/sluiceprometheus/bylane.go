@@ -7,10 +7,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/metrics/lanelabel"
 )
 
 // The metrics of the named lanes: each limiter's lanes are labelled apart
-// as lanes.go ranks them.
+// as lanelabel ranks them.
 
 type limiterKey struct{ kind, name string }
 
@@ -18,7 +19,7 @@ type limiterKey struct{ kind, name string }
 // label of their own, and the metrics of each kind of event in them.
 type limiterLanes struct {
 	mu       sync.Mutex
-	ranks    *laneRanks
+	ranks    *lanelabel.Ranks
 	children map[eventKey]*children
 }
 
@@ -27,13 +28,13 @@ type limiterLanes struct {
 func (c *Collector) laneChild(k eventKey, lane string) *children {
 	v, ok := c.lanes.Load(limiterKey{k.kind, k.name})
 	if !ok {
-		v, _ = c.lanes.LoadOrStore(limiterKey{k.kind, k.name}, &limiterLanes{ranks: newLaneRanks(c.topLanes), children: map[eventKey]*children{}})
+		v, _ = c.lanes.LoadOrStore(limiterKey{k.kind, k.name}, &limiterLanes{ranks: lanelabel.New(c.topLanes), children: map[eventKey]*children{}})
 	}
 	l := v.(*limiterLanes)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var evicted string
-	k.lane, evicted = l.ranks.label(lane, time.Now())
+	k.lane, evicted = l.ranks.Label(lane, time.Now())
 	if evicted != "" {
 		for ek := range l.children {
 			if ek.lane == evicted {
@@ -61,7 +62,7 @@ func (c *Collector) collectLanes(ch chan<- prometheus.Metric, name string, in bu
 	}
 	other, named := in.OtherQueued, 0
 	for _, l := range in.Lanes {
-		if l.Name != "" && (named >= c.topLanes || l.Name == otherLane) {
+		if l.Name != "" && (named >= c.topLanes || l.Name == lanelabel.Other) {
 			other += l.Queued
 			continue
 		}
@@ -72,6 +73,6 @@ func (c *Collector) collectLanes(ch chan<- prometheus.Metric, name string, in bu
 		ch <- prometheus.MustNewConstMetric(c.bLaneWait, prometheus.GaugeValue, l.Wait.Seconds(), "bucket", name, l.Name)
 	}
 	if other > 0 {
-		ch <- prometheus.MustNewConstMetric(c.bLaneQueued, prometheus.GaugeValue, float64(other), "bucket", name, otherLane)
+		ch <- prometheus.MustNewConstMetric(c.bLaneQueued, prometheus.GaugeValue, float64(other), "bucket", name, lanelabel.Other)
 	}
 }

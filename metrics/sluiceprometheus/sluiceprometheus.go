@@ -40,6 +40,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/metrics/lanelabel"
 )
 
 // inspectTimeout bounds TrackQueue's read of Redis during a scrape: a
@@ -122,7 +123,7 @@ func New(opts ...Option) *Collector {
 		return prometheus.NewDesc(name, help, append(labels, "sluice_lane"), nil)
 	}
 	c := &Collector{
-		topLanes: defaultTopLanes,
+		topLanes: lanelabel.DefaultTop,
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_requests_total",
 			Help: "Calls that tried to enter a limiter, by result (and reason, when refused or failed) and lane.",

@@ -1,23 +1,21 @@
-package sluiceprometheus
+package lanelabel
 
 import (
-	"os"
-	"strings"
 	"testing"
 	"time"
 )
 
-// TestLaneRanks: the first lanes get labels while some are free; a lane
+// TestRanks: the first lanes get labels while some are free; a lane
 // past them takes the label of the least busy one once it has more than
 // twice its calls, counted over the current window and the one before;
 // "other" never takes a label, and with no label to give every lane is
 // "other".
-func TestLaneRanks(t *testing.T) {
+func TestRanks(t *testing.T) {
 	t0 := time.Unix(1000, 0)
-	r := newLaneRanks(2)
+	r := New(2)
 	step := func(at time.Duration, lane, label, evicted string) {
 		t.Helper()
-		if l, e := r.label(lane, t0.Add(at)); l != label || e != evicted {
+		if l, e := r.Label(lane, t0.Add(at)); l != label || e != evicted {
 			t.Errorf("at %v, lane %s: label %q, evicted %q; want %q, %q", at, lane, l, e, label, evicted)
 		}
 	}
@@ -37,25 +35,8 @@ func TestLaneRanks(t *testing.T) {
 	// outnumbers idle ones.
 	step(3*laneWindow+time.Second, "a", "a", "c")
 
-	none := newLaneRanks(0)
-	if l, e := none.label("a", t0); l != "other" || e != "" {
+	none := New(0)
+	if l, e := none.Label("a", t0); l != "other" || e != "" {
 		t.Errorf("no label to give: %q, %q; want other", l, e)
-	}
-}
-
-// TestLanesFileShared: package sluiceotel labels lanes with this very
-// code, so that one dashboard reads either adapter's metrics.
-func TestLanesFileShared(t *testing.T) {
-	mine, err := os.ReadFile("lanes.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	theirs, err := os.ReadFile("../sluiceotel/lanes.go")
-	if err != nil {
-		t.Skipf("not in a checkout of the repository: %v", err)
-	}
-	strip := func(b []byte) string { _, rest, _ := strings.Cut(string(b), "\n"); return rest }
-	if strip(mine) != strip(theirs) {
-		t.Error("lanes.go differs from ../sluiceotel/lanes.go beyond the package clause")
 	}
 }
