@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -67,44 +66,7 @@ func TestLanesMaxQueue(t *testing.T) {
 // up their lane for at most one queue TTL; a live waiter of that lane
 // behind them is served, and the lanes' keys go with the last waiter.
 func TestLanesDeadWaiters(t *testing.T) {
-	e := newEnv(t)
-	e.srv.RequireReal(t)
-	const qttl = 600 * time.Millisecond
-	cfg := Config{Name: t.Name(), Capacity: 1, LeaseTTL: 2 * time.Second, QueueTTL: qttl}
-	s := e.sem(t, cfg)
-	p := acquire(t, s, time.Second)
-	w := startWorker(t, "wait", workerConfig{Addr: e.srv.Addr(), Name: cfg.Name, Capacity: 1, LeaseTTL: cfg.LeaseTTL, QueueTTL: qttl, Goroutines: 5, Lane: "t"})
-	waitFor(t, 5*time.Second, "5 dead-to-be waiters", func() bool { return laneLen(t, s, "t") == 5 })
-	got := make(chan time.Time, 1)
-	go func() {
-		q, err := s.Acquire(WithLane(context.Background(), "t"))
-		if err == nil {
-			got <- time.Now()
-			q.Release(context.Background())
-		}
-		close(got)
-	}()
-	waitFor(t, time.Second, "the live waiter to queue", func() bool { return laneLen(t, s, "t") == 6 })
-	if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	released := time.Now()
-	if err := p.Release(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case at, ok := <-got:
-		if !ok {
-			t.Fatal("live Acquire failed")
-		}
-		d := at.Sub(released)
-		t.Logf("live waiter behind 5 dead ones served %v after the release (queue TTL %v)", d, qttl)
-		if d > qttl+100*time.Millisecond {
-			t.Fatalf("served after %v, want within one queue TTL %v", d, qttl)
-		}
-	case <-time.After(10 * qttl):
-		t.Fatal("live waiter never served")
-	}
+	e := deadWaiters(t, "t")
 	waitFor(t, 2*time.Second, "nothing but the config left", func() bool { return e.stateLeft(t) == 0 })
 }
 

@@ -152,26 +152,41 @@ func TestHolderFrozen(t *testing.T) {
 
 // TestDeadWaiters: waiters whose process died hold up the queue for at most
 // one queue TTL in all (not one per dead waiter).
-func TestDeadWaiters(t *testing.T) {
+func TestDeadWaiters(t *testing.T) { deadWaiters(t, "") }
+
+// deadWaiters: 5 waiters of lane ("" the default) whose process died
+// hold it up for at most one queue TTL in all; a live waiter of the lane
+// behind them, of another handle, is served. It returns the env.
+func deadWaiters(t *testing.T, lane string) *env {
 	e := newEnv(t)
 	e.srv.RequireReal(t)
 	const qttl = 600 * time.Millisecond
 	cfg := Config{Name: t.Name(), Capacity: 1, LeaseTTL: 2 * time.Second, QueueTTL: qttl}
 	s := e.sem(t, cfg)
+	queued := func() int64 {
+		if lane == "" {
+			return queueLen(t, e.rdb, s)
+		}
+		return laneLen(t, s, lane)
+	}
 	p := acquire(t, s, time.Second)
-	w := startWorker(t, "wait", workerConfig{Addr: e.srv.Addr(), Name: cfg.Name, Capacity: 1, LeaseTTL: cfg.LeaseTTL, QueueTTL: qttl, Goroutines: 5})
-	waitFor(t, 5*time.Second, "5 dead-to-be waiters", func() bool { return queueLen(t, e.rdb, s) == 5 })
+	w := startWorker(t, "wait", workerConfig{Addr: e.srv.Addr(), Name: cfg.Name, Capacity: 1, LeaseTTL: cfg.LeaseTTL, QueueTTL: qttl, Goroutines: 5, Lane: lane})
+	waitFor(t, 5*time.Second, "5 dead-to-be waiters", func() bool { return queued() == 5 })
 	live := e.sem(t, cfg)
 	got := make(chan time.Time, 1)
 	go func() {
-		p, err := live.Acquire(context.Background())
+		ctx := context.Background()
+		if lane != "" {
+			ctx = WithLane(ctx, lane)
+		}
+		p, err := live.Acquire(ctx)
 		if err == nil {
 			got <- time.Now()
 			p.Release(context.Background())
 		}
 		close(got)
 	}()
-	waitFor(t, time.Second, "the live waiter to queue", func() bool { return queueLen(t, e.rdb, s) == 6 })
+	waitFor(t, time.Second, "the live waiter to queue", func() bool { return queued() == 6 })
 	if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -192,4 +207,5 @@ func TestDeadWaiters(t *testing.T) {
 	case <-time.After(10 * qttl):
 		t.Fatal("live waiter never served")
 	}
+	return e
 }
